@@ -1,0 +1,1 @@
+"""The `tinkertrace` command line."""

@@ -1,0 +1,1 @@
+"""OTLP receiver (HTTP and gRPC) writing spans durably to partitioned Parquet."""

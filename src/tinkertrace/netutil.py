@@ -1,0 +1,66 @@
+"""Loopback networking helpers shared by servers, tests, benchmarks and the demo."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 30.0) -> None:
+    """Block until something accepts TCP connections on ``host:port``; TimeoutError otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:.0f}s") from None
+            time.sleep(0.05)
+
+
+class BackgroundServer:
+    """Run an ASGI app with uvicorn in a daemon thread: ``with BackgroundServer(app) as srv: srv.url``."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int | None = None, **uvicorn_options: Any):
+        import uvicorn
+
+        self.host = host
+        self.port = port or free_port(host)
+        config = uvicorn.Config(
+            app, host=host, port=self.port, log_level="warning", lifespan="on", **uvicorn_options
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name=f"uvicorn:{self.port}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> BackgroundServer:
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server on {self.url} failed to start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
