@@ -95,3 +95,11 @@ AGL_VLLM_RESPONSE_TOKEN_IDS: Final = "llm.hosted_vllm.response_token_ids"
 AGL_LOGPROBS_CONTENT: Final = "logprobs.content"
 AGL_ROLLOUT_ID: Final = "agentlightning.rollout_id"  # resource attribute
 AGL_ATTEMPT_ID: Final = "agentlightning.attempt_id"  # resource attribute
+
+# --- SDK (H2): extra attributes the SDK writes on LLM spans -----------------------------------------
+SOURCE_NONE: Final = "none"  # TOKEN_SOURCE when no ids were returned and no tokenizer was configured
+LLM_STREAMING: Final = "tinkertrace.llm.streaming"  # bool: the call streamed its response (SSE)
+LLM_INJECTED: Final = "tinkertrace.llm.injected"  # request fields the SDK added (e.g. return_token_ids)
+LLM_CHOICES: Final = "tinkertrace.llm.choices"  # number of choices; RL data is from choice 0
+LLM_CLOSED_EARLY: Final = "tinkertrace.llm.closed_early"  # the agent closed the stream before its end
+LLM_CAPTURE_ERROR: Final = "tinkertrace.llm.capture_error"  # why the response could not be read
