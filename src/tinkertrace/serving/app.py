@@ -1,0 +1,294 @@
+"""The OpenAI-compatible sampling endpoint as a Starlette ASGI app.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models[/{id}]``,
+``GET /health``, and the admin routes ``GET|POST /admin/policy`` (enabled by an admin token) that
+show or swap the served weights from another process. Every answer names the policy version that
+produced it (``policy_version`` field and ``x-tinkertrace-policy-version`` header).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tinkertrace import semconv
+from tinkertrace.serving import openai_protocol as proto
+from tinkertrace.serving.batching import SampleBatcher
+from tinkertrace.serving.checkpoint_watch import CheckpointWatcher
+from tinkertrace.serving.generation import Generator
+from tinkertrace.serving.policy import PolicyHolder, StalePolicyError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _error_response(err: proto.ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _check_token(request: Request, expected: str, what: str) -> None:
+    token = _bearer(request)
+    if token is None:
+        raise proto.ApiError(
+            401,
+            f"You didn't provide {what}. Send it in an 'Authorization: Bearer ...' header.",
+            code="invalid_api_key",
+        )
+    if not hmac.compare_digest(token.encode(), expected.encode()):
+        shown = token[:3] + "*" * max(0, len(token) - 7) + token[-4:] if len(token) > 8 else "***"
+        raise proto.ApiError(401, f"Incorrect {what} provided: {shown}.", code="invalid_api_key")
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise proto.ApiError(
+            400,
+            f"We could not parse the JSON body of your request ({exc}). The body must be a JSON object "
+            "sent with 'Content-Type: application/json'.",
+        ) from exc
+
+
+def _sse(chunks: list[dict[str, Any]], headers: dict[str, str]) -> StreamingResponse:
+    async def events() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+class SamplingEndpoint:
+    """Request handlers bound to one :class:`PolicyHolder` (see :func:`create_app`)."""
+
+    def __init__(
+        self,
+        policy: PolicyHolder,
+        *,
+        api_key: str | None,
+        admin_token: str | None,
+        default_max_tokens: int,
+        batcher: SampleBatcher,
+    ) -> None:
+        self.policy = policy
+        self.api_key = api_key
+        self.admin_token = admin_token
+        self.generator = Generator(policy.tokenizer, default_max_tokens=default_max_tokens, batcher=batcher)
+        self.created = int(time.time())
+        self.requests_served = 0
+        self.watcher: CheckpointWatcher | None = None
+
+    # --- plumbing ----------------------------------------------------------------------------------
+    def guarded(self, handler: Handler, *, admin: bool = False) -> Handler:
+        """Wrap a handler: authenticate, and answer every failure in OpenAI's error format."""
+
+        async def run(request: Request) -> Response:
+            try:
+                if admin:
+                    if self.admin_token is None:
+                        raise proto.ApiError(
+                            403,
+                            "The admin API is disabled: start the server with an admin token.",
+                            type="permission_error",
+                            code="admin_disabled",
+                        )
+                    _check_token(request, self.admin_token, "an admin token")
+                elif self.api_key is not None:
+                    _check_token(request, self.api_key, "an API key")
+                return await handler(request)
+            except proto.ApiError as err:
+                return _error_response(err)
+            except Exception as exc:
+                log.exception("request to %s failed", request.url.path)
+                return _error_response(
+                    proto.ApiError(500, f"The server failed to answer: {exc}", type="server_error")
+                )
+
+        return run
+
+    def _check_model(self, model: str) -> None:
+        if model != self.policy.model_name:
+            raise proto.ApiError(
+                404,
+                f"The model `{model}` does not exist or you do not have access to it. "
+                f"This server serves `{self.policy.model_name}`.",
+                param="model",
+                code="model_not_found",
+            )
+
+    # --- OpenAI routes -------------------------------------------------------------------------------
+    async def chat(self, request: Request) -> Response:
+        req = proto.parse_chat_request(await _json_body(request))
+        self._check_model(req.model)
+        policy = self.policy.current()  # this request samples with this snapshot to the end
+        prompt_ids = self.generator.chat_prompt(req.messages, req.tools)
+        choices = await self.generator.generate(policy.sampling_client, prompt_ids, req.options)
+        self.requests_served += 1
+        rid, headers = proto.new_id("chatcmpl"), {semconv.HEADER_POLICY_VERSION: str(policy.version)}
+        if req.options.stream:
+            chunks = proto.chat_chunks(rid, req.model, policy.version, choices, req.options.include_usage)
+            return _sse(chunks, headers)
+        return JSONResponse(proto.chat_response(rid, req.model, policy.version, choices), headers=headers)
+
+    async def completions(self, request: Request) -> Response:
+        req = proto.parse_completion_request(await _json_body(request))
+        self._check_model(req.model)
+        policy = self.policy.current()
+        prompts = [self.generator.text_prompt(p, i) for i, p in enumerate(req.prompts)]
+        per_prompt = await asyncio.gather(
+            *(self.generator.generate(policy.sampling_client, ids, req.options) for ids in prompts)
+        )
+        choices = [c for group in per_prompt for c in group]
+        self.requests_served += 1
+        rid, headers = proto.new_id("cmpl"), {semconv.HEADER_POLICY_VERSION: str(policy.version)}
+        o = req.options
+        if o.stream:
+            chunks = proto.completion_chunks(
+                rid, req.model, policy.version, choices, o.n, o.top_logprobs, o.include_usage
+            )
+            return _sse(chunks, headers)
+        body = proto.completion_response(rid, req.model, policy.version, choices, o.n, o.top_logprobs)
+        return JSONResponse(body, headers=headers)
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse(proto.models_list(self.policy.model_name, self.policy.version, self.created))
+
+    async def model(self, request: Request) -> Response:
+        self._check_model(request.path_params["model"])
+        return JSONResponse(
+            proto.models_list(self.policy.model_name, self.policy.version, self.created)["data"][0]
+        )
+
+    # --- health and admin ----------------------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", semconv.RESPONSE_POLICY_VERSION: self.policy.version})
+
+    def _policy_info(self) -> dict[str, Any]:
+        current = self.policy.current()
+        info: dict[str, Any] = {
+            "model": self.policy.model_name,
+            semconv.RESPONSE_POLICY_VERSION: current.version,
+            "model_path": current.model_path,
+            "loaded_at": current.loaded_at,
+            "swaps": self.policy.swaps,
+            "requests_served": self.requests_served,
+            "sample_calls": self.generator.batcher.calls,
+        }
+        if self.watcher is not None:
+            info["watch"] = self.watcher.describe()
+        return info
+
+    async def get_policy(self, request: Request) -> Response:
+        return JSONResponse(self._policy_info())
+
+    async def set_policy(self, request: Request) -> Response:
+        body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise proto.ApiError(400, "The request body must be a JSON object.")
+        model_path = body.get("model_path")
+        if not isinstance(model_path, str) or not model_path:
+            raise proto.ApiError(
+                400,
+                "Missing required parameter: 'model_path' (a sampler checkpoint path).",
+                param="model_path",
+            )
+        version = body.get("version")
+        if version is not None and type(version) is not int:
+            raise proto.ApiError(400, "Invalid type for 'version': expected an integer.", param="version")
+        try:
+            await asyncio.to_thread(self.policy.load, model_path, version)
+        except StalePolicyError as exc:
+            raise proto.ApiError(409, str(exc), param="version", code="stale_version") from exc
+        except Exception as exc:
+            raise proto.ApiError(
+                400, f"Could not load '{model_path}': {exc}", param="model_path", code="load_failed"
+            ) from exc
+        return JSONResponse(
+            self._policy_info(), headers={semconv.HEADER_POLICY_VERSION: str(self.policy.version)}
+        )
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = {
+        404: f"Unknown request URL: {request.method} {request.url.path}.",
+        405: f"Method {request.method} is not allowed for {request.url.path}.",
+    }.get(exc.status_code, str(exc.detail))
+    code = {404: "unknown_url", 405: "method_not_allowed"}.get(exc.status_code)
+    return _error_response(proto.ApiError(exc.status_code, message, code=code))
+
+
+def create_app(
+    policy: PolicyHolder,
+    api_key: str | None = None,
+    admin_token: str | None = None,
+    *,
+    default_max_tokens: int = 256,
+    batch_window_s: float = 0.005,
+    watch_checkpoints: Path | str | None = None,
+    watch_poll_s: float = 0.5,
+) -> Starlette:
+    """The OpenAI-compatible ASGI app serving ``policy``.
+
+    ``api_key``: when set, ``/v1/*`` requires ``Authorization: Bearer <api_key>``.
+    ``admin_token``: when set, enables ``/admin/policy`` (Bearer ``admin_token``) to swap weights.
+    ``default_max_tokens``: used when a request sets no ``max_tokens``.
+    ``batch_window_s``: how long identical requests wait to share one sample call (0: never).
+    ``watch_checkpoints``: a checkpoint record (JSON lines) to follow; each new record is served.
+    """
+    endpoint = SamplingEndpoint(
+        policy,
+        api_key=api_key,
+        admin_token=admin_token,
+        default_max_tokens=default_max_tokens,
+        batcher=SampleBatcher(window_s=batch_window_s),
+    )
+    if watch_checkpoints is not None:
+        endpoint.watcher = CheckpointWatcher(Path(watch_checkpoints), policy, poll_s=watch_poll_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.create_task(endpoint.watcher.run()) if endpoint.watcher else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    g = endpoint.guarded
+    routes = [
+        Route("/v1/chat/completions", g(endpoint.chat), methods=["POST"]),
+        Route("/v1/completions", g(endpoint.completions), methods=["POST"]),
+        Route("/v1/models", g(endpoint.models), methods=["GET"]),
+        Route("/v1/models/{model:path}", g(endpoint.model), methods=["GET"]),
+        Route("/health", endpoint.health, methods=["GET"]),
+        Route("/admin/policy", g(endpoint.get_policy, admin=True), methods=["GET"]),
+        Route("/admin/policy", g(endpoint.set_policy, admin=True), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    app.state.endpoint = endpoint
+    return app

@@ -1,0 +1,109 @@
+"""The policy being served: a SamplingClient plus its tokenizer and version, swapped atomically.
+
+A request takes one :class:`Policy` snapshot when it starts and samples with that snapshot's client
+to the end, so a swap never disturbs requests in flight; requests that start after the swap use the
+new client. The holder works with any object that has Tinker's ``SamplingClient.sample`` surface:
+the hosted Tinker client or the local engine's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+SamplerLoader = Callable[[str], Any]
+"""Turns a ``tinker://.../sampler_weights/...`` path into a SamplingClient (e.g. a ServiceClient's
+``create_sampling_client(model_path=...)``)."""
+
+
+def resolve_client(client: Any) -> Any:
+    """The SamplingClient itself when given a future of one (Tinker's ``create_sampling_client``
+    returns a future that can be awaited or resolved with ``.result()``)."""
+    if not callable(getattr(type(client), "sample", None)) and callable(getattr(client, "result", None)):
+        return client.result()
+    return client
+
+
+class StalePolicyError(ValueError):
+    """A swap asked for a version that is not newer than the one being served."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One immutable snapshot of what is being served."""
+
+    sampling_client: Any
+    version: int
+    model_path: str | None = None
+    loaded_at: float = field(default_factory=time.time)
+
+
+class PolicyHolder:
+    """Holds the served :class:`Policy`; :meth:`swap` and :meth:`load` replace it atomically.
+
+    ``tokenizer`` and ``model_name`` stay fixed for the holder's life: new weights are LoRA weights
+    (or a fine-tune) of the same base model, so the chat template and vocabulary do not change.
+    """
+
+    def __init__(
+        self,
+        sampling_client: Any,
+        tokenizer: Any,
+        model_name: str,
+        *,
+        version: int = 0,
+        model_path: str | None = None,
+        loader: SamplerLoader | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self._loader = loader
+        self._lock = threading.Lock()
+        self._load_lock = threading.Lock()
+        self._policy = Policy(resolve_client(sampling_client), version, model_path)
+        self.swaps = 0
+
+    def current(self) -> Policy:
+        """The snapshot to use for one whole request."""
+        return self._policy  # a single reference read: atomic
+
+    @property
+    def version(self) -> int:
+        return self._policy.version
+
+    def swap(self, sampling_client: Any, version: int | None = None, model_path: str | None = None) -> Policy:
+        """Serve ``sampling_client`` from now on, as ``version`` (default: current + 1).
+
+        Raises :class:`StalePolicyError` when ``version`` is not newer than the served version.
+        """
+        client = resolve_client(sampling_client)  # may block on a future: outside the lock
+        with self._lock:
+            current = self._policy
+            new_version = current.version + 1 if version is None else int(version)
+            if new_version <= current.version:
+                raise StalePolicyError(
+                    f"policy version {new_version} is not newer than the served version {current.version}"
+                )
+            self._policy = Policy(client, new_version, model_path)
+            self.swaps += 1
+            return self._policy
+
+    def load(self, model_path: str, version: int | None = None) -> Policy:
+        """Create a SamplingClient for ``model_path`` with the holder's loader and swap to it.
+
+        Loading (which can take a while) happens outside the swap lock, so requests keep flowing on
+        the old policy until the new one is ready. A version that is already served or older raises
+        :class:`StalePolicyError` before anything is loaded.
+        """
+        if self._loader is None:
+            raise RuntimeError("this PolicyHolder has no loader: pass loader= to load weights by path")
+        with self._load_lock:  # one load at a time; swaps stay ordered
+            if version is not None and int(version) <= self.version:
+                raise StalePolicyError(
+                    f"policy version {version} is not newer than the served version {self.version}"
+                )
+            client = self._loader(model_path)
+            return self.swap(client, version, model_path)
