@@ -1,0 +1,102 @@
+"""A DuckDB view over a folder of span Parquet files, skipping (and reporting) unreadable ones."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tinkertrace import schemas
+from tinkertrace.spanstore.writer import TEMP_PREFIX
+
+# Extra columns the view adds to the spans schema: hive partition keys and the source file.
+HIVE_TYPES = {"date": "DATE", "hour": "INTEGER"}
+EXTRA_COLUMNS = {"filename": "VARCHAR", **HIVE_TYPES}
+
+_DUCKDB_TYPES: dict[pa.DataType, str] = {
+    pa.string(): "VARCHAR",
+    pa.bool_(): "BOOLEAN",
+    pa.int8(): "TINYINT",
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.float32(): "FLOAT",
+    pa.float64(): "DOUBLE",
+    pa.timestamp("ns", tz="UTC"): "TIMESTAMPTZ_NS",
+    pa.list_(pa.int8()): "TINYINT[]",
+    pa.list_(pa.int32()): "INTEGER[]",
+    pa.list_(pa.float32()): "FLOAT[]",
+}
+
+
+@dataclass
+class ReadReport:
+    """Which files the view reads, and which were skipped and why."""
+
+    files: list[Path] = field(default_factory=list)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def list_span_files(root: str | os.PathLike[str]) -> list[Path]:
+    """Every committed ``*.parquet`` under ``root`` (temporary and hidden files excluded), sorted."""
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    return sorted(
+        p
+        for p in base.rglob("*.parquet")
+        if not p.name.startswith((TEMP_PREFIX, "_"))
+        and not any(part.startswith(("_", ".")) for part in p.relative_to(base).parts[:-1])
+    )
+
+
+def check_file(path: Path) -> str | None:
+    """None if ``path`` is a readable Parquet file with span ids, else why not."""
+    try:
+        names = set(pq.read_metadata(path).schema.names)
+    except Exception as exc:
+        return f"unreadable Parquet: {exc}"
+    missing = {"trace_id", "span_id"} - names
+    return f"not a spans file: missing columns {sorted(missing)}" if missing else None
+
+
+def empty_spans_sql() -> str:
+    """A SELECT with the spans schema (plus partition/filename columns) and no rows."""
+    columns = [f"CAST(NULL AS {_DUCKDB_TYPES[f.type]}) AS {_ident(f.name)}" for f in schemas.spans()]
+    columns += [f"CAST(NULL AS {t}) AS {_ident(n)}" for n, t in EXTRA_COLUMNS.items()]
+    return f"SELECT {', '.join(columns)} WHERE false"
+
+
+def open_spans(
+    con: duckdb.DuckDBPyConnection, root: str | os.PathLike[str], view: str = "spans"
+) -> ReadReport:
+    """Create (or replace) view ``view`` over all valid span files under ``root``."""
+    report = ReadReport()
+    for path in list_span_files(root):
+        problem = check_file(path)
+        if problem is None:
+            report.files.append(path)
+        else:
+            report.skipped.append((path, problem))
+    if not report.files:
+        con.execute(f"CREATE OR REPLACE VIEW {_ident(view)} AS {empty_spans_sql()}")
+        return report
+    file_list = ", ".join(_quote(str(p)) for p in report.files)
+    hive_types = ", ".join(f"{_quote(k)}: {v}" for k, v in HIVE_TYPES.items())
+    con.execute(
+        f"CREATE OR REPLACE VIEW {_ident(view)} AS SELECT * FROM read_parquet([{file_list}], "
+        f"hive_partitioning = true, union_by_name = true, filename = true, "
+        f"hive_types = {{{hive_types}}})"
+    )
+    return report

@@ -1,0 +1,194 @@
+"""Hive-partitioned, atomically written Parquet files of spans.
+
+Rows are buffered per partition ``date=YYYY-MM-DD/hour=HH/`` (UTC, from ``received_at``) and written
+when a partition's buffer reaches ``max_file_bytes`` or its oldest row is ``max_file_age_s`` old, or
+on :meth:`flush`. Each file is written under a hidden temporary name in its folder, fsynced, then
+renamed, so a reader globbing ``**/*.parquet`` never sees a partial file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tinkertrace import schemas
+
+TEMP_PREFIX = "."  # temporary files are hidden: ".<name>.tmp"
+DICTIONARY_COLUMNS = [
+    "name",
+    "kind",
+    "status_code",
+    "service_name",
+    "scope_name",
+    "span_type",
+    "rollout_id",
+    "task_id",
+    "split",
+    "agent_name",
+    "model",
+    "reward_name",
+    "token_source",
+    "resource_attributes",
+]
+
+Partition = tuple[str, str]  # ("2026-01-31", "07")
+
+
+def partition_dir(root: Path, partition: Partition) -> Path:
+    return root / f"date={partition[0]}" / f"hour={partition[1]}"
+
+
+def partition_of_ns(ns: int) -> Partition:
+    moment = datetime.fromtimestamp(ns / 1e9, tz=UTC)
+    return moment.strftime("%Y-%m-%d"), moment.strftime("%H")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_parquet_atomic(table: pa.Table, path: Path, compression_level: int | None = None) -> None:
+    """Write ``table`` (sorted by the spans sort keys) to ``path`` via temp file + fsync + rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = [k for k in schemas.sort_keys("spans") if k in table.column_names]
+    if keys and table.num_rows > 1:
+        table = table.sort_by([(k, "ascending") for k in keys])
+    tmp = path.with_name(f"{TEMP_PREFIX}{path.name}.tmp")
+    with open(tmp, "wb") as sink:
+        pq.write_table(
+            table,
+            sink,
+            compression="zstd",
+            compression_level=compression_level,
+            use_dictionary=[c for c in DICTIONARY_COLUMNS if c in table.column_names],
+            row_group_size=256 * 1024,
+        )
+        sink.flush()
+        os.fsync(sink.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+@dataclass
+class _Buffer:
+    tables: list[pa.Table] = field(default_factory=list)
+    nbytes: int = 0
+    since: float = 0.0  # monotonic time of the oldest buffered row
+
+
+class PartitionedParquetWriter:
+    """Buffers span tables per hive partition and writes zstd Parquet files atomically. Thread-safe."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        max_file_bytes: int = 128 * 1024 * 1024,
+        max_file_age_s: float = 60.0,
+        file_prefix: str | None = None,
+        compression_level: int | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.max_file_bytes = max_file_bytes
+        self.max_file_age_s = max_file_age_s
+        self.compression_level = compression_level
+        self._prefix = file_prefix or f"part-{uuid.uuid4().hex[:12]}"
+        self._seq = itertools.count()
+        self._buffers: dict[Partition, _Buffer] = {}
+        self._lock = threading.RLock()
+        self._closed = False
+        self.files_written: list[Path] = []
+        self.rows_written = 0
+
+    @property
+    def file_prefix(self) -> str:
+        return self._prefix
+
+    @file_prefix.setter
+    def file_prefix(self, prefix: str) -> None:
+        """Name later files ``<prefix>-<n>.parquet`` (the collector tags files with their WAL segment)."""
+        with self._lock:
+            self._prefix = prefix
+            self._seq = itertools.count()
+
+    @property
+    def buffered_bytes(self) -> int:
+        with self._lock:
+            return sum(b.nbytes for b in self._buffers.values())
+
+    def write(self, table: pa.Table) -> list[Path]:
+        """Buffer ``table`` (spans schema); returns the files this call wrote (full or expired buffers)."""
+        if table.num_rows == 0:
+            return self.flush_expired()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("PartitionedParquetWriter is closed")
+            now = time.monotonic()
+            for partition, part in _split_by_partition(table):
+                buffer = self._buffers.setdefault(partition, _Buffer(since=now))
+                buffer.tables.append(part)
+                buffer.nbytes += part.nbytes
+            full = [p for p, b in self._buffers.items() if b.nbytes >= self.max_file_bytes]
+            written = [self._write_partition(p) for p in full]
+            return written + self.flush_expired()
+
+    def flush_expired(self) -> list[Path]:
+        """Write every partition whose oldest buffered row is older than ``max_file_age_s``."""
+        with self._lock:
+            now = time.monotonic()
+            due = [p for p, b in self._buffers.items() if now - b.since >= self.max_file_age_s]
+            return [self._write_partition(p) for p in due]
+
+    def flush(self) -> list[Path]:
+        """Write everything buffered; on return all rows given to :meth:`write` are on disk."""
+        with self._lock:
+            return [self._write_partition(p) for p in list(self._buffers)]
+
+    def close(self) -> list[Path]:
+        with self._lock:
+            written = self.flush()
+            self._closed = True
+            return written
+
+    def _write_partition(self, partition: Partition) -> Path:
+        buffer = self._buffers.pop(partition)
+        table = pa.concat_tables(buffer.tables)
+        path = partition_dir(self.root, partition) / f"{self._prefix}-{next(self._seq):06d}.parquet"
+        write_parquet_atomic(table, path, self.compression_level)
+        self.files_written.append(path)
+        self.rows_written += table.num_rows
+        return path
+
+    def __enter__(self) -> PartitionedParquetWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _split_by_partition(table: pa.Table) -> list[tuple[Partition, pa.Table]]:
+    received = table.column("received_at").combine_chunks().cast(pa.int64()).to_numpy()
+    hours = received // 3_600_000_000_000
+    first = int(hours[0])
+    if (hours == first).all():  # the usual case: one request, one receive time
+        return [(partition_of_ns(first * 3_600_000_000_000), table)]
+    parts = []
+    for hour in np.unique(hours):
+        indices = np.flatnonzero(hours == hour)
+        parts.append((partition_of_ns(int(hour) * 3_600_000_000_000), table.take(pa.array(indices))))
+    return parts
