@@ -1,0 +1,19 @@
+"""Errors the training command reports as one clear message (no traceback)."""
+
+from __future__ import annotations
+
+
+class TrainingError(Exception):
+    """Base class: a problem the user can fix, reported by the CLI as a single message."""
+
+
+class ConfigError(TrainingError):
+    """A bad configuration value, unknown key or unreadable config file."""
+
+
+class DataError(TrainingError):
+    """The training source is missing, empty, of the wrong shape, or holds unusable rows."""
+
+
+class BackendError(TrainingError):
+    """The training backend cannot be used: missing API key, unreachable service, unknown model."""
