@@ -1,9 +1,140 @@
-"""`tinkertrace serve` command(s)."""
+"""`tinkertrace serve`: the OpenAI-compatible sampling endpoint over the local engine or Tinker."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+BACKENDS = ("local", "tinker")
+
+
+def _service_client(backend: str, engine_dir: Path | None) -> Any:
+    """A ServiceClient of the chosen backend (the local engine's has Tinker's API)."""
+    if backend == "local":
+        from tinkertrace.engine import ServiceClient
+
+        return ServiceClient(base_dir=engine_dir) if engine_dir else ServiceClient()
+    import tinker
+
+    return tinker.ServiceClient()
+
+
+def _tokenizer(backend: str, model: str, sampling_client: Any) -> Any:
+    """The model's tokenizer: built in or a local folder; Tinker's own for hosted model names."""
+    from tinkertrace.tokenizer import TokenizerNotFoundError, load_tokenizer
+
+    try:
+        return load_tokenizer(model)
+    except TokenizerNotFoundError:
+        if backend == "local":
+            raise
+        return sampling_client.get_tokenizer()
+
+
+def serve(
+    backend: Annotated[
+        str, typer.Option(help="Where sampling runs: 'local' (the built-in engine) or 'tinker' (hosted).")
+    ] = "local",
+    model: Annotated[
+        str,
+        typer.Option(
+            help="Base model: 'tinkertrace/tiny-chat' (built in), a local Hugging Face folder, or a "
+            "Tinker model name."
+        ),
+    ] = "tinkertrace/tiny-chat",
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default; 0.0.0.0 exposes it).")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="TINKERTRACE_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/* (default: open)."
+        ),
+    ] = None,
+    admin_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="TINKERTRACE_ADMIN_TOKEN",
+            help="Enable POST /admin/policy (Bearer TOKEN) so another process can swap weights.",
+        ),
+    ] = None,
+    model_path: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve these sampler weights (tinker://.../sampler_weights/...) instead of the base."
+        ),
+    ] = None,
+    policy_version: Annotated[int, typer.Option(help="Policy version reported for the initial weights.")] = 0,
+    watch_checkpoints: Annotated[
+        Path | None,
+        typer.Option(
+            help="Follow this checkpoint record (LOG_DIR/checkpoints.jsonl) and serve each new entry."
+        ),
+    ] = None,
+    served_name: Annotated[
+        str | None, typer.Option(help="Model name clients send in requests (default: --model).")
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(help="max_tokens for requests that set none.")] = 256,
+    batch_window_ms: Annotated[
+        float,
+        typer.Option(help="How long identical concurrent requests wait to share one sample call (0: off)."),
+    ] = 5.0,
+    engine_dir: Annotated[
+        Path | None,
+        typer.Option(help="Local engine storage folder (default: $TINKERTRACE_HOME/engine)."),
+    ] = None,
+) -> None:
+    """Serve the policy over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models).
+
+    Every answer carries prompt_token_ids, choices[].token_ids, logprobs when asked, and the policy
+    version that sampled it. New weights are picked up from --watch-checkpoints or POST /admin/policy.
+    """
+    if backend not in BACKENDS:
+        raise typer.BadParameter(f"must be one of {', '.join(BACKENDS)}", param_hint="--backend")
+    import uvicorn
+    from rich.console import Console
+
+    from tinkertrace.serving.app import create_app
+    from tinkertrace.serving.policy import PolicyHolder
+
+    console = Console(stderr=True)
+    service = _service_client(backend, engine_dir)
+    if model_path:
+        sampling_client = service.create_sampling_client(model_path=model_path)
+    else:
+        sampling_client = service.create_sampling_client(base_model=model)
+    holder = PolicyHolder(
+        sampling_client,
+        _tokenizer(backend, model, sampling_client),
+        served_name or model,
+        version=policy_version,
+        model_path=model_path,
+        loader=lambda path: service.create_sampling_client(model_path=path),
+    )
+    app = create_app(
+        holder,
+        api_key=api_key,
+        admin_token=admin_token,
+        default_max_tokens=max_tokens,
+        batch_window_s=batch_window_ms / 1000,
+        watch_checkpoints=watch_checkpoints,
+    )
+    extras = [
+        f"API key {'required' if api_key else 'not required'}",
+        f"admin API {'on' if admin_token else 'off'}",
+    ]
+    if watch_checkpoints:
+        extras.append(f"following {watch_checkpoints}")
+    console.print(
+        f"[bold]tinkertrace serve[/]: [cyan]{holder.model_name}[/] (backend {backend}, policy "
+        f"v{holder.version}) at [green]http://{host}:{port}/v1[/] — {', '.join(extras)}. Ctrl-C stops."
+    )
+    uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the main app (not yet implemented)."""
+    """Add `tinkertrace serve` to the main app."""
+    app.command("serve")(serve)

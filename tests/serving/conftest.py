@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -117,24 +117,49 @@ class ScriptedTinkerSampler:
         return AwaitableConcurrentFuture(self._pool.submit(run))
 
 
+def client_for(server: BackgroundServer, api_key: str = "unused") -> openai.OpenAI:
+    """The real OpenAI client pointed at ``server`` (no retries, so failures show)."""
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0)
+
+
 @pytest.fixture
 def tokenizer() -> Any:
     return load_tokenizer(BUILTIN_MODEL)
 
 
-def serve(policy: PolicyHolder, **app_options: Any) -> BackgroundServer:
-    """Start the endpoint for ``policy`` on a free loopback port."""
-    return BackgroundServer(create_app(policy, **app_options)).start()
+@pytest.fixture
+def start_server() -> Iterator[Callable[..., BackgroundServer]]:
+    """Factory: ``start_server(policy, **create_app_options)`` on a free port, stopped at teardown."""
+    servers: list[BackgroundServer] = []
 
+    def start(policy: PolicyHolder, **options: Any) -> BackgroundServer:
+        servers.append(BackgroundServer(create_app(policy, **options)).start())
+        return servers[-1]
 
-def client_for(server: BackgroundServer, api_key: str = "unused", **kw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0, **kw)
+    yield start
+    for server in servers:
+        server.stop()
 
 
 @pytest.fixture
-def scripted_server(tokenizer: Any) -> Iterator[tuple[BackgroundServer, ScriptedTinkerSampler, PolicyHolder]]:
+def scripted() -> type[ScriptedTinkerSampler]:
+    return ScriptedTinkerSampler
+
+
+@pytest.fixture
+def recording() -> type[RecordingSampler]:
+    return RecordingSampler
+
+
+@pytest.fixture
+def openai_client() -> Callable[..., openai.OpenAI]:
+    return client_for
+
+
+@pytest.fixture
+def scripted_server(
+    tokenizer: Any, start_server: Callable[..., BackgroundServer]
+) -> tuple[BackgroundServer, ScriptedTinkerSampler, PolicyHolder]:
     sampler = ScriptedTinkerSampler(["hello world. more text", "second reply"])
     policy = PolicyHolder(sampler, tokenizer, "scripted-model")
-    server = serve(policy)
-    yield server, sampler, policy
-    server.stop()
+    return start_server(policy), sampler, policy
