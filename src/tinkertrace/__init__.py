@@ -13,4 +13,28 @@ The SDK surface::
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
+
+_SDK_NAMES = (
+    "agent_span",
+    "current_rollout",
+    "emit_reward",
+    "flush",
+    "in_context",
+    "init",
+    "shutdown",
+    "stats",
+    "traced_rollout",
+)
+__all__ = ["__version__", *_SDK_NAMES]
+
+
+def __getattr__(name: str) -> Any:
+    """Load the SDK on first use, so ``import tinkertrace.<module>`` (and the CLI) stays fast."""
+    if name in _SDK_NAMES:
+        from tinkertrace import sdk
+
+        return getattr(sdk, name)
+    raise AttributeError(f"module 'tinkertrace' has no attribute {name!r}")

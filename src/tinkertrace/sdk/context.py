@@ -1,0 +1,83 @@
+"""The rollout and agent in effect, held in context variables, and how they reach threads.
+
+asyncio tasks copy the context when created, so they see the rollout with no help. Threads do
+not: :func:`in_context` wraps a callable to run in a copy of the caller's context, and ``init()``
+patches ``ThreadPoolExecutor.submit`` (and so ``loop.run_in_executor``) to do that for every task
+submitted inside a rollout.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+from opentelemetry.trace import Span
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass
+class RolloutState:
+    """One running rollout: its identity and the counts the root span reports at the end."""
+
+    rollout_id: str
+    task_id: str
+    attempt: int
+    split: str
+    span: Span
+    llm_calls: int = 0
+    rewards: int = 0
+    agent_spans: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, attribute: str) -> None:
+        with self._lock:
+            setattr(self, attribute, getattr(self, attribute) + 1)
+
+
+ROLLOUT: contextvars.ContextVar[RolloutState | None] = contextvars.ContextVar(
+    "tinkertrace_rollout", default=None
+)
+AGENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("tinkertrace_agent", default=None)
+
+
+def current_rollout() -> RolloutState | None:
+    """The rollout in effect here, or None."""
+    return ROLLOUT.get()
+
+
+def in_context(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` bound to a copy of the current context: hand it to a thread to keep the rollout."""
+    ctx = contextvars.copy_context()
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        return ctx.run(fn, *args, **kwargs)
+
+    return run
+
+
+_original_submit = ThreadPoolExecutor.submit
+
+
+def _submit_in_context(
+    self: ThreadPoolExecutor, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+) -> Future:
+    if ROLLOUT.get() is None:
+        return _original_submit(self, fn, *args, **kwargs)
+    return _original_submit(self, contextvars.copy_context().run, fn, *args, **kwargs)
+
+
+def patch_executors() -> None:
+    """Make ``ThreadPoolExecutor.submit`` carry the submitter's context inside a rollout."""
+    ThreadPoolExecutor.submit = _submit_in_context  # type: ignore[method-assign]
+
+
+def unpatch_executors() -> None:
+    ThreadPoolExecutor.submit = _original_submit  # type: ignore[method-assign]

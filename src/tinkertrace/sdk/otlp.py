@@ -1,0 +1,213 @@
+"""Sending OTLP to an endpoint without ever losing or blocking on spans.
+
+A batch the endpoint cannot take right now (connection refused, timeout, 429/5xx, gRPC UNAVAILABLE)
+is written to a :class:`~tinkertrace.sdk.spool.Spool` and re-sent, oldest first, by a background
+thread until it is accepted; a later process with the same endpoint picks up what is left. Invalid
+payloads (HTTP 400, gRPC INVALID_ARGUMENT) are moved aside and counted as rejected.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from tinkertrace.sdk.spool import Spool
+from tinkertrace.sdk.stats import ExportStats
+
+log = logging.getLogger("tinkertrace")
+
+_RETRYABLE_HTTP = {408, 429, 500, 502, 503, 504}
+
+
+class Outcome(enum.Enum):
+    SENT = "sent"
+    RETRY = "retry"
+    REJECTED = "rejected"
+
+
+class HttpSender:
+    """POST ``application/x-protobuf`` to an OTLP/HTTP ``/v1/traces`` URL."""
+
+    def __init__(self, url: str, headers: Mapping[str, str], timeout_s: float) -> None:
+        import httpx
+
+        self.url = url
+        self._client = httpx.Client(
+            timeout=timeout_s, headers={"Content-Type": "application/x-protobuf", **headers}
+        )
+
+    def send(self, payload: bytes) -> tuple[Outcome, int]:
+        """``(outcome, spans the endpoint rejected in a partial success)``."""
+        import httpx
+
+        try:
+            resp = self._client.post(self.url, content=payload)
+        except httpx.HTTPError as exc:
+            log.debug("tinkertrace: OTLP export to %s failed: %s", self.url, exc)
+            return Outcome.RETRY, 0
+        if resp.status_code in _RETRYABLE_HTTP:
+            return Outcome.RETRY, 0
+        if resp.status_code >= 400:
+            log.warning("tinkertrace: %s refused a batch: %s %s", self.url, resp.status_code, resp.text[:200])
+            return Outcome.REJECTED, 0
+        rejected = 0
+        if resp.content and "protobuf" in resp.headers.get("content-type", ""):
+            try:
+                rejected = ExportTraceServiceResponse.FromString(resp.content).partial_success.rejected_spans
+            except Exception:  # a malformed reply still means the batch was taken
+                rejected = 0
+        return Outcome.SENT, int(rejected)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class GrpcSender:
+    """Call ``TraceService/Export`` on an OTLP/gRPC endpoint (insecure channel, 64 MiB messages)."""
+
+    METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+    def __init__(self, target: str, headers: Mapping[str, str], timeout_s: float) -> None:
+        import grpc
+
+        self.url = target
+        self._timeout = timeout_s
+        self._metadata = tuple((k.lower(), v) for k, v in headers.items())
+        limit = 64 * 1024 * 1024
+        self._channel = grpc.insecure_channel(
+            target,
+            options=[("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)],
+        )
+        self._call = self._channel.unary_unary(
+            self.METHOD, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+        )
+
+    def send(self, payload: bytes) -> tuple[Outcome, int]:
+        import grpc
+
+        try:
+            reply = self._call(payload, timeout=self._timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                log.warning("tinkertrace: %s refused a batch: %s", self.url, exc)
+                return Outcome.REJECTED, 0
+            return Outcome.RETRY, 0
+        return Outcome.SENT, int(reply.partial_success.rejected_spans)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class OtlpTarget:
+    """Export to an OTLP endpoint; spool what fails and re-send it from a background thread."""
+
+    def __init__(
+        self,
+        url: str,
+        protocol: str,
+        spool_dir: Path,
+        stats: ExportStats,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float = 5.0,
+        retry_interval_s: float = 2.0,
+    ) -> None:
+        sender_type = GrpcSender if protocol == "grpc" else HttpSender
+        self._sender = sender_type(url, headers or {}, timeout_s)
+        self.spool = Spool(spool_dir)
+        self._stats = stats
+        self._interval = retry_interval_s
+        self._drain_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._retry_loop, name="tinkertrace-spool", daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"OtlpTarget({self._sender.url!r})"
+
+    def _account(self, outcome: Outcome, rejected: int, n_spans: int, *, resent: bool) -> None:
+        if outcome is Outcome.SENT:
+            self._stats.add("spans_resent" if resent else "spans_exported", n_spans - rejected)
+            if resent:
+                self._stats.add("spans_exported", n_spans - rejected)
+            if rejected:
+                self._stats.add("spans_rejected", rejected)
+        elif outcome is Outcome.REJECTED:
+            self._stats.add("spans_rejected", n_spans)
+
+    def export(self, request: ExportTraceServiceRequest, n_spans: int) -> None:
+        payload = request.SerializeToString()
+        if not self.spool.pending():
+            outcome, rejected = self._sender.send(payload)
+            if outcome is not Outcome.RETRY:
+                self._account(outcome, rejected, n_spans, resent=False)
+                return
+            self._stats.add("export_errors")
+        self.spool.put(payload, n_spans)
+        self._stats.add("spans_spooled", n_spans)
+
+    def drain(self, deadline: float | None = None) -> bool:
+        """Re-send spooled payloads oldest first until one fails; True when the spool is empty."""
+        with self._drain_lock:
+            for path in self.spool.pending():
+                if deadline is not None and time.monotonic() > deadline:
+                    return False
+                try:
+                    payload = path.read_bytes()
+                except FileNotFoundError:
+                    continue
+                outcome, rejected = self._sender.send(payload)
+                if outcome is Outcome.RETRY:
+                    return False
+                n = Spool.span_count(path)
+                self._account(outcome, rejected, n, resent=True)
+                if outcome is Outcome.REJECTED:
+                    self.spool.reject(path)
+                else:
+                    path.unlink(missing_ok=True)
+            return True
+
+    def _retry_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if self.spool.pending():
+                time.sleep(min(0.05, self._interval))  # let a burst of failures settle first
+                try:
+                    self.drain()
+                except Exception:
+                    log.exception("tinkertrace: re-sending spooled spans failed")
+
+    def flush(self, timeout_s: float) -> bool:
+        return self.drain(time.monotonic() + timeout_s)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+        try:
+            self.drain(time.monotonic() + 2)
+        finally:
+            left = self.spool.pending()
+            if left:
+                log.warning(
+                    "tinkertrace: %d span batches could not be delivered to %s; they stay in %s and are "
+                    "re-sent by the next process using this endpoint",
+                    len(left),
+                    self._sender.url,
+                    self.spool.root,
+                )
+            self._sender.close()

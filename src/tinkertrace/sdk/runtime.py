@@ -1,0 +1,211 @@
+"""``init`` / ``shutdown`` / ``flush`` / ``stats``: the process-wide tracing runtime.
+
+tinkertrace keeps its own ``TracerProvider`` and never replaces the global one, so it coexists with
+an application's own OpenTelemetry set-up (spans still nest: parents come from the shared context).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+from tinkertrace.sdk import config as cfg
+from tinkertrace.sdk import context
+from tinkertrace.sdk.export import QueueExportProcessor, Target
+from tinkertrace.sdk.processor import ContextAttributesProcessor
+from tinkertrace.sdk.stats import ExportStats
+
+log = logging.getLogger("tinkertrace")
+
+
+@dataclass
+class Runtime:
+    """What ``init()`` set up; replaced as a whole by the next ``init()``."""
+
+    config: cfg.TraceConfig
+    provider: TracerProvider
+    tracer: trace.Tracer
+    processor: QueueExportProcessor
+    stats: ExportStats
+    no_inject_hosts: set[str] = field(default_factory=set)
+    _tokenizer: Any = None
+    _tokenizer_failed: bool = False
+
+    def tokenizer(self) -> Any:
+        """The configured tokenizer (loaded on first use), or None."""
+        if self._tokenizer is None and self.config.tokenizer and not self._tokenizer_failed:
+            try:
+                from tinkertrace.tokenizer import load_tokenizer
+
+                self._tokenizer = load_tokenizer(self.config.tokenizer)
+            except Exception as exc:
+                self._tokenizer_failed = True
+                log.warning(
+                    "tinkertrace: cannot load tokenizer %r (%s); no re-tokenisation",
+                    self.config.tokenizer,
+                    exc,
+                )
+        return self._tokenizer
+
+
+_lock = threading.RLock()
+_runtime: Runtime | None = None
+_atexit_registered = False
+
+
+def init(
+    endpoint: str | None = None,
+    *,
+    spans_dir: str | Path | None = None,
+    protocol: str | None = None,
+    service_name: str | None = None,
+    capture_content: bool | None = None,
+    request_token_ids: bool | None = None,
+    tokenizer: str | None = None,
+    redact: cfg.Redactor | None = None,
+    spool_dir: str | Path | None = None,
+    headers: dict[str, str] | None = None,
+    **options: Any,
+) -> cfg.TraceConfig:
+    """Configure tracing for this process; calling it again replaces the previous configuration.
+
+    endpoint: OTLP endpoint (``http://host:4318`` for HTTP/protobuf, ``host:4317`` with
+    ``protocol="grpc"``). spans_dir: a folder the embedded Parquet sink writes to. Give either or
+    both; with neither (and no ``TINKERTRACE_ENDPOINT`` / ``TINKERTRACE_SPANS_DIR``) spans go to
+    ``./spans``. capture_content: record messages (default on). request_token_ids: ask servers for
+    token ids and logprobs inside rollouts (default on). tokenizer: re-tokenise when the server
+    returns no ids (``tinkertrace.tokenizer.load_tokenizer`` name or local folder). redact:
+    ``redact(messages) -> messages`` applied before messages are recorded. spool_dir: where
+    undeliverable OTLP batches wait (default ``$TINKERTRACE_HOME/spool/<endpoint hash>``).
+    Further options: the fields of :class:`~tinkertrace.sdk.config.TraceConfig`.
+    """
+    config = cfg.resolve(
+        endpoint=endpoint,
+        spans_dir=spans_dir,
+        protocol=protocol,
+        service_name=service_name,
+        capture_content=capture_content,
+        request_token_ids=request_token_ids,
+        tokenizer=tokenizer,
+        redact=redact,
+        spool_dir=spool_dir,
+        headers=headers,
+        **options,
+    )
+    global _runtime, _atexit_registered
+    with _lock:
+        if _runtime is not None:
+            _shutdown_locked()
+        _runtime = _build(config)
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+    return config
+
+
+def _build(config: cfg.TraceConfig) -> Runtime:
+    stats = ExportStats()
+    targets: list[Target] = []
+    if config.spans_dir is not None:
+        from tinkertrace.sdk.sink import ParquetSink
+
+        targets.append(ParquetSink(config.spans_dir, stats))
+    if config.otlp_url is not None:
+        from tinkertrace.sdk.otlp import OtlpTarget
+
+        assert config.spool_dir is not None
+        targets.append(
+            OtlpTarget(
+                config.otlp_url,
+                config.protocol,
+                config.spool_dir,
+                stats,
+                headers=config.headers,
+                timeout_s=config.export_timeout_s,
+                retry_interval_s=config.retry_interval_s,
+            )
+        )
+    processor = QueueExportProcessor(
+        targets,
+        stats,
+        max_queue=config.max_queue_spans,
+        batch_size=config.batch_size,
+        schedule_delay_s=config.schedule_delay_s,
+    )
+    from tinkertrace import __version__
+
+    provider = TracerProvider(
+        sampler=ALWAYS_ON,
+        resource=Resource.create({"service.name": config.service_name}),
+        shutdown_on_exit=False,
+    )
+    provider.add_span_processor(ContextAttributesProcessor())
+    provider.add_span_processor(processor)
+    runtime = Runtime(config, provider, provider.get_tracer("tinkertrace.sdk", __version__), processor, stats)
+    if config.capture_http:
+        from tinkertrace.sdk import capture
+
+        capture.install()
+    if config.patch_executors:
+        context.patch_executors()
+    return runtime
+
+
+def _shutdown_locked() -> None:
+    global _runtime
+    runtime, _runtime = _runtime, None
+    if runtime is None:
+        return
+    from tinkertrace.sdk import capture
+
+    capture.uninstall()
+    context.unpatch_executors()
+    runtime.provider.force_flush()
+    runtime.provider.shutdown()
+
+
+def shutdown() -> None:
+    """Flush everything, close files and connections, remove the HTTP patches. Safe to call twice."""
+    with _lock:
+        _shutdown_locked()
+
+
+def flush(timeout_s: float = 30.0) -> bool:
+    """Export every finished span now (sink files closed, spooled OTLP batches re-sent).
+
+    True when everything reached its target; False if some batches are still spooled.
+    """
+    runtime = _runtime
+    return True if runtime is None else runtime.processor.force_flush(int(timeout_s * 1000))
+
+
+def stats() -> dict[str, int]:
+    """Span counts since the last ``init()``: queued, exported, dropped, spooled, resent, rejected."""
+    runtime = _runtime
+    return {} if runtime is None else runtime.stats.snapshot()
+
+
+def current() -> Runtime | None:
+    """The runtime if ``init()`` ran, else None (never initialises)."""
+    return _runtime
+
+
+def get() -> Runtime:
+    """The runtime, initialising from the environment on first use."""
+    runtime = _runtime
+    if runtime is None:
+        with _lock:
+            if _runtime is None:
+                init()
+            runtime = _runtime
+    assert runtime is not None
+    return runtime
