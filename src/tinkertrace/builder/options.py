@@ -1,0 +1,59 @@
+"""What to build: filters, the reward assignment policy and incremental-build inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+RewardPolicy = Literal["nearest", "sibling", "link", "final"]
+GroupBy = Literal["task", "task+agent"]
+
+REWARD_POLICIES: tuple[str, ...] = ("nearest", "sibling", "link", "final")
+GROUP_BYS: tuple[str, ...] = ("task", "task+agent")
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Options of :func:`tinkertrace.builder.build_trajectories`.
+
+    Rollout filters (``since``/``until`` on the rollout's start time, ``splits``, ``tasks``) select
+    whole rollouts; ``agent`` (a regular expression searched in the agent name) and
+    ``min_policy_version`` select LLM calls after rewards were assigned, so filtering never changes
+    which reward a call gets.
+
+    Incremental builds (the online trainer): ``exclude_rollouts`` skips rollouts already built;
+    ``files`` reads only these Parquet files instead of every file under the spans folder (a rollout
+    whose spans are split between listed and unlisted files then looks incomplete and is left out).
+    """
+
+    since: datetime | None = None
+    until: datetime | None = None
+    splits: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = ()
+    agent: str | None = None
+    min_policy_version: int | None = None
+    reward_policy: RewardPolicy = "nearest"
+    reward_name: str | None = None
+    group_by: GroupBy = "task"
+    include_incomplete: bool = False
+    exclude_rollouts: frozenset[str] = field(default_factory=frozenset)
+    files: tuple[Path, ...] | None = None
+    memory_limit: str = "2GB"
+    threads: int | None = None
+    batch_rows: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.reward_policy not in REWARD_POLICIES:
+            raise ValueError(f"reward_policy must be one of {REWARD_POLICIES}, got {self.reward_policy!r}")
+        if self.group_by not in GROUP_BYS:
+            raise ValueError(f"group_by must be one of {GROUP_BYS}, got {self.group_by!r}")
+        if self.batch_rows < 1:
+            raise ValueError(f"batch_rows must be positive, got {self.batch_rows}")
+        # Accept any iterable for the collection fields, store them immutably.
+        object.__setattr__(self, "splits", tuple(self.splits))
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        object.__setattr__(self, "exclude_rollouts", frozenset(self.exclude_rollouts))
+        if self.files is not None:
+            object.__setattr__(self, "files", tuple(Path(f) for f in self.files))

@@ -1,0 +1,101 @@
+"""Reward assignment policies, in SQL.
+
+Input tables: ``_calls`` (distinct LLM calls of the built rollouts: ``trace_id, span_id, rollout_id,
+start_time, end_time, response_id, parent``) and ``_rewards`` (``trace_id, span_id, rollout_id,
+start_time, end_time, linked_response_id, parent, v`` where ``v`` is the chosen dimension's value).
+Output: table ``_assign(reward_trace_id, reward_span_id, call_trace_id, call_span_id, v)``; a reward
+with no row there is unmatched (or superseded under ``final``).
+
+``nearest`` / ``sibling``: walking a rollout's events by time, each reward goes to the newest LLM call
+that ended before the reward started and has no reward yet. That greedy walk is parenthesis matching
+(a call ending pushes, a reward pops the newest), so it is computed without a loop: a running depth,
+clamped at 0 for rewards that find the stack empty, gives every call the depth it pushed to and every
+reward the depth it pops from, and a reward matches the latest call before it pushed to that depth
+(an ASOF join). ``sibling`` partitions by (rollout, parent span), ``nearest`` by rollout.
+
+``link``: a reward naming a ``gen_ai.response.id`` of a call in its rollout goes to that call; the
+others fall back to ``nearest`` among the calls no link took.
+
+``final``: the rollout's final reward (the latest one flagged final, else the latest one) goes to
+every call of the rollout; its other rewards are superseded.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from tinkertrace.builder.options import RewardPolicy
+
+
+def _stack_match_sql(calls: str, rewards: str, partition: str) -> str:
+    """SQL selecting (reward, call) pairs by the nearest-preceding-unrewarded rule within ``partition``."""
+    return f"""
+    WITH ev AS (
+        SELECT rollout_id, {partition} AS part, trace_id, span_id, 0 AS kind, end_time AS t, start_time AS t2
+        FROM {calls}
+        UNION ALL
+        SELECT rollout_id, {partition} AS part, trace_id, span_id, 1 AS kind, start_time AS t, end_time AS t2
+        FROM {rewards}
+    ), run AS (
+        SELECT *, sum(CASE kind WHEN 0 THEN 1 ELSE -1 END) OVER w AS s,
+               row_number() OVER w AS pos
+        FROM ev
+        WINDOW w AS (PARTITION BY rollout_id, part ORDER BY t, kind, t2, trace_id, span_id
+                     ROWS UNBOUNDED PRECEDING)
+    ), depth AS (
+        SELECT *, s - least(0, min(s) OVER w) AS d_after
+        FROM run WINDOW w AS (PARTITION BY rollout_id, part ORDER BY pos ROWS UNBOUNDED PRECEDING)
+    ), levels AS (
+        SELECT *, CASE kind WHEN 0 THEN d_after
+                  ELSE lag(d_after, 1, 0) OVER (PARTITION BY rollout_id, part ORDER BY pos) END AS level
+        FROM depth
+    ), r AS (SELECT * FROM levels WHERE kind = 1 AND level > 0),
+    c AS (SELECT * FROM levels WHERE kind = 0)
+    SELECT r.trace_id AS reward_trace_id, r.span_id AS reward_span_id,
+           c.trace_id AS call_trace_id, c.span_id AS call_span_id
+    FROM r ASOF JOIN c ON r.rollout_id = c.rollout_id AND r.part = c.part AND r.level = c.level
+                        AND r.pos >= c.pos
+    """
+
+
+def assign_rewards(con: duckdb.DuckDBPyConnection, policy: RewardPolicy) -> None:
+    """Create ``_assign`` from ``_calls`` and ``_rewards`` under ``policy``."""
+    usable = "(SELECT * FROM _rewards WHERE v IS NOT NULL)"
+    if policy == "final":
+        con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _assign AS
+        WITH fin AS (
+            SELECT * FROM {usable}
+            QUALIFY row_number() OVER (PARTITION BY rollout_id
+                ORDER BY is_final DESC, start_time DESC, end_time DESC, trace_id DESC, span_id DESC) = 1
+        )
+        SELECT fin.trace_id AS reward_trace_id, fin.span_id AS reward_span_id,
+               c.trace_id AS call_trace_id, c.span_id AS call_span_id, fin.v
+        FROM fin JOIN _calls c USING (rollout_id)
+        """)
+        return
+    if policy == "link":
+        con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _linked AS
+        SELECT r.trace_id AS reward_trace_id, r.span_id AS reward_span_id,
+               c.trace_id AS call_trace_id, c.span_id AS call_span_id
+        FROM {usable} r JOIN _calls c
+          ON c.rollout_id = r.rollout_id AND c.response_id = r.linked_response_id
+        """)
+        rest_calls = (
+            "(SELECT * FROM _calls ANTI JOIN _linked ON trace_id = call_trace_id AND span_id = call_span_id)"
+        )
+        rest_rewards = (
+            f"(SELECT * FROM {usable} ANTI JOIN _linked "
+            "ON trace_id = reward_trace_id AND span_id = reward_span_id)"
+        )
+        fallback = _stack_match_sql(rest_calls, rest_rewards, "''")
+        pairs = f"SELECT * FROM _linked UNION ALL ({fallback})"
+    else:
+        partition = "COALESCE(parent, '')" if policy == "sibling" else "''"
+        pairs = _stack_match_sql("_calls", usable, partition)
+    con.execute(f"""
+    CREATE OR REPLACE TEMP TABLE _assign AS
+    SELECT p.*, r.v FROM ({pairs}) p
+    JOIN _rewards r ON r.trace_id = p.reward_trace_id AND r.span_id = p.reward_span_id
+    """)

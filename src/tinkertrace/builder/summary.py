@@ -1,0 +1,76 @@
+"""Counts of what a build read, built and left out (printed by the CLI, returned by the API)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class BuildSummary:
+    """What one build saw. Nothing is left out without being counted here."""
+
+    files: int = 0
+    corrupt_files: list[tuple[Path, str]] = field(default_factory=list)
+    spans: int = 0
+    spans_without_rollout: int = 0
+    rollouts_seen: int = 0
+    rollouts_excluded: int = 0  # in BuildOptions.exclude_rollouts (already built)
+    rollouts_incomplete: dict[str, int] = field(default_factory=dict)  # reason -> count
+    rollouts_filtered: int = 0  # left out by --since/--until/--split/--task
+    rollouts_built: int = 0
+    llm_spans: int = 0
+    llm_duplicates: int = 0  # duplicate response ids and LLM spans nested in the same call
+    llm_calls: int = 0  # distinct calls of the built rollouts
+    llm_calls_filtered: int = 0  # left out by --agent / --min-policy-version
+    llm_calls_without_tokens: int = 0
+    llm_calls_without_logprobs: int = 0
+    orphan_spans_repaired: int = 0  # parent missing: parent found again by time containment
+    triplets: int = 0
+    trajectories: int = 0
+    trajectory_splits: dict[str, int] = field(default_factory=dict)  # split_reason -> count
+    rewards: int = 0
+    rewards_matched: int = 0
+    rewards_unmatched: int = 0
+    rewards_superseded: int = 0  # `final` policy: rewards other than the rollout's final one
+    rewards_missing_dimension: int = 0  # --reward-name given but absent on the reward
+    unmatched_rewards: list[tuple[str, str]] = field(default_factory=list)  # (rollout_id, span_id)
+    rollout_ids: list[str] = field(default_factory=list)  # built rollouts, sorted
+    incomplete_rollout_ids: list[str] = field(default_factory=list)  # left out as incomplete, sorted
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) pairs for printing."""
+
+        def by_reason(counts: dict[str, int]) -> str:
+            return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "0"
+
+        return [
+            ("files read", str(self.files)),
+            ("corrupt files skipped", str(len(self.corrupt_files))),
+            ("spans", str(self.spans)),
+            ("spans without rollout", str(self.spans_without_rollout)),
+            ("rollouts seen", str(self.rollouts_seen)),
+            ("rollouts built", str(self.rollouts_built)),
+            ("rollouts incomplete (left out)", by_reason(self.rollouts_incomplete)),
+            ("rollouts filtered out", str(self.rollouts_filtered)),
+            ("rollouts already built (excluded)", str(self.rollouts_excluded)),
+            ("LLM spans", str(self.llm_spans)),
+            ("LLM duplicate/nested spans dropped", str(self.llm_duplicates)),
+            ("LLM calls", str(self.llm_calls)),
+            ("LLM calls filtered out", str(self.llm_calls_filtered)),
+            ("LLM calls without token ids (skipped)", str(self.llm_calls_without_tokens)),
+            ("LLM calls without logprobs (logprob 0)", str(self.llm_calls_without_logprobs)),
+            ("orphan spans repaired", str(self.orphan_spans_repaired)),
+            ("triplets", str(self.triplets)),
+            ("trajectories", str(self.trajectories)),
+            ("trajectory splits", by_reason(self.trajectory_splits)),
+            ("rewards", str(self.rewards)),
+            ("rewards matched", str(self.rewards_matched)),
+            ("rewards unmatched", str(self.rewards_unmatched)),
+            ("rewards superseded (final policy)", str(self.rewards_superseded)),
+            ("rewards missing the named dimension", str(self.rewards_missing_dimension)),
+        ]
+
+    def __str__(self) -> str:
+        width = max(len(label) for label, _ in self.rows())
+        return "\n".join(f"{label:<{width}}  {value}" for label, value in self.rows())

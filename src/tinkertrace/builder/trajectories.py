@@ -1,0 +1,177 @@
+"""Prefix merging of a rollout's turns into trajectory rows, vectorised over Arrow/numpy arrays.
+
+Within one (rollout, agent), turn *k* joins the row of turn *k-1* when its prompt starts with
+turn *k-1*'s prompt + response; the row's tokens are then the last turn's prompt + response, with
+``action_mask`` 1 and the sampling logprob on each turn's response tokens (turn *j*'s response sits
+at offset ``len(prompt_j)``), 0 elsewhere. Otherwise a new row (``segment``) starts, and
+``split_reason`` says where the prompt first differs from the previous prompt + response:
+
+* ``template_change`` — inside the previous prompt (the history was rendered differently:
+  another chat template or system prompt, truncated history);
+* ``retokenization_drift`` — inside the previous response, or the prompt stops before its end
+  (the sampled reply came back as text and was tokenised differently);
+* ``other`` — at the very first token (an unrelated context).
+
+All comparisons are done for every pair of consecutive turns at once with numpy gathers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tinkertrace import schemas
+
+REASONS = ("template_change", "retokenization_drift", "other")
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + n)`` for each (s, n), without a Python loop."""
+    lengths = lengths.astype(np.int64, copy=False)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    shift = np.repeat(starts.astype(np.int64) - (ends - lengths), lengths)
+    return np.arange(total, dtype=np.int64) + shift
+
+
+class _Lists:
+    """A list column as (flat values, start of each row, length of each row, validity)."""
+
+    def __init__(self, column: pa.ChunkedArray | pa.Array) -> None:
+        arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        offsets = arr.offsets.to_numpy().astype(np.int64)
+        self.values = arr.values.to_numpy(zero_copy_only=False)
+        self.starts = offsets[:-1]
+        self.lengths = np.diff(offsets)
+        self.valid = (
+            np.ones(len(arr), dtype=bool)
+            if arr.null_count == 0
+            else arr.is_valid().to_numpy(zero_copy_only=False)
+        )
+        self.lengths = np.where(self.valid, self.lengths, 0)
+
+
+def _group_codes(table: pa.Table) -> np.ndarray:
+    """Row i's (rollout, agent) group number, given rows sorted by rollout."""
+    rollout = table.column("rollout_id").combine_chunks()
+    n = len(rollout)
+    change = np.zeros(n, dtype=np.int64)
+    if n > 1:
+        change[1:] = pc.not_equal(rollout[1:], rollout[:-1]).to_numpy(zero_copy_only=False)
+    rollout_code = np.cumsum(change)
+    agent = table.column("agent_name").combine_chunks().dictionary_encode(null_encoding="encode")
+    agent_code = agent.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return rollout_code * (len(agent.dictionary) + 1) + agent_code
+
+
+def _first_mismatch(prompts: _Lists, responses: _Lists, prev: np.ndarray, cur: np.ndarray) -> np.ndarray:
+    """For each pair, the first index where prompt[cur] differs from prompt[prev] + response[prev]
+    (or the shorter length when one is a prefix of the other)."""
+    a_len = prompts.lengths[prev] + responses.lengths[prev]
+    n = np.minimum(a_len, prompts.lengths[cur])
+    first = n.copy()
+    if int(n.sum()) == 0:
+        return first
+    pair = np.repeat(np.arange(len(prev)), n)
+    pos = _ranges(np.zeros(len(prev), dtype=np.int64), n)
+    in_prompt = pos < prompts.lengths[prev][pair]
+    p_idx = np.minimum(prompts.starts[prev][pair] + pos, max(len(prompts.values) - 1, 0))
+    r_idx = responses.starts[prev][pair] + pos - prompts.lengths[prev][pair]
+    r_idx = np.clip(r_idx, 0, max(len(responses.values) - 1, 0))
+    a = np.where(in_prompt, prompts.values[p_idx], responses.values[r_idx] if len(responses.values) else 0)
+    b = prompts.values[prompts.starts[cur][pair] + pos]
+    mism = np.flatnonzero(a != b)
+    if len(mism):
+        pairs_with, first_at = np.unique(pair[mism], return_index=True)
+        first[pairs_with] = pos[mism[first_at]]
+    return first
+
+
+def merge_turns(table: pa.Table) -> tuple[pa.Table, int]:
+    """Trajectory rows (``schemas.trajectories()``) of whole rollouts in ``table``, whose rows are
+    sorted by (rollout_id, turn) and carry the triplet columns plus group_key, traj_reward, split,
+    rollout_end. Also returns how many responses had no usable logprobs (left at 0)."""
+    schema = schemas.trajectories()
+    if table.num_rows == 0:
+        return schema.empty_table(), 0
+    group = _group_codes(table)
+    order = np.lexsort((table.column("turn").to_numpy(), group))
+    table = table.take(pa.array(order))
+    group = group[order]
+    n = table.num_rows
+    prompts = _Lists(table.column("prompt_token_ids"))
+    responses = _Lists(table.column("response_token_ids"))
+    logprobs = _Lists(table.column("response_logprobs"))
+
+    same = np.zeros(n, dtype=bool)
+    same[1:] = group[1:] == group[:-1]
+    cur = np.flatnonzero(same)
+    prev = cur - 1
+    first = _first_mismatch(prompts, responses, prev, cur)
+    extends = first >= prompts.lengths[prev] + responses.lengths[prev]
+    new_seg = ~same
+    new_seg[cur[~extends]] = True
+    reason = np.full(n, None, dtype=object)
+    broken, at = cur[~extends], first[~extends]
+    kind = np.where(at == 0, 2, np.where(at < prompts.lengths[broken - 1], 0, 1))
+    reason[broken] = np.array(REASONS, dtype=object)[kind]
+
+    seg_id = np.cumsum(new_seg) - 1
+    seg_first = np.flatnonzero(new_seg)
+    seg_last = np.r_[seg_first[1:] - 1, n - 1]
+    group_start = np.maximum.accumulate(np.where(~same, np.arange(n), 0))
+    segment = (seg_id - seg_id[group_start])[seg_first].astype(np.int32)
+
+    # tokens = last turn's prompt + response, gathered from one combined value buffer
+    combined = np.concatenate([prompts.values, responses.values]).astype(np.int32, copy=False)
+    starts2 = np.stack(
+        [prompts.starts[seg_last], len(prompts.values) + responses.starts[seg_last]], 1
+    ).ravel()
+    lens2 = np.stack([prompts.lengths[seg_last], responses.lengths[seg_last]], 1).ravel()
+    tokens = combined[_ranges(starts2, lens2)]
+    tok_len = prompts.lengths[seg_last] + responses.lengths[seg_last]
+    out_off = np.r_[0, np.cumsum(tok_len)]
+
+    # each turn's response: mask 1 and its logprobs at offset len(prompt) of its segment's row
+    where = _ranges(out_off[seg_id] + prompts.lengths, responses.lengths)
+    mask = np.zeros(len(tokens), dtype=np.int8)
+    mask[where] = 1
+    lp_out = np.zeros(len(tokens), dtype=np.float32)
+    usable = logprobs.valid & (logprobs.lengths == responses.lengths)
+    if usable.any():
+        dest = _ranges(out_off[seg_id[usable]] + prompts.lengths[usable], responses.lengths[usable])
+        lp_out[dest] = logprobs.values[_ranges(logprobs.starts[usable], logprobs.lengths[usable])]
+    missing_logprobs = int(np.count_nonzero(~usable & (responses.lengths > 0)))
+
+    pv = table.column("policy_version").to_numpy(zero_copy_only=False)
+    pv_valid = ~np.isnan(pv) if pv.dtype.kind == "f" else np.ones(n, dtype=bool)
+    big = np.iinfo(np.int64).max
+    pv_filled = np.where(pv_valid, np.nan_to_num(pv, nan=0), big).astype(np.int64)
+    pv_min = np.minimum.reduceat(pv_filled, seg_first)
+    offsets = pa.array(out_off.astype(np.int32))
+    firsts = pa.array(seg_first)
+
+    def pick(name: str) -> pa.Array:
+        return table.column(name).take(firsts).combine_chunks()
+
+    columns = {
+        "rollout_id": pick("rollout_id"),
+        "task_id": pick("task_id"),
+        "agent_name": pick("agent_name"),
+        "group_key": pick("group_key"),
+        "segment": pa.array(segment, pa.int32()),
+        "split_reason": pa.array(reason[seg_first], pa.string()),
+        "tokens": pa.ListArray.from_arrays(offsets, pa.array(tokens, pa.int32())),
+        "logprobs": pa.ListArray.from_arrays(offsets, pa.array(lp_out, pa.float32())),
+        "action_mask": pa.ListArray.from_arrays(offsets, pa.array(mask, pa.int8())),
+        "reward": pick("traj_reward"),
+        "num_turns": pa.array((seg_last - seg_first + 1).astype(np.int32)),
+        "policy_version": pa.array(pv_min, pa.int64(), mask=pv_min == big),
+        "split": pick("split"),
+        "end_time": pick("rollout_end"),
+    }
+    arrays = [columns[f.name].cast(f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema), missing_logprobs

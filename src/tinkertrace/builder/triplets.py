@@ -1,0 +1,241 @@
+"""From the views to the table of LLM calls to emit, then the ordered triplet stream (SQL).
+
+:func:`prepare` materialises small, token-free tables (rollouts, calls, rewards, assignments) and
+fills the summary's counts; :func:`triplet_stream` then joins the chosen calls with their token
+columns and returns them ordered by (rollout_id, turn) as Arrow record batches, so token data is
+read once and never held whole in memory (DuckDB's sort spills to disk past its memory limit).
+"""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+
+from tinkertrace import semconv as sc
+from tinkertrace.builder import views
+from tinkertrace.builder.options import BuildOptions
+from tinkertrace.builder.rewards import assign_rewards
+from tinkertrace.builder.summary import BuildSummary
+
+TOKEN_COLUMNS = ("prompt_token_ids", "response_token_ids", "response_logprobs")
+# Columns of the stream after the triplet columns, used to build trajectories.
+EXTRA_COLUMNS = ("group_key", "traj_reward", "split", "rollout_end")
+
+
+def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
+    row = con.execute(sql).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def _select_rollouts(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
+    con.register(
+        "_excluded_arrow", pa.table({"rollout_id": pa.array(sorted(options.exclude_rollouts), pa.string())})
+    )
+    con.execute("CREATE OR REPLACE TEMP TABLE _all_rollouts AS SELECT * FROM rollouts")
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE _candidates AS
+        SELECT * FROM _all_rollouts ANTI JOIN _excluded_arrow USING (rollout_id)""")
+    summary.rollouts_seen = _scalar(con, "SELECT count(*) FROM _all_rollouts")
+    summary.rollouts_excluded = summary.rollouts_seen - _scalar(con, "SELECT count(*) FROM _candidates")
+    summary.rollouts_incomplete = dict(
+        con.execute("""SELECT incomplete_reason, count(*) FROM _candidates
+                       WHERE incomplete_reason IS NOT NULL GROUP BY ALL ORDER BY 1""").fetchall()
+    )
+    summary.incomplete_rollout_ids = [
+        r[0]
+        for r in con.execute(
+            "SELECT rollout_id FROM _candidates WHERE incomplete_reason IS NOT NULL ORDER BY 1"
+        ).fetchall()
+    ]
+    where = ["true" if options.include_incomplete else "incomplete_reason IS NULL"]
+    params: dict[str, object] = {}
+    if options.since is not None:
+        where.append("start_time >= $since")
+        params["since"] = options.since
+    if options.until is not None:
+        where.append("start_time < $until")
+        params["until"] = options.until
+    if options.splits:
+        where.append("split IN (SELECT unnest($splits))")
+        params["splits"] = list(options.splits)
+    if options.tasks:
+        where.append("task_id IN (SELECT unnest($tasks))")
+        params["tasks"] = list(options.tasks)
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE _sel AS SELECT * FROM _candidates WHERE {' AND '.join(where)}", params
+    )
+    summary.rollouts_built = _scalar(con, "SELECT count(*) FROM _sel")
+    complete = _scalar(con, "SELECT count(*) FROM _candidates WHERE incomplete_reason IS NULL")
+    considered = summary.rollouts_seen - summary.rollouts_excluded
+    summary.rollouts_filtered = (
+        considered if options.include_incomplete else complete
+    ) - summary.rollouts_built
+    summary.rollout_ids = [r[0] for r in con.execute("SELECT rollout_id FROM _sel ORDER BY 1").fetchall()]
+
+
+def _repair_parents(con: duckdb.DuckDBPyConnection, summary: BuildSummary) -> None:
+    """``_parent(trace_id, span_id, parent)``: the parent of each span of a built rollout; a missing
+    parent is replaced by the innermost enclosing (non-LLM, non-reward) span of the same rollout."""
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE _rspans AS
+        SELECT DISTINCT m.trace_id, m.span_id, m.parent_span_id, m.rollout_id, m.span_type,
+               m.start_time, m.end_time
+        FROM _meta m SEMI JOIN _sel USING (rollout_id)""")
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE _orphans AS
+        SELECT o.* FROM _rspans o
+        WHERE o.parent_span_id IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM _meta p WHERE p.trace_id = o.trace_id AND p.span_id = o.parent_span_id)""")
+    summary.orphan_spans_repaired = _scalar(con, "SELECT count(*) FROM _orphans")
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _parent AS
+        WITH repaired AS (
+            SELECT o.trace_id, o.span_id, c.span_id AS parent FROM _orphans o
+            LEFT JOIN _rspans c ON c.rollout_id = o.rollout_id AND c.span_id <> o.span_id
+                 AND c.start_time <= o.start_time AND c.end_time >= o.end_time
+                 AND c.span_type IS DISTINCT FROM '{sc.TYPE_LLM}'
+                 AND c.span_type IS DISTINCT FROM '{sc.TYPE_REWARD}'
+            QUALIFY row_number() OVER (PARTITION BY o.trace_id, o.span_id
+                                       ORDER BY c.start_time DESC, c.end_time, c.span_id) = 1
+        )
+        SELECT s.trace_id, s.span_id, COALESCE(r.parent, s.parent_span_id) AS parent
+        FROM _rspans s LEFT JOIN repaired r USING (trace_id, span_id)""")
+
+
+def _select_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE _calls AS
+        SELECT c.trace_id, c.span_id, c.received_at, p.parent, c.rollout_id, r.task_id, r.attempt,
+               c.agent_name, c.model, c.response_id, c.policy_version, c.token_source,
+               c.start_time, c.end_time, r.split, r.end_time AS rollout_end,
+               CAST(row_number() OVER (PARTITION BY c.rollout_id
+                    ORDER BY c.start_time, c.end_time, c.trace_id, c.span_id) - 1 AS INTEGER) AS turn
+        FROM llm_calls c JOIN _sel r USING (rollout_id)
+        LEFT JOIN _parent p USING (trace_id, span_id)""")
+    summary.llm_calls = _scalar(con, "SELECT count(*) FROM _calls")
+    summary.llm_spans = _scalar(
+        con,
+        f"SELECT count(DISTINCT (trace_id, span_id)) FROM _meta SEMI JOIN _sel USING (rollout_id) "
+        f"WHERE span_type = '{sc.TYPE_LLM}'",
+    )
+    summary.llm_duplicates = summary.llm_spans - summary.llm_calls
+
+
+def _select_rewards(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE _rewards AS
+        SELECT w.*, p.parent,
+               CASE WHEN $name IS NULL OR w.name = $name THEN w.value
+                    ELSE CAST(w.dimensions[$name] AS DOUBLE) END AS v
+        FROM rewards w JOIN _sel USING (rollout_id)
+        LEFT JOIN _parent p USING (trace_id, span_id)""",
+        {"name": options.reward_name},
+    )
+    summary.rewards = _scalar(con, "SELECT count(*) FROM _rewards")
+    summary.rewards_missing_dimension = _scalar(con, "SELECT count(*) FROM _rewards WHERE v IS NULL")
+
+
+def _reward_counts(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE _reward_state AS
+        SELECT w.rollout_id, w.span_id, w.v,
+               EXISTS (SELECT 1 FROM _assign a WHERE a.reward_trace_id = w.trace_id
+                       AND a.reward_span_id = w.span_id) AS matched,
+               EXISTS (SELECT 1 FROM _calls c WHERE c.rollout_id = w.rollout_id) AS rollout_has_calls
+        FROM _rewards w WHERE w.v IS NOT NULL""")
+    summary.rewards_matched = _scalar(con, "SELECT count(*) FROM _reward_state WHERE matched")
+    unmatched = "NOT matched"
+    if options.reward_policy == "final":
+        summary.rewards_superseded = _scalar(
+            con, "SELECT count(*) FROM _reward_state WHERE NOT matched AND rollout_has_calls"
+        )
+        unmatched = "NOT matched AND NOT rollout_has_calls"
+    summary.unmatched_rewards = [
+        (r[0], r[1])
+        for r in con.execute(
+            f"SELECT rollout_id, span_id FROM _reward_state WHERE {unmatched} ORDER BY 1, 2"
+        ).fetchall()
+    ]
+    summary.rewards_unmatched = len(summary.unmatched_rewards)
+
+
+def _output_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
+    if options.group_by == "task":
+        group_key = "COALESCE(c.task_id, c.rollout_id)"
+    else:
+        group_key = "COALESCE(c.task_id, c.rollout_id) || '::' || COALESCE(c.agent_name, '')"
+    # Trajectory reward: the rollout's final reward under `final`, else the sum of the rewards
+    # assigned to the (rollout, agent)'s calls (null when none was assigned).
+    where = ["true"]
+    params: dict[str, object] = {}
+    if options.agent is not None:
+        where.append("regexp_matches(c.agent_name, $agent)")
+        params["agent"] = options.agent
+    if options.min_policy_version is not None:
+        where.append("c.policy_version >= $minpv")
+        params["minpv"] = options.min_policy_version
+    try:
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _out AS
+            WITH call_reward AS (
+                SELECT call_trace_id AS trace_id, call_span_id AS span_id, sum(v) AS reward
+                FROM _assign GROUP BY ALL
+            ), scored AS (
+                SELECT c.*, cr.reward,
+                       sum(cr.reward) OVER (PARTITION BY c.rollout_id, c.agent_name) AS traj_reward,
+                       {group_key} AS group_key
+                FROM _calls c LEFT JOIN call_reward cr USING (trace_id, span_id)
+            )
+            SELECT * FROM scored c WHERE {" AND ".join(where)}""",
+            params,
+        )
+    except duckdb.InvalidInputException as exc:
+        raise ValueError(f"invalid --agent regular expression {options.agent!r}: {exc}") from exc
+    summary.llm_calls_filtered = summary.llm_calls - _scalar(con, "SELECT count(*) FROM _out")
+
+
+def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
+    """Materialise the token-free build tables (``_meta``, ``_sel``, ``_calls``, ``_rewards``,
+    ``_assign``, ``_out``) and fill the summary's rollout, call and reward counts."""
+    keep_attrs = f"span_type IN ('{sc.TYPE_ROLLOUT}', '{sc.TYPE_REWARD}') OR from_agentlightning"
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _meta AS
+        SELECT * EXCLUDE ({", ".join(TOKEN_COLUMNS)}, attributes, resource_attributes, events, links),
+               CASE WHEN {keep_attrs} THEN attributes END AS attributes
+        FROM spans""")
+    summary.spans = _scalar(con, "SELECT count(*) FROM _meta")
+    summary.spans_without_rollout = _scalar(con, "SELECT count(*) FROM _meta WHERE rollout_id IS NULL")
+    views.create_derived_views(con, source="_meta")
+    _select_rollouts(con, options, summary)
+    _repair_parents(con, summary)
+    _select_calls(con, options, summary)
+    _select_rewards(con, options, summary)
+    assign_rewards(con, options.reward_policy)
+    _reward_counts(con, options, summary)
+    _output_calls(con, options, summary)
+    # The query views stay defined over the full `spans` view afterwards.
+    views.create_derived_views(con, source="spans")
+
+
+TRIPLET_COLUMNS = (
+    "rollout_id", "task_id", "attempt", "agent_name", "turn", "span_id", "response_id", "model",
+    "policy_version", *TOKEN_COLUMNS, "token_source", "reward",
+)  # fmt: skip
+
+
+def triplet_stream(con: duckdb.DuckDBPyConnection, batch_rows: int) -> pa.RecordBatchReader:
+    """The chosen calls with their token ids, ordered by (rollout_id, turn): triplet columns first,
+    then :data:`EXTRA_COLUMNS`. Calls without prompt or response ids are not in it."""
+    cols = ", ".join(f"t.{c}" if c in TOKEN_COLUMNS else f"c.{c}" for c in TRIPLET_COLUMNS)
+    extra = ", ".join(f"c.{c}" for c in EXTRA_COLUMNS)
+    sql = f"""
+        SELECT {cols}, {extra}
+        FROM _out c JOIN (
+            SELECT trace_id, span_id, received_at, {", ".join(TOKEN_COLUMNS)} FROM spans
+            WHERE span_type = '{sc.TYPE_LLM}' AND prompt_token_ids IS NOT NULL
+              AND response_token_ids IS NOT NULL
+        ) t ON t.trace_id = c.trace_id AND t.span_id = c.span_id AND t.received_at = c.received_at
+        ORDER BY c.rollout_id, c.turn"""
+    return con.sql(sql).to_arrow_reader(batch_rows)
