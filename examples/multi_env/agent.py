@@ -1,0 +1,212 @@
+"""multi_env: one tool-using agent, several environments (arithmetic with a calculator, spelling with
+a letters tool).
+
+The agent is a plain OpenAI tool-calling loop: it offers the environment's tools, executes the calls
+the model makes (structured ``tool_calls``, or ``<tool_call>{...}</tool_call>`` text from servers
+without tool-call parsing) and stops at the first reply without a tool call, its final answer. Each
+step emits a reward (a small one for a well-formed tool call, the graded answer at the end); how the
+per-step rewards combine, and what a rollout that runs out of steps earns, is set per environment in
+``config.yaml``, not here. Running out of steps is reported as a reward named ``truncated``.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+import operator
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from openai import OpenAI
+
+import tinkertrace
+
+TEXT_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+WORDS = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "chair", "bread", "light"]
+
+
+def _tool(name: str, description: str, arg: str) -> dict:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": {arg: {"type": "string"}}, "required": [arg]},
+        },
+    }
+
+
+def calculate(expression: str) -> float | None:
+    """Value of an integer expression with + - * and parentheses; None for anything else."""
+
+    def walk(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, int)
+            and not isinstance(node.value, bool)
+        ):
+            return float(node.value)
+        if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+            return OPERATORS[type(node.op)](walk(node.left), walk(node.right))
+        raise ValueError("unsupported")
+
+    if not isinstance(expression, str) or len(expression) > 60:
+        return None
+    try:
+        return walk(ast.parse(expression, mode="eval"))
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+
+
+@dataclass
+class Step:
+    """What the environment answers to a tool call."""
+
+    observation: str
+    reward: float
+
+
+class Arithmetic:
+    """Compute an expression; tool ``calculator(expression)``."""
+
+    tools = (_tool("calculator", "Evaluate an arithmetic expression.", "expression"),)
+
+    def __init__(self, task: dict) -> None:
+        self.expression = task["expression"]
+        self.answer = calculate(self.expression)
+
+    def prompt(self) -> str:
+        return f"What is {self.expression}? You may use the calculator. Reply with the number."
+
+    def tool(self, name: str, args: dict[str, Any]) -> Step:
+        value = calculate(str(args.get("expression", ""))) if name == "calculator" else None
+        if value is None:
+            return Step("Error: unknown tool or bad expression.", 0.0)
+        return Step(f"{value:g}", 0.1)
+
+    def grade(self, reply: str) -> float:
+        numbers = NUMBER.findall(reply or "")
+        if not numbers or self.answer is None:
+            return 0.0
+        guess = float(numbers[-1])
+        if guess == self.answer:
+            return 1.0
+        return round(0.1 + 0.4 * max(0.0, 1.0 - abs(guess - self.answer) / max(abs(self.answer), 1.0)), 6)
+
+
+class Spelling:
+    """Spell a word backwards; tool ``letters(word)``."""
+
+    tools = (_tool("letters", "List the letters of a word.", "word"),)
+
+    def __init__(self, task: dict) -> None:
+        self.word = task["word"]
+
+    def prompt(self) -> str:
+        return f"Spell the word '{self.word}' backwards. Reply with only the reversed word."
+
+    def tool(self, name: str, args: dict[str, Any]) -> Step:
+        if name != "letters" or not isinstance(args.get("word"), str):
+            return Step("Error: unknown tool or missing word.", 0.0)
+        return Step(" ".join(args["word"][:40]), 0.1)
+
+    def grade(self, reply: str) -> float:
+        target = self.word[::-1]
+        text = (reply or "").strip().lower()
+        if text.strip(".!' ") == target:
+            return 1.0
+        return round(0.8 * difflib.SequenceMatcher(None, text[:40], target, autojunk=False).ratio(), 6)
+
+
+ENVIRONMENTS: dict[str, type[Arithmetic] | type[Spelling]] = {"arithmetic": Arithmetic, "spelling": Spelling}
+
+
+def arithmetic_tasks(split: str = "train", count: int = 32) -> list[dict]:
+    """Two- and three-term integer expressions, seeded per split."""
+    rng = random.Random(f"multi_env/arithmetic/{split}")
+    tasks = []
+    for i in range(count):
+        terms = [str(rng.randint(1, 12)) for _ in range(rng.choice((2, 3)))]
+        expression = terms[0] + "".join(f" {rng.choice('+-*')} {t}" for t in terms[1:])
+        tasks.append({"id": f"arith-{split}-{i}", "env": "arithmetic", "expression": expression})
+    return tasks
+
+
+def spelling_tasks(split: str = "train") -> list[dict]:
+    """Ten words; the last three are the test split."""
+    words = WORDS[:7] if split == "train" else WORDS[7:]
+    return [{"id": f"spell-{w}", "env": "spelling", "word": w} for w in words]
+
+
+def tool_calls(message: Any) -> list[tuple[str | None, str, dict[str, Any]]]:
+    """The calls in an assistant message as (call id or None, name, arguments); junk is skipped."""
+    calls: list[tuple[str | None, str, dict[str, Any]]] = []
+    for call in message.tool_calls or []:
+        try:
+            args = json.loads(call.function.arguments or "{}")
+        except ValueError:
+            args = {}
+        calls.append((call.id, call.function.name, args if isinstance(args, dict) else {}))
+    for block in TEXT_TOOL_CALL.findall(message.content or ""):
+        try:
+            parsed = json.loads(block)
+            name, args = str(parsed["name"]), parsed.get("arguments", {})
+        except (ValueError, KeyError, TypeError):
+            continue
+        calls.append((None, name, args if isinstance(args, dict) else {}))
+    return calls
+
+
+@tinkertrace.traced_rollout
+def run_episode(
+    task: dict,
+    *,
+    base_url: str,
+    model: str,
+    api_key: str = "EMPTY",
+    temperature: float = 1.0,
+    max_steps: int = 3,
+    max_tokens: int = 24,
+) -> dict[str, Any]:
+    """Solve ``task`` in its environment with at most ``max_steps`` model calls."""
+    env = ENVIRONMENTS[task["env"]](task)
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=2)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": env.prompt()}]
+    rewards: list[float] = []
+    for _ in range(max_steps):
+        completion = client.chat.completions.create(
+            model=model,
+            messages=messages,
+            tools=list(env.tools),
+            temperature=temperature,
+            max_tokens=max_tokens,
+        )
+        message = completion.choices[0].message
+        calls = tool_calls(message)
+        if not calls:
+            reward = env.grade(message.content or "")
+            tinkertrace.emit_reward(reward)
+            rewards.append(reward)
+            return {"reward": reward, "terminal": True, "step_rewards": rewards}
+        structured = any(call_id is not None for call_id, _, _ in calls)
+        if structured:
+            messages.append(message.model_dump(exclude_none=True))
+        else:
+            messages.append({"role": "assistant", "content": message.content or ""})
+        for call_id, name, args in calls:
+            step = env.tool(name, args)
+            rewards.append(step.reward)
+            tinkertrace.emit_reward(step.reward)
+            if call_id is None:
+                messages.append({"role": "user", "content": f"Tool {name} returned: {step.observation}"})
+            else:
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": step.observation})
+    tinkertrace.emit_reward(1.0, name="truncated")
+    return {"reward": 0.0, "terminal": False, "step_rewards": rewards}
