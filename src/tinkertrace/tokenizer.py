@@ -70,14 +70,20 @@ def builtin_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
+def is_builtin(name: str) -> bool:
+    """Whether ``name`` names the built-in model (``BUILTIN_MODEL`` or ``BUILTIN_MODEL:<size>``)."""
+    return name == BUILTIN_MODEL or name.startswith(BUILTIN_MODEL + ":")
+
+
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """Return the tokenizer for ``name_or_path`` (cached; never downloads).
 
-    ``BUILTIN_MODEL`` gives the built-in byte-level tokenizer. Anything else must be a local
-    folder with Hugging Face tokenizer files; a missing folder raises `TokenizerNotFoundError`.
+    ``BUILTIN_MODEL`` (also with a size suffix, ``BUILTIN_MODEL + ":base"``) gives the built-in
+    byte-level tokenizer. Anything else must be a local folder with Hugging Face tokenizer
+    files; a missing folder raises `TokenizerNotFoundError`.
     """
-    if name_or_path == BUILTIN_MODEL:
+    if is_builtin(name_or_path):
         return builtin_tokenizer()
     path = Path(name_or_path).expanduser()
     if not path.is_dir():

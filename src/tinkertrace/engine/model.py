@@ -1,0 +1,229 @@
+"""Models for the local engine: the built-in tiny decoder, local Hugging Face folders, LoRA.
+
+The built-in model (`tinkertrace/tiny-chat`, optionally with a size suffix such as
+`tinkertrace/tiny-chat:base`) is a small Llama-architecture decoder over the built-in byte-level
+tokenizer, randomly initialised from a fixed seed, so every process builds the same base weights
+without downloading anything. Any other name is a local Hugging Face model folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers.utils import logging as hf_logging
+
+from tinkertrace.tokenizer import BUILTIN_MODEL, BUILTIN_VOCAB_SIZE
+
+BASE_INIT_SEED = 1234
+"""Seed of the built-in base weights (fixed: the 'pretrained' weights of the built-in model)."""
+
+LORA_ALPHA = 32
+"""LoRA alpha used for every rank (scaling = alpha / rank)."""
+
+ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+UNEMBED_MODULES = ("lm_head",)
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The base model is neither a built-in size nor a loadable local Hugging Face folder."""
+
+
+@dataclass(frozen=True)
+class BuiltinSize:
+    """Shape of one built-in model size."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_position_embeddings: int = 2048
+
+
+BUILTIN_SIZES: dict[str, BuiltinSize] = {
+    "nano": BuiltinSize(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=192),
+    "small": BuiltinSize(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=384),
+    "base": BuiltinSize(hidden_size=192, num_layers=4, num_heads=6, intermediate_size=512),
+}
+"""Built-in sizes: about 0.1M, 0.5M and 1.9M parameters."""
+
+DEFAULT_BUILTIN_SIZE = "small"
+
+
+def builtin_size(base_model: str) -> str | None:
+    """The size name if ``base_model`` names the built-in model (``name`` or ``name:size``), else None."""
+    if base_model == BUILTIN_MODEL:
+        return DEFAULT_BUILTIN_SIZE
+    prefix = BUILTIN_MODEL + ":"
+    if base_model.startswith(prefix):
+        size = base_model[len(prefix) :]
+        if size not in BUILTIN_SIZES:
+            raise ModelNotFoundError(
+                f"unknown built-in size {size!r} in {base_model!r}; choose one of {sorted(BUILTIN_SIZES)}"
+            )
+        return size
+    return None
+
+
+def builtin_config(size: str) -> LlamaConfig:
+    """The transformers config of a built-in size."""
+    s = BUILTIN_SIZES[size]
+    return LlamaConfig(
+        vocab_size=BUILTIN_VOCAB_SIZE,
+        hidden_size=s.hidden_size,
+        intermediate_size=s.intermediate_size,
+        num_hidden_layers=s.num_layers,
+        num_attention_heads=s.num_heads,
+        num_key_value_heads=s.num_heads,
+        max_position_embeddings=s.max_position_embeddings,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attention_dropout=0.0,
+        bos_token_id=None,
+        eos_token_id=258,
+        pad_token_id=259,
+    )
+
+
+@contextlib.contextmanager
+def quiet_progress() -> Iterator[None]:
+    """Hide transformers' per-shard progress bars while saving or loading small checkpoints."""
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    """``device`` if given, else CUDA when available, else CPU."""
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_base_model(base_model: str, device: torch.device) -> PreTrainedModel:
+    """Build the built-in model (seeded) or load a local Hugging Face folder; never downloads."""
+    size = builtin_size(base_model)
+    if size is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(BASE_INIT_SEED)
+            model = LlamaForCausalLM(builtin_config(size))
+        model.config.name_or_path = base_model
+        return model.to(device=device, dtype=torch.float32)
+    path = Path(base_model).expanduser()
+    if not path.is_dir():
+        raise ModelNotFoundError(
+            f"model {base_model!r} not found: use {BUILTIN_MODEL!r} (sizes: "
+            f"{', '.join(f'{BUILTIN_MODEL}:{s}' for s in BUILTIN_SIZES)}) or a local Hugging Face "
+            "model folder (nothing is downloaded)"
+        )
+    try:
+        with quiet_progress():
+            model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(f"no loadable causal LM in {str(path)!r}: {exc}") from exc
+    return model.to(device)
+
+
+def lora_target_modules(
+    model: torch.nn.Module, train_mlp: bool, train_attn: bool, train_unembed: bool
+) -> list[str]:
+    """Names of the Linear modules LoRA should adapt, by the SDK's train_* flags."""
+    wanted = (
+        (ATTN_MODULES if train_attn else ())
+        + (MLP_MODULES if train_mlp else ())
+        + (UNEMBED_MODULES if train_unembed else ())
+    )
+    present = {
+        name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)
+    }
+    targets = [m for m in wanted if m in present]
+    if not targets:
+        raise ValueError(
+            "LoRA needs at least one of train_mlp, train_attn, train_unembed with matching layers"
+        )
+    return targets
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything needed to rebuild a trainable model; saved with every checkpoint."""
+
+    base_model: str
+    lora_rank: int
+    seed: int
+    train_mlp: bool = True
+    train_attn: bool = True
+    train_unembed: bool = True
+
+    @property
+    def is_lora(self) -> bool:
+        return self.lora_rank > 0
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def build_trainable(spec: ModelSpec, device: torch.device) -> torch.nn.Module:
+    """The base model with LoRA adapters of ``spec.lora_rank`` (seeded), or the full model when rank is 0."""
+    model = load_base_model(spec.base_model, device)
+    if not spec.is_lora:
+        model.requires_grad_(True)
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=spec.lora_rank,
+        lora_alpha=LORA_ALPHA,
+        lora_dropout=0.0,
+        target_modules=lora_target_modules(model, spec.train_mlp, spec.train_attn, spec.train_unembed),
+        bias="none",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        return get_peft_model(model, config)
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable parameters (LoRA adapters, or all weights for full fine-tuning), detached copies."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy saved trainable parameters into ``model``; names must match exactly."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    missing = sorted(set(params) - set(state))
+    unexpected = sorted(set(state) - set(params))
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(state[name].to(param.device, param.dtype))
+
+
+def inference_copy(model: torch.nn.Module) -> PreTrainedModel:
+    """A frozen, eval-mode copy of ``model`` with any LoRA merged in (the sampler's snapshot)."""
+    from peft import PeftModel
+
+    snapshot = copy.deepcopy(model)
+    if isinstance(snapshot, PeftModel):
+        snapshot = snapshot.merge_and_unload()
+    snapshot.eval()
+    snapshot.requires_grad_(False)
+    return snapshot
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """Total number of parameters."""
+    return sum(p.numel() for p in model.parameters())

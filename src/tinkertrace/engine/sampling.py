@@ -1,0 +1,299 @@
+"""The local SamplingClient: `sample` and `compute_logprobs` over a frozen model snapshot.
+
+Returned log-probabilities are those of the distribution the token was drawn from:
+``log_softmax(logits / temperature)`` before top-k/top-p truncation (so at temperature 1 they are
+the model's own log-probabilities and match `TrainingClient.forward` on the same tokens). A
+temperature of 0 means greedy decoding and reports temperature-1 log-probabilities.
+Generation stops at the tokenizer's end-of-sequence token, at any ``stop`` token id, or once the
+decoded text contains a ``stop`` string; the stopping token is kept in ``tokens``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from tinker import types
+from tinker.lib.public_interfaces.api_future import APIFuture
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from tinkertrace.engine.futures import OrderedWorker
+from tinkertrace.engine.model import quiet_progress
+from tinkertrace.engine.storage import SAMPLER_WEIGHTS, CheckpointStore
+from tinkertrace.tokenizer import load_tokenizer
+
+DEFAULT_MAX_TOKENS = 256
+"""Tokens generated when ``SamplingParams.max_tokens`` is None."""
+
+
+def prompt_tokens(prompt: types.ModelInput) -> list[int]:
+    """The token ids of a text-only ModelInput; ValueError for image or other chunks."""
+    for chunk in prompt.chunks:
+        if not isinstance(chunk, types.EncodedTextChunk):
+            raise ValueError(f"the local engine takes token chunks only, got a {type(chunk).__name__}")
+    tokens = prompt.to_ints()
+    if not tokens:
+        raise ValueError("prompt is empty")
+    return tokens
+
+
+def context_length(model: PreTrainedModel) -> int:
+    """The model's maximum sequence length."""
+    return int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+
+
+def stop_conditions(
+    stop: str | Sequence[str] | Sequence[int] | None, tokenizer: PreTrainedTokenizerBase
+) -> tuple[set[int], list[str]]:
+    """Split ``SamplingParams.stop`` into stop token ids (plus end-of-sequence ids) and stop strings."""
+    token_ids: set[int] = set()
+    eos = tokenizer.eos_token_id
+    if isinstance(eos, int):
+        token_ids.add(eos)
+    strings: list[str] = []
+    if stop is None:
+        return token_ids, strings
+    items: Sequence[str | int] = [stop] if isinstance(stop, str) else list(stop)
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, str)):
+            raise ValueError(f"stop entries must be strings or token ids, got {item!r}")
+        if isinstance(item, int):
+            token_ids.add(item)
+        elif item:
+            strings.append(item)
+    return token_ids, strings
+
+
+def _filter_logprobs(logprobs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask (to -inf) tokens outside the top-k and the top-p nucleus; rows are [n, vocab]."""
+    if 0 < top_k < logprobs.shape[-1]:
+        kth = torch.topk(logprobs, top_k, dim=-1).values[..., -1:]
+        logprobs = logprobs.masked_fill(logprobs < kth, float("-inf"))
+    if 0.0 < top_p < 1.0:
+        sorted_lp, order = torch.sort(logprobs, dim=-1, descending=True)
+        probs = sorted_lp.exp()
+        before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
+        drop_sorted = before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logprobs = logprobs.masked_fill(drop, float("-inf"))
+    return logprobs
+
+
+def _new_sequence_id() -> str:
+    return uuid.uuid4().hex
+
+
+@torch.inference_mode()
+def token_logprobs(model: PreTrainedModel, tokens: list[int]) -> np.ndarray:
+    """Log-probability of each token given the ones before it (length len(tokens) - 1)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([tokens], dtype=torch.long, device=device)
+    logits = model(input_ids=ids[:, :-1]).logits.float()
+    lp = -torch.nn.functional.cross_entropy(logits[0], ids[0, 1:], reduction="none")
+    return lp.cpu().numpy()
+
+
+@torch.inference_mode()
+def generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: list[int],
+    num_samples: int,
+    params: types.SamplingParams,
+) -> list[types.SampledSequence]:
+    """Sample ``num_samples`` continuations of ``prompt`` in one batch with a KV cache."""
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    if params.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {params.temperature}")
+    if not 0.0 < params.top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+    room = context_length(model) - len(prompt)
+    if room < 1:
+        raise ValueError(
+            f"prompt of {len(prompt)} tokens leaves no room in the {context_length(model)}-token context"
+        )
+    max_new = DEFAULT_MAX_TOKENS if params.max_tokens is None else params.max_tokens
+    if max_new < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_new}")
+    max_new = min(max_new, room)
+    stop_ids, stop_strings = stop_conditions(params.stop, tokenizer)
+    tail = max((len(s) for s in stop_strings), default=0) + 4
+
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device)
+    if params.seed is not None:
+        generator.manual_seed(int(params.seed))
+    else:
+        generator.seed()
+    stop_tensor = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
+
+    ids = torch.tensor(prompt, dtype=torch.long, device=device).unsqueeze(0).expand(num_samples, -1)
+    out = model(input_ids=ids, use_cache=True)
+    past, logits = out.past_key_values, out.logits[:, -1].float()
+    tokens = torch.empty((num_samples, max_new), dtype=torch.long, device=device)
+    logprobs = torch.empty((num_samples, max_new), dtype=torch.float32, device=device)
+    lengths = np.full(num_samples, max_new)
+    stopped = np.zeros(num_samples, dtype=bool)
+    for step in range(max_new):
+        if params.temperature == 0:
+            lp = torch.log_softmax(logits, dim=-1)
+            tok = lp.argmax(dim=-1)
+        else:
+            lp = torch.log_softmax(logits / params.temperature, dim=-1)
+            probs = _filter_logprobs(lp, params.top_k, params.top_p).exp()
+            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        tokens[:, step] = tok
+        logprobs[:, step] = lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        hit = torch.isin(tok, stop_tensor).cpu().numpy() if len(stop_ids) else np.zeros(num_samples, bool)
+        if stop_strings:
+            for row in np.flatnonzero(~stopped & ~hit):
+                text = tokenizer.decode(tokens[row, max(0, step + 1 - tail) : step + 1].tolist())
+                hit[row] = any(s in text for s in stop_strings)
+        newly = hit & ~stopped
+        lengths[newly] = step + 1
+        stopped |= newly
+        if stopped.all() or step + 1 == max_new:
+            break
+        out = model(input_ids=tok.unsqueeze(-1), past_key_values=past, use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1].float()
+
+    tokens_np = tokens.cpu().numpy().astype(np.int32)
+    logprobs_np = logprobs.cpu().numpy()
+    return [
+        types.SampledSequence(
+            stop_reason="stop" if stopped[i] else "length",
+            sequence_id=_new_sequence_id(),
+            tokens_np=tokens_np[i, : lengths[i]].copy(),
+            logprobs_np=logprobs_np[i, : lengths[i]].copy(),
+        )
+        for i in range(num_samples)
+    ]
+
+
+class SamplingClient:
+    """Samples from a frozen model snapshot; same methods and return types as `tinker.SamplingClient`."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        base_model: str,
+        model_path: str | None = None,
+    ) -> None:
+        self._model = model
+        self._tokenizer = tokenizer
+        self._base_model = base_model
+        self.model_path = model_path
+        self._worker = OrderedWorker("tinkertrace-sampler")
+
+    def sample(
+        self,
+        prompt: types.ModelInput,
+        num_samples: int,
+        sampling_params: types.SamplingParams,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
+        target_prompt_logprobs: types.TensorData | None = None,
+        prompt_alt_tokens_k: int = 0,
+        prompt_logprobs_last_n: int | None = None,
+    ) -> APIFuture[types.SampleResponse]:
+        """Generate ``num_samples`` completions of ``prompt``; a future of a `SampleResponse`."""
+        if topk_prompt_logprobs or topk_sample_logprobs or target_prompt_logprobs is not None:
+            raise ValueError("top-k and target prompt logprobs are not supported by the local engine")
+        if prompt_alt_tokens_k:
+            raise ValueError("prompt_alt_tokens_k is not supported by the local engine")
+        tokens = prompt_tokens(prompt)
+        return self._worker.submit(
+            self._sample,
+            tokens,
+            num_samples,
+            sampling_params,
+            include_prompt_logprobs,
+            prompt_logprobs_last_n,
+        )
+
+    def _sample(
+        self,
+        tokens: list[int],
+        num_samples: int,
+        params: types.SamplingParams,
+        include_prompt_logprobs: bool,
+        last_n: int | None,
+    ) -> types.SampleResponse:
+        sequences = generate(self._model, self._tokenizer, tokens, num_samples, params)
+        prompt_lp = self._prompt_logprobs(tokens, last_n) if include_prompt_logprobs else None
+        return types.SampleResponse(sequences=sequences, prompt_logprobs_np=prompt_lp)
+
+    def _prompt_logprobs(self, tokens: list[int], last_n: int | None) -> np.ndarray:
+        if last_n is not None and not 1 <= last_n <= len(tokens) - 1:
+            raise ValueError(f"prompt_logprobs_last_n must be in [1, {len(tokens) - 1}], got {last_n}")
+        out = np.full(len(tokens), np.nan, dtype=np.float32)
+        if len(tokens) > 1:
+            out[1:] = token_logprobs(self._model, tokens)
+        if last_n is not None:
+            out[: len(tokens) - last_n] = np.nan
+        return out
+
+    def compute_logprobs(
+        self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
+    ) -> APIFuture[list[float | None]]:
+        """Log-probability of each prompt token given those before it; None for the first."""
+        tokens = prompt_tokens(prompt)
+
+        def run() -> list[float | None]:
+            arr = self._prompt_logprobs(tokens, prompt_logprobs_last_n)
+            return [None if np.isnan(x) else float(x) for x in arr]
+
+        return self._worker.submit(run)
+
+    async def sample_async(
+        self,
+        prompt: types.ModelInput,
+        num_samples: int,
+        sampling_params: types.SamplingParams,
+        **kwargs: object,
+    ) -> types.SampleResponse:
+        """Awaitable `sample`."""
+        return await self.sample(prompt, num_samples, sampling_params, **kwargs)  # type: ignore[arg-type]
+
+    async def compute_logprobs_async(
+        self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
+    ) -> list[float | None]:
+        """Awaitable `compute_logprobs`."""
+        return await self.compute_logprobs(prompt, prompt_logprobs_last_n)
+
+    def get_tokenizer(self) -> PreTrainedTokenizerBase:
+        return self._tokenizer
+
+    def get_base_model(self) -> str:
+        return self._base_model
+
+    @property
+    def model(self) -> PreTrainedModel:
+        """The frozen snapshot this client samples from."""
+        return self._model
+
+    def close(self) -> None:
+        """Finish queued requests and stop the worker thread."""
+        self._worker.shutdown(wait=True)
+
+
+def load_sampling_client(store: CheckpointStore, path: str, device: torch.device) -> SamplingClient:
+    """A SamplingClient for saved sampler weights (``tinker://run/sampler_weights/name``)."""
+    folder, meta = store.resolve(path, expected_kind=SAMPLER_WEIGHTS)
+    model = load_model_folder(folder, device)
+    return SamplingClient(model, load_tokenizer(str(meta["base_model"])), str(meta["base_model"]), path)
+
+
+def load_model_folder(folder: Path, device: torch.device) -> PreTrainedModel:
+    """A frozen model from a Hugging Face folder on disk."""
+    with quiet_progress():
+        model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
+    model.eval()
+    model.requires_grad_(False)
+    return model.to(device)

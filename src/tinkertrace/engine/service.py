@@ -1,0 +1,140 @@
+"""The local ServiceClient: creates training and sampling clients, like `tinker.ServiceClient`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tinker import types
+
+from tinkertrace.engine.futures import ClientFuture
+from tinkertrace.engine.model import BUILTIN_SIZES, ModelSpec, builtin_config, load_base_model, pick_device
+from tinkertrace.engine.sampling import SamplingClient, load_sampling_client
+from tinkertrace.engine.storage import WEIGHTS, CheckpointStore
+from tinkertrace.engine.training import TrainingClient
+from tinkertrace.tokenizer import BUILTIN_MODEL, is_builtin, load_tokenizer
+
+
+class ServiceClient:
+    """Entry point of the local engine, with the `tinker.ServiceClient` methods the loop and server use.
+
+    ``base_dir`` holds checkpoints (default ``$TINKERTRACE_HOME/engine``); ``device`` defaults to
+    CUDA when available, else CPU. Other keyword arguments of the SDK's constructor are accepted
+    and ignored, so this class can stand in for `tinker.ServiceClient`.
+    """
+
+    def __init__(
+        self, base_dir: str | Path | None = None, *, device: str | None = None, **sdk_kwargs: Any
+    ) -> None:
+        self.store = CheckpointStore(base_dir)
+        self.device = pick_device(device)
+
+    def create_lora_training_client(
+        self,
+        base_model: str,
+        rank: int = 32,
+        seed: int | None = None,
+        train_mlp: bool = True,
+        train_attn: bool = True,
+        train_unembed: bool = True,
+        user_metadata: dict[str, str] | None = None,
+        optimizer: types.OptimizerConfig | None = None,
+    ) -> ClientFuture[TrainingClient]:
+        """A TrainingClient with LoRA adapters of ``rank`` (seeded); ``rank=0`` trains all weights."""
+        if not isinstance(rank, int) or rank < 0:
+            raise ValueError(f"rank must be a non-negative integer (0 = full fine-tuning), got {rank!r}")
+        _check_optimizer(optimizer)
+        spec = ModelSpec(
+            base_model=base_model,
+            lora_rank=rank,
+            seed=int.from_bytes(os.urandom(4), "little") if seed is None else int(seed),
+            train_mlp=train_mlp,
+            train_attn=train_attn,
+            train_unembed=train_unembed,
+        )
+        return ClientFuture(TrainingClient(spec, self.store, self.device))
+
+    def _from_state(
+        self, path: str, base_model: str | None, with_optimizer: bool
+    ) -> ClientFuture[TrainingClient]:
+        _, meta = self.store.resolve(path, expected_kind=WEIGHTS)
+        spec = ModelSpec(**meta["spec"])
+        if base_model is not None and base_model != spec.base_model:
+            raise ValueError(f"{path!r} was trained from {spec.base_model!r}, not {base_model!r}")
+        client = TrainingClient(spec, self.store, self.device)
+        future = client.load_state_with_optimizer(path) if with_optimizer else client.load_state(path)
+        future.result()
+        return ClientFuture(client)
+
+    def create_training_client_from_state(
+        self,
+        path: str,
+        base_model: str | None = None,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+        optimizer: types.OptimizerConfig | None = None,
+    ) -> ClientFuture[TrainingClient]:
+        """A new training run starting from saved weights (fresh optimizer state)."""
+        _check_optimizer(optimizer)
+        return self._from_state(path, base_model, with_optimizer=False)
+
+    def create_training_client_from_state_with_optimizer(
+        self,
+        path: str,
+        base_model: str | None = None,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+    ) -> ClientFuture[TrainingClient]:
+        """A new training run resuming saved weights and optimizer state exactly."""
+        return self._from_state(path, base_model, with_optimizer=True)
+
+    def create_sampling_client(
+        self,
+        model_path: str | None = None,
+        base_model: str | None = None,
+        retry_config: object | None = None,
+        record_stability_info: bool = False,
+    ) -> ClientFuture[SamplingClient]:
+        """A SamplingClient for saved sampler weights (``model_path``) or an untrained base model."""
+        if model_path is None and base_model is None:
+            raise ValueError("Either model_path or base_model must be provided")
+        if model_path is not None:
+            return ClientFuture(load_sampling_client(self.store, model_path, self.device))
+        assert base_model is not None
+        model = load_base_model(base_model, self.device)
+        model.eval()
+        model.requires_grad_(False)
+        return ClientFuture(SamplingClient(model, load_tokenizer(base_model), base_model))
+
+    def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
+        """The built-in model sizes (any local Hugging Face folder works too)."""
+        names = [BUILTIN_MODEL] + [f"{BUILTIN_MODEL}:{size}" for size in BUILTIN_SIZES]
+        return types.GetServerCapabilitiesResponse(
+            supported_models=[
+                types.SupportedModel(
+                    model_name=name,
+                    max_context_length=builtin_config(
+                        name.partition(":")[2] or "small"
+                    ).max_position_embeddings,
+                    trainable=True,
+                    sampleable=True,
+                )
+                for name in names
+                if is_builtin(name)
+            ]
+        )
+
+    def close(self) -> None:
+        """Nothing to release; present for SDK compatibility."""
+
+    def __enter__(self) -> ServiceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_optimizer(optimizer: types.OptimizerConfig | None) -> None:
+    if optimizer is not None and getattr(optimizer, "type", "adamw") != "adamw":
+        raise ValueError(f"the local engine supports the AdamW optimizer only, got {optimizer!r}")

@@ -1,0 +1,372 @@
+"""The local TrainingClient: Tinker's training calls on a torch model, in order, on one worker thread."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from tinker import types
+from tinker.lib.public_interfaces.api_future import APIFuture
+from transformers import PreTrainedTokenizerBase
+
+from tinkertrace.engine.futures import ClientFuture, OrderedWorker
+from tinkertrace.engine.losses import LossSpec, get_loss
+from tinkertrace.engine.model import (
+    ModelSpec,
+    build_trainable,
+    inference_copy,
+    load_trainable_state,
+    quiet_progress,
+    trainable_state,
+)
+from tinkertrace.engine.sampling import SamplingClient, load_sampling_client, prompt_tokens
+from tinkertrace.engine.storage import SAMPLER_WEIGHTS, WEIGHTS, CheckpointStore, new_run_id
+from tinkertrace.tokenizer import load_tokenizer
+
+TRAINABLE_FILE = "trainable.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+MICROBATCH_TOKENS = 32768
+"""Padded tokens per forward pass; larger batches run as several passes (gradients add up)."""
+
+
+@dataclass
+class Batch:
+    """Datums padded to one [B, T] batch; ``valid`` marks real (unpadded) positions."""
+
+    input_ids: torch.Tensor
+    valid: torch.Tensor
+    lengths: list[int]
+    inputs: dict[str, torch.Tensor]
+
+
+def collate(
+    data: Sequence[types.Datum], spec: LossSpec, loss_name: str, vocab_size: int, device: torch.device
+) -> Batch:
+    """Check each Datum against the loss's inputs and pad them into one batch (ValueError names the datum)."""
+    if not data:
+        raise ValueError("data is empty: forward/forward_backward need at least one Datum")
+    allowed = set(spec.required) | set(spec.optional)
+    rows: list[tuple[list[int], dict[str, np.ndarray]]] = []
+    for i, datum in enumerate(data):
+        if not isinstance(datum, types.Datum):
+            raise ValueError(f"data[{i}] is a {type(datum).__name__}, expected tinker.types.Datum")
+        tokens = prompt_tokens(datum.model_input)
+        keys = set(datum.loss_fn_inputs)
+        if missing := sorted(set(spec.required) - keys):
+            raise ValueError(f"data[{i}]: loss {loss_name!r} needs loss_fn_inputs {missing}")
+        if extra := sorted(keys - allowed):
+            raise ValueError(f"data[{i}]: loss {loss_name!r} does not take loss_fn_inputs {extra}")
+        arrays = {k: datum.loss_fn_inputs[k].to_numpy() for k in keys}
+        for key, arr in arrays.items():
+            if arr.shape != (len(tokens),):
+                raise ValueError(
+                    f"data[{i}]: loss_fn_inputs[{key!r}] has shape {list(arr.shape)}, "
+                    f"expected [{len(tokens)}] (one value per model_input token)"
+                )
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                raise ValueError(f"data[{i}]: loss_fn_inputs[{key!r}] contains NaN or infinity")
+        targets = arrays["target_tokens"]
+        if targets.min() < 0 or targets.max() >= vocab_size:
+            raise ValueError(f"data[{i}]: target_tokens outside the vocabulary [0, {vocab_size})")
+        if min(tokens) < 0 or max(tokens) >= vocab_size:
+            raise ValueError(f"data[{i}]: model_input tokens outside the vocabulary [0, {vocab_size})")
+        rows.append((tokens, arrays))
+
+    lengths = [len(t) for t, _ in rows]
+    batch, width = len(rows), max(lengths)
+    ids = np.zeros((batch, width), dtype=np.int64)
+    valid = np.zeros((batch, width), dtype=bool)
+    inputs = {
+        k: np.zeros((batch, width), dtype=np.int64 if k == "target_tokens" else np.float32)
+        for k in rows[0][1]
+    }
+    for r, (tokens, arrays) in enumerate(rows):
+        ids[r, : len(tokens)] = tokens
+        valid[r, : len(tokens)] = True
+        for key, arr in arrays.items():
+            inputs[key][r, : len(tokens)] = arr
+    return Batch(
+        input_ids=torch.from_numpy(ids).to(device),
+        valid=torch.from_numpy(valid).to(device),
+        lengths=lengths,
+        inputs={k: torch.from_numpy(v).to(device) for k, v in inputs.items()},
+    )
+
+
+def microbatches(lengths: Sequence[int], budget: int = MICROBATCH_TOKENS) -> list[slice]:
+    """Consecutive slices whose padded size (rows x longest row) stays within ``budget``."""
+    out: list[slice] = []
+    start, longest = 0, 0
+    for i, n in enumerate(lengths):
+        longest_with = max(longest, n)
+        if i > start and longest_with * (i - start + 1) > budget:
+            out.append(slice(start, i))
+            start, longest_with = i, n
+        longest = longest_with
+    out.append(slice(start, len(lengths)))
+    return out
+
+
+class TrainingClient:
+    """Trains one model; same methods and return types as `tinker.TrainingClient`.
+
+    Every call is queued on this client's worker thread and returns a future at once, so
+    ``forward_backward`` and ``optim_step`` can be submitted back to back. Gradients from
+    several ``forward_backward`` calls add up until the next ``optim_step``.
+    """
+
+    def __init__(
+        self, spec: ModelSpec, store: CheckpointStore, device: torch.device, run_id: str | None = None
+    ) -> None:
+        self.spec = spec
+        self.model_id = run_id or new_run_id()
+        self._store = store
+        self._device = device
+        self._tokenizer = load_tokenizer(spec.base_model)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            self._model = build_trainable(spec, device)
+        self._model.train()
+        self._params = [p for p in self._model.parameters() if p.requires_grad]
+        self._optimizer: torch.optim.AdamW | None = None
+        self._step = 0
+        self._worker = OrderedWorker(f"tinkertrace-train-{self.model_id}")
+
+    # -- forward / backward ------------------------------------------------------------------
+
+    def forward(
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> APIFuture[types.ForwardBackwardOutput]:
+        """Loss and per-token logprobs without gradients."""
+        spec, config = get_loss(loss_fn, loss_fn_config)
+        return self._worker.submit(self._run, list(data), loss_fn, spec, config, False)
+
+    def forward_backward(
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> APIFuture[types.ForwardBackwardOutput]:
+        """Loss, per-token logprobs, and gradients (accumulated until `optim_step`)."""
+        spec, config = get_loss(loss_fn, loss_fn_config)
+        return self._worker.submit(self._run, list(data), loss_fn, spec, config, True)
+
+    def _run(
+        self,
+        data: list[types.Datum],
+        loss_name: str,
+        spec: LossSpec,
+        config: dict[str, float],
+        backward: bool,
+    ) -> types.ForwardBackwardOutput:
+        vocab = int(self._model.get_output_embeddings().weight.shape[0])
+        batch = collate(data, spec, loss_name, vocab, self._device)
+        logprob_rows: list[torch.Tensor] = []
+        loss_rows: list[torch.Tensor] = []
+        total = 0.0
+        for part in microbatches(batch.lengths):
+            with torch.set_grad_enabled(backward):
+                logits = self._model(input_ids=batch.input_ids[part]).logits.float()
+                targets = batch.inputs["target_tokens"][part]
+                target_lp = -torch.nn.functional.cross_entropy(
+                    logits.transpose(1, 2), targets, reduction="none"
+                )
+                inputs = {k: v[part] for k, v in batch.inputs.items() if k != "target_tokens"}
+                elementwise = spec.fn(target_lp, inputs, config) * batch.valid[part]
+                loss = elementwise.sum()
+                if backward:
+                    loss.backward()
+            total += float(loss.detach())
+            logprob_rows.extend(target_lp.detach().cpu().numpy())
+            loss_rows.extend(elementwise.detach().cpu().numpy())
+        outputs = [
+            {
+                "logprobs": types.TensorData.from_numpy(lp[:n].copy()),
+                "elementwise_loss": types.TensorData.from_numpy(el[:n].copy()),
+            }
+            for lp, el, n in zip(logprob_rows, loss_rows, batch.lengths, strict=True)
+        ]
+        return types.ForwardBackwardOutput(
+            loss_fn_output_type="TorchLossReturn", loss_fn_outputs=outputs, metrics={"loss:sum": total}
+        )
+
+    # -- optimizer ---------------------------------------------------------------------------
+
+    def optim_step(
+        self, optim_params: types.AdamParams | None = None, *, adam_params: types.AdamParams | None = None
+    ) -> APIFuture[types.OptimStepResponse]:
+        """One AdamW step (torch.optim.AdamW) with the given hyper-parameters; then gradients reset."""
+        if optim_params is not None and adam_params is not None:
+            raise ValueError("Specify optim_params or legacy adam_params, not both")
+        params = optim_params if optim_params is not None else adam_params
+        if not isinstance(params, types.AdamParams):
+            raise TypeError(f"the local engine takes tinker.types.AdamParams, got {type(params).__name__}")
+        return self._worker.submit(self._optim_step, params)
+
+    def _ensure_optimizer(self) -> torch.optim.AdamW:
+        if self._optimizer is None:
+            self._optimizer = torch.optim.AdamW(
+                self._params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
+            )
+        return self._optimizer
+
+    def _optim_step(self, params: types.AdamParams) -> types.OptimStepResponse:
+        optimizer = self._ensure_optimizer()
+        for group in optimizer.param_groups:
+            group.update(
+                lr=params.learning_rate,
+                betas=(params.beta1, params.beta2),
+                eps=params.eps,
+                weight_decay=params.weight_decay,
+            )
+        max_norm = params.grad_clip_norm if params.grad_clip_norm > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self._step += 1
+        return types.OptimStepResponse(
+            metrics={"grad_norm": grad_norm, "learning_rate": params.learning_rate, "step": float(self._step)}
+        )
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "run_id": self.model_id,
+            "step": self._step,
+            "spec": self.spec.to_dict(),
+            "base_model": self.spec.base_model,
+        }
+
+    def save_state(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        overwrite: bool = False,
+        user_metadata: dict[str, str] | None = None,
+    ) -> APIFuture[types.SaveWeightsResponse]:
+        """Save trainable weights and optimizer state as ``tinker://<run>/weights/<name>``."""
+
+        def run() -> types.SaveWeightsResponse:
+            def fill(folder: Path) -> None:
+                save_file(
+                    {k: v.contiguous().cpu() for k, v in trainable_state(self._model).items()},
+                    folder / TRAINABLE_FILE,
+                )
+                if self._optimizer is not None:
+                    torch.save(self._optimizer.state_dict(), folder / OPTIMIZER_FILE)
+
+            meta = {**self._meta(), "kind": WEIGHTS, "user_metadata": user_metadata or {}}
+            path = self._store.write(self.model_id, WEIGHTS, name, meta, fill, overwrite=overwrite)
+            return types.SaveWeightsResponse(path=path)
+
+        return self._worker.submit(run)
+
+    def load_state(
+        self, path: str, weights_access_token: str | None = None
+    ) -> APIFuture[types.LoadWeightsResponse]:
+        """Load trainable weights from a saved state (optimizer state is reset)."""
+        return self._worker.submit(self._load_state, path, False)
+
+    def load_state_with_optimizer(
+        self, path: str, weights_access_token: str | None = None
+    ) -> APIFuture[types.LoadWeightsResponse]:
+        """Load trainable weights and the optimizer state from a saved state."""
+        return self._worker.submit(self._load_state, path, True)
+
+    def _load_state(self, path: str, with_optimizer: bool) -> types.LoadWeightsResponse:
+        folder, meta = self._store.resolve(path, expected_kind=WEIGHTS)
+        saved = ModelSpec(**meta["spec"])
+        if (saved.base_model, saved.lora_rank) != (self.spec.base_model, self.spec.lora_rank):
+            raise ValueError(
+                f"{path!r} holds {saved.base_model!r} rank {saved.lora_rank}; this client trains "
+                f"{self.spec.base_model!r} rank {self.spec.lora_rank}"
+            )
+        load_trainable_state(self._model, load_file(str(folder / TRAINABLE_FILE), device=str(self._device)))
+        self._optimizer = None
+        if with_optimizer:
+            opt_file = folder / OPTIMIZER_FILE
+            if not opt_file.is_file():
+                raise ValueError(f"{path!r} has no optimizer state (saved before the first optim_step)")
+            optimizer = self._ensure_optimizer()
+            optimizer.load_state_dict(torch.load(opt_file, map_location=self._device, weights_only=True))
+            self._step = int(meta.get("step", 0))
+        return types.LoadWeightsResponse(path=path, model_id=self.model_id)
+
+    def _snapshot_client(self, model_path: str | None) -> SamplingClient:
+        return SamplingClient(inference_copy(self._model), self._tokenizer, self.spec.base_model, model_path)
+
+    def save_weights_for_sampler(
+        self, name: str, ttl_seconds: int | None = None, user_metadata: dict[str, str] | None = None
+    ) -> APIFuture[types.SaveWeightsForSamplerResponse]:
+        """Save merged weights + tokenizer as a Hugging Face folder: ``tinker://<run>/sampler_weights/<name>``."""
+
+        def run() -> types.SaveWeightsForSamplerResponse:
+            def fill(folder: Path) -> None:
+                with quiet_progress():
+                    inference_copy(self._model).save_pretrained(str(folder))
+                self._tokenizer.save_pretrained(str(folder))
+
+            meta = {**self._meta(), "kind": SAMPLER_WEIGHTS, "user_metadata": user_metadata or {}}
+            path = self._store.write(self.model_id, SAMPLER_WEIGHTS, name, meta, fill, overwrite=True)
+            return types.SaveWeightsForSamplerResponse(path=path)
+
+        return self._worker.submit(run)
+
+    def save_weights_and_get_sampling_client(
+        self,
+        name: str | None = None,
+        retry_config: object | None = None,
+        record_stability_info: bool = False,
+        kind: str = "snapshot",
+    ) -> ClientFuture[SamplingClient]:
+        """A SamplingClient on a snapshot of the current weights (kept in memory; ``name`` is ignored)."""
+        if kind != "snapshot":
+            raise ValueError(
+                f"sampling client kind {kind!r} is not supported by the local engine (use 'snapshot')"
+            )
+        return ClientFuture(self._worker.submit(self._snapshot_client, None))
+
+    def create_sampling_client(
+        self, model_path: str, retry_config: object | None = None, record_stability_info: bool = False
+    ) -> ClientFuture[SamplingClient]:
+        """A SamplingClient for saved sampler weights."""
+        return ClientFuture(load_sampling_client(self._store, model_path, self._device))
+
+    # -- info --------------------------------------------------------------------------------
+
+    def get_info(self) -> types.GetInfoResponse:
+        base = self._model.get_base_model() if self.spec.is_lora else self._model
+        return types.GetInfoResponse(
+            model_data=types.ModelData(
+                arch=str(base.config.model_type),
+                model_name=self.spec.base_model,
+                tokenizer_id=self.spec.base_model,
+            ),
+            model_id=self.model_id,
+            is_lora=self.spec.is_lora,
+            lora_rank=self.spec.lora_rank if self.spec.is_lora else None,
+            model_name=self.spec.base_model,
+        )
+
+    def get_tokenizer(self) -> PreTrainedTokenizerBase:
+        return self._tokenizer
+
+    @property
+    def step(self) -> int:
+        """Number of optimizer steps taken (restored by `load_state_with_optimizer`)."""
+        return self._step
+
+    def close(self) -> None:
+        """Finish queued calls and stop the worker thread."""
+        self._worker.shutdown(wait=True)
