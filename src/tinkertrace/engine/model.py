@@ -128,7 +128,9 @@ def load_base_model(base_model: str, device: torch.device) -> PreTrainedModel:
         )
     try:
         with quiet_progress():
-            model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path), local_files_only=True, dtype=torch.float32
+            )
     except (OSError, ValueError) as exc:
         raise ModelNotFoundError(f"no loadable causal LM in {str(path)!r}: {exc}") from exc
     return model.to(device)
@@ -212,6 +214,13 @@ def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor])
             param.copy_(state[name].to(param.device, param.dtype))
 
 
+def freeze(model: PreTrainedModel) -> PreTrainedModel:
+    """Put ``model`` in eval mode without gradients (for sampling)."""
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
 def inference_copy(model: torch.nn.Module) -> PreTrainedModel:
     """A frozen, eval-mode copy of ``model`` with any LoRA merged in (the sampler's snapshot)."""
     from peft import PeftModel
@@ -219,9 +228,7 @@ def inference_copy(model: torch.nn.Module) -> PreTrainedModel:
     snapshot = copy.deepcopy(model)
     if isinstance(snapshot, PeftModel):
         snapshot = snapshot.merge_and_unload()
-    snapshot.eval()
-    snapshot.requires_grad_(False)
-    return snapshot
+    return freeze(snapshot)
 
 
 def parameter_count(model: torch.nn.Module) -> int:

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
 from tinker import types
 from tinker.lib.public_interfaces.api_future import APIFuture
-from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tinkertrace.engine.futures import OrderedWorker
-from tinkertrace.engine.model import quiet_progress
+from tinkertrace.engine.model import freeze, load_base_model
 from tinkertrace.engine.storage import SAMPLER_WEIGHTS, CheckpointStore
 from tinkertrace.tokenizer import load_tokenizer
 
@@ -286,14 +285,5 @@ class SamplingClient:
 def load_sampling_client(store: CheckpointStore, path: str, device: torch.device) -> SamplingClient:
     """A SamplingClient for saved sampler weights (``tinker://run/sampler_weights/name``)."""
     folder, meta = store.resolve(path, expected_kind=SAMPLER_WEIGHTS)
-    model = load_model_folder(folder, device)
+    model = freeze(load_base_model(str(folder), device))
     return SamplingClient(model, load_tokenizer(str(meta["base_model"])), str(meta["base_model"]), path)
-
-
-def load_model_folder(folder: Path, device: torch.device) -> PreTrainedModel:
-    """A frozen model from a Hugging Face folder on disk."""
-    with quiet_progress():
-        model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
-    model.eval()
-    model.requires_grad_(False)
-    return model.to(device)

@@ -9,11 +9,18 @@ from typing import Any
 from tinker import types
 
 from tinkertrace.engine.futures import ClientFuture
-from tinkertrace.engine.model import BUILTIN_SIZES, ModelSpec, builtin_config, load_base_model, pick_device
+from tinkertrace.engine.model import (
+    BUILTIN_SIZES,
+    DEFAULT_BUILTIN_SIZE,
+    ModelSpec,
+    freeze,
+    load_base_model,
+    pick_device,
+)
 from tinkertrace.engine.sampling import SamplingClient, load_sampling_client
 from tinkertrace.engine.storage import WEIGHTS, CheckpointStore
 from tinkertrace.engine.training import TrainingClient
-from tinkertrace.tokenizer import BUILTIN_MODEL, is_builtin, load_tokenizer
+from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 
 class ServiceClient:
@@ -102,26 +109,21 @@ class ServiceClient:
         if model_path is not None:
             return ClientFuture(load_sampling_client(self.store, model_path, self.device))
         assert base_model is not None
-        model = load_base_model(base_model, self.device)
-        model.eval()
-        model.requires_grad_(False)
+        model = freeze(load_base_model(base_model, self.device))
         return ClientFuture(SamplingClient(model, load_tokenizer(base_model), base_model))
 
     def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
         """The built-in model sizes (any local Hugging Face folder works too)."""
-        names = [BUILTIN_MODEL] + [f"{BUILTIN_MODEL}:{size}" for size in BUILTIN_SIZES]
+        sizes = {BUILTIN_MODEL: DEFAULT_BUILTIN_SIZE} | {f"{BUILTIN_MODEL}:{s}": s for s in BUILTIN_SIZES}
         return types.GetServerCapabilitiesResponse(
             supported_models=[
                 types.SupportedModel(
                     model_name=name,
-                    max_context_length=builtin_config(
-                        name.partition(":")[2] or "small"
-                    ).max_position_embeddings,
+                    max_context_length=BUILTIN_SIZES[size].max_position_embeddings,
                     trainable=True,
                     sampleable=True,
                 )
-                for name in names
-                if is_builtin(name)
+                for name, size in sizes.items()
             ]
         )
 
