@@ -1,9 +1,75 @@
-"""`tinkertrace collector` command(s)."""
+"""`tinkertrace collector`: the OTLP receiver writing spans to partitioned Parquet."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+TOKEN_ENV = "TINKERTRACE_COLLECTOR_TOKEN"
+
+
+def collector(
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Folder the span Parquet files go to (hive date=/hour=).")
+    ],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    http_port: Annotated[int, typer.Option(help="OTLP/HTTP port (POST /v1/traces).")] = 4318,
+    grpc_port: Annotated[int, typer.Option(help="OTLP/gRPC port (TraceService/Export).")] = 4317,
+    http: Annotated[bool, typer.Option("--http/--no-http", help="Serve OTLP/HTTP.")] = True,
+    grpc: Annotated[bool, typer.Option("--grpc/--no-grpc", help="Serve OTLP/gRPC.")] = True,
+    token: Annotated[
+        str | None,
+        typer.Option(help=f"Require 'Authorization: Bearer <token>' on every request (or set {TOKEN_ENV})."),
+    ] = None,
+    instance: Annotated[
+        str | None,
+        typer.Option(
+            help="Name of this collector in WAL folder and file names; unique per shared --out folder. "
+            "Default: <hostname>-<port>."
+        ),
+    ] = None,
+    wal_dir: Annotated[
+        Path | None, typer.Option(help="Write-ahead log folder. Default: <out>/_wal/<instance>.")
+    ] = None,
+    max_request_mb: Annotated[
+        float, typer.Option(help="Largest accepted request (after gunzip), MiB; larger → 413.")
+    ] = 64,
+    max_queue_mb: Annotated[
+        float,
+        typer.Option(
+            help="Converted data waiting for Parquet, MiB, before answering 429/RESOURCE_EXHAUSTED."
+        ),
+    ] = 256,
+    max_file_mb: Annotated[
+        float, typer.Option(help="Roll a Parquet file at this much buffered data, MiB.")
+    ] = 128,
+    roll_seconds: Annotated[
+        float, typer.Option(help="Roll the WAL segment and write Parquet files at least this often, seconds.")
+    ] = 30.0,
+) -> None:
+    """Receive OTLP traces (HTTP and gRPC) and write them durably to hive-partitioned Parquet."""
+    from tinkertrace.collector.server import CollectorConfig, run_collector
+
+    mib = 1024 * 1024
+    config = CollectorConfig(
+        out=out,
+        host=host,
+        http_port=http_port if http else None,
+        grpc_port=grpc_port if grpc else None,
+        token=token or os.environ.get(TOKEN_ENV) or None,
+        instance=instance,
+        wal_dir=wal_dir,
+        max_request_bytes=int(max_request_mb * mib),
+        max_queue_bytes=int(max_queue_mb * mib),
+        max_file_bytes=int(max_file_mb * mib),
+        roll_seconds=roll_seconds,
+    )
+    raise typer.Exit(run_collector(config))
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the main app (not yet implemented)."""
+    """Add `tinkertrace collector` to the main app."""
+    app.command(name="collector")(collector)

@@ -1,0 +1,241 @@
+"""The collector's durable pipeline: convert → WAL (fsync, then acknowledge) → Parquet → drop the WAL.
+
+A WAL thread appends each accepted request's raw protobuf bytes to the current segment, fsyncs a
+whole batch at once (group commit), hands the converted tables to the writer thread in log order and
+only then resolves the callers' futures. Parquet files carry their WAL segment in their name
+(``<instance>-<segment>-<n>.parquet``); when a segment is closed the writer flushes, and only then is
+the segment deleted. On start, every leftover segment is replayed after deleting the files that
+carry its name, so a crash at any point leaves each acknowledged span in Parquet exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from tinkertrace.collector.wal import WriteAheadLog, iter_records
+from tinkertrace.spanstore.otlp_arrow import ConversionResult, request_to_table
+from tinkertrace.spanstore.writer import TEMP_PREFIX, PartitionedParquetWriter
+
+log = logging.getLogger("tinkertrace.collector")
+
+
+class Overloaded(Exception):
+    """The queue is full: the client should retry after ``retry_after_s``."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"collector queue is full; retry after {retry_after_s}s")
+        self.retry_after_s = retry_after_s
+
+
+class Unavailable(Exception):
+    """The collector is shutting down or its storage failed."""
+
+
+@dataclass
+class IngestConfig:
+    out: Path
+    wal_dir: Path
+    instance: str
+    max_queue_bytes: int = 256 * 1024 * 1024
+    max_file_bytes: int = 128 * 1024 * 1024
+    roll_seconds: float = 30.0
+    wal_segment_bytes: int = 256 * 1024 * 1024
+    retry_after_s: int = 1
+
+
+@dataclass
+class RecoveryReport:
+    segments: int = 0
+    records: int = 0
+    spans: int = 0
+    files_replaced: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Item:
+    payload: bytes
+    table: pa.Table
+    received_at_ns: int
+    cost: int
+    future: Future[None]
+
+
+_STOP = object()
+
+
+def file_tag(instance: str, segment: int) -> str:
+    return f"{instance}-{segment:020d}"
+
+
+class Ingestor:
+    """Accepts converted requests durably; see the module docstring for the protocol."""
+
+    def __init__(self, config: IngestConfig) -> None:
+        self.config = config
+        self.wal = WriteAheadLog(config.wal_dir)
+        self.writer = PartitionedParquetWriter(
+            config.out,
+            max_file_bytes=config.max_file_bytes,
+            max_file_age_s=max(config.roll_seconds * 2, 1.0),
+        )
+        self._wal_q: queue.Queue[Any] = queue.Queue()
+        self._writer_q: queue.Queue[Any] = queue.Queue()
+        self._lock = threading.Lock()
+        self._pending_bytes = 0
+        self._closing = False
+        self.failure: str | None = None
+        self.stats = {"requests": 0, "spans": 0, "rejected_spans": 0, "overloaded": 0, "files": 0}
+        self._threads = [
+            threading.Thread(target=self._wal_loop, name="tt-wal", daemon=True),
+            threading.Thread(target=self._writer_loop, name="tt-parquet", daemon=True),
+        ]
+
+    # --- start-up ------------------------------------------------------------------------------
+    def recover(self) -> RecoveryReport:
+        """Replay WAL segments left by a previous run into Parquet (exactly once), then delete them."""
+        report = RecoveryReport()
+        for segment, records, note in iter_records(self.config.wal_dir):
+            tag = file_tag(self.config.instance, segment)
+            for stale in [
+                *self.config.out.rglob(f"{tag}-*.parquet"),
+                *self.config.out.rglob(f"{TEMP_PREFIX}{tag}-*"),
+            ]:
+                stale.unlink()
+                report.files_replaced += 1
+            self.writer.file_prefix = tag
+            for record in records:
+                request = ExportTraceServiceRequest.FromString(record.payload)
+                result = request_to_table(request, record.received_at_ns)
+                self.writer.write(result.table)
+                report.spans += result.accepted
+            self.writer.flush()
+            self.wal.delete(segment)
+            report.segments += 1
+            report.records += len(records)
+            if note:
+                report.notes.append(note)
+        return report
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    # --- the request path ------------------------------------------------------------------------
+    def check_capacity(self) -> None:
+        """Raise :class:`Unavailable` / :class:`Overloaded` before a request is parsed."""
+        if self.failure or self._closing:
+            raise Unavailable(self.failure or "collector is shutting down")
+        if self._pending_bytes >= self.config.max_queue_bytes:
+            self.stats["overloaded"] += 1
+            raise Overloaded(self.config.retry_after_s)
+
+    def submit(self, payload: bytes, result: ConversionResult, received_at_ns: int) -> Future[None]:
+        """Queue one converted request; the future resolves once its bytes are fsynced in the WAL."""
+        future: Future[None] = Future()
+        self.stats["requests"] += 1
+        self.stats["rejected_spans"] += result.rejected
+        if result.accepted == 0:
+            future.set_result(None)
+            return future
+        cost = len(payload) + result.table.nbytes
+        with self._lock:
+            self.check_capacity()
+            self._pending_bytes += cost
+        self.stats["spans"] += result.accepted
+        self._wal_q.put(_Item(payload, result.table, received_at_ns, cost, future))
+        return future
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    # --- shutdown --------------------------------------------------------------------------------
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop accepting, write everything queued to Parquet, delete the flushed WAL segments."""
+        self._closing = True
+        self._wal_q.put(_STOP)
+        for thread in self._threads:
+            thread.join(timeout)
+
+    # --- threads ---------------------------------------------------------------------------------
+    def _wal_loop(self) -> None:
+        try:
+            self._writer_q.put(("open", self.wal.open_segment()))
+            while True:
+                try:
+                    batch = [self._wal_q.get(timeout=0.2)]
+                except queue.Empty:
+                    batch = []
+                while batch and len(batch) < 4096:
+                    try:
+                        batch.append(self._wal_q.get_nowait())
+                    except queue.Empty:
+                        break
+                stop = any(item is _STOP for item in batch)
+                items = [item for item in batch if item is not _STOP]
+                self._log_batch(items)
+                cfg = self.config
+                full = self.wal.segment_bytes >= cfg.wal_segment_bytes
+                old = (
+                    self.wal.segment_bytes > 0
+                    and time.monotonic() - self.wal.segment_started >= cfg.roll_seconds
+                )
+                if stop or full or old:
+                    self._writer_q.put(("close", self.wal.close_segment()))
+                    if stop:
+                        self._writer_q.put(_STOP)
+                        return
+                    self._writer_q.put(("open", self.wal.open_segment()))
+        except Exception as exc:  # disk full, permissions, ...: stop acknowledging anything
+            self._fail(f"write-ahead log failed: {exc!r}")
+            self._writer_q.put(_STOP)
+
+    def _log_batch(self, items: list[_Item]) -> None:
+        if not items:
+            return
+        try:
+            for item in items:
+                self.wal.append(item.payload, item.received_at_ns)
+            self.wal.sync()
+        except Exception as exc:
+            for item in items:
+                item.future.set_exception(Unavailable(f"write-ahead log failed: {exc!r}"))
+            raise
+        for item in items:
+            self._writer_q.put(("table", item))
+            item.future.set_result(None)
+
+    def _writer_loop(self) -> None:
+        while True:
+            message = self._writer_q.get()
+            if message is _STOP:
+                break
+            kind, value = message
+            try:
+                if kind == "open":
+                    self.writer.file_prefix = file_tag(self.config.instance, value)
+                elif kind == "table":
+                    self.stats["files"] += len(self.writer.write(value.table))
+                    with self._lock:
+                        self._pending_bytes -= value.cost
+                elif kind == "close":
+                    self.stats["files"] += len(self.writer.flush())
+                    self.wal.delete(value)
+            except Exception as exc:  # keep the WAL segment: the next start replays it
+                self._fail(f"Parquet writer failed: {exc!r}")
+                break
+
+    def _fail(self, reason: str) -> None:
+        log.error(reason)
+        self.failure = reason

@@ -1,0 +1,268 @@
+"""OTLP/HTTP receiver as a plain ASGI app: ``POST /v1/traces`` (protobuf or JSON, optional gzip).
+
+Status codes follow the OTLP spec: 200 with an ``ExportTraceServiceResponse`` (``partial_success``
+for rejected spans), 400 malformed, 401 missing/wrong bearer token, 413 too large, 415 unsupported
+content type, 429 queue full and 503 unavailable (both with ``Retry-After``). Responses use the
+request's encoding; errors are a ``google.rpc.Status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import hmac
+import json
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from tinkertrace.collector.ingest import Ingestor, Overloaded, Unavailable
+from tinkertrace.spanstore.otlp_arrow import ConversionResult, request_to_table
+
+TRACES_PATH = "/v1/traces"
+HEALTH_PATHS = ("/health", "/healthz")
+PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
+JSON_TYPE = "application/json"
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class BadRequest(Exception):
+    """A request the client must not retry; ``status`` is the HTTP code."""
+
+    def __init__(self, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or []
+
+
+def hex_ids_to_base64(document: Any) -> None:
+    """OTLP/JSON carries trace/span ids as hex; protobuf's JSON mapping expects base64. In place."""
+    for r_index, resource_spans in enumerate(document.get("resourceSpans") or []):
+        for scope_spans in resource_spans.get("scopeSpans") or []:
+            for s_index, span in enumerate(scope_spans.get("spans") or []):
+                where = f"resourceSpans[{r_index}] spans[{s_index}]"
+                _convert_ids(span, where)
+                for link in span.get("links") or []:
+                    _convert_ids(link, f"{where} link")
+
+
+def _convert_ids(holder: dict[str, Any], where: str) -> None:
+    for key in ("traceId", "spanId", "parentSpanId"):
+        value = holder.get(key)
+        if isinstance(value, str) and value:
+            try:
+                holder[key] = binascii.b2a_base64(bytes.fromhex(value), newline=False).decode()
+            except ValueError:
+                raise BadRequest(400, f"{where}: {key} {value!r} is not hex") from None
+
+
+def parse_json_request(body: bytes) -> ExportTraceServiceRequest:
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(400, f"body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise BadRequest(400, "body must be a JSON object with resourceSpans")
+    hex_ids_to_base64(document)
+    try:
+        return json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+    except (json_format.ParseError, TypeError, ValueError) as exc:
+        raise BadRequest(400, f"not an OTLP ExportTraceServiceRequest: {exc}") from None
+
+
+def parse_protobuf_request(body: bytes) -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    try:
+        request.ParseFromString(body)
+    except DecodeError as exc:
+        raise BadRequest(400, f"body is not a valid OTLP protobuf ExportTraceServiceRequest: {exc}") from None
+    return request
+
+
+def gunzip(body: bytes, limit: int) -> bytes:
+    decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        data = decompressor.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise BadRequest(400, f"body is not valid gzip: {exc}") from None
+    if len(data) > limit or decompressor.unconsumed_tail:
+        raise BadRequest(413, f"decompressed body is over the {limit}-byte limit")
+    if not decompressor.eof:
+        raise BadRequest(400, "gzip body is truncated")
+    return data
+
+
+def export_response(result: ConversionResult | None) -> ExportTraceServiceResponse:
+    response = ExportTraceServiceResponse()
+    if result is not None and result.rejected:
+        response.partial_success.rejected_spans = result.rejected
+        response.partial_success.error_message = "; ".join(result.errors)
+    return response
+
+
+class OtlpHttpApp:
+    """ASGI app receiving OTLP/HTTP traces into an :class:`Ingestor`."""
+
+    def __init__(self, ingestor: Ingestor, *, token: str | None = None, max_request_bytes: int) -> None:
+        self.ingestor = ingestor
+        self.token = token
+        self.max_request_bytes = max_request_bytes
+        self.started = time.time()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        if path in HEALTH_PATHS:
+            await self._health(send)
+            return
+        if path != TRACES_PATH:
+            await _send(
+                send, 404, b"application/json", _json_status(404, f"no route {path}; use POST {TRACES_PATH}")
+            )
+            return
+        headers = dict(scope["headers"])
+        content_type = headers.get(b"content-type", b"").split(b";")[0].strip().decode("latin-1").lower()
+        use_json = content_type == JSON_TYPE
+        try:
+            if method != "POST":
+                raise BadRequest(405, f"use POST for {TRACES_PATH}", [(b"allow", b"POST")])
+            self._authorize(headers)
+            if not use_json and content_type not in PROTOBUF_TYPES:
+                raise BadRequest(
+                    415, f"unsupported content type {content_type!r}; use {PROTOBUF_TYPES[0]} or {JSON_TYPE}"
+                )
+            self.ingestor.check_capacity()
+            body = await self._read_body(headers, receive)
+            response = await self._export(body, headers, use_json)
+        except BadRequest as exc:
+            await self._error(send, exc.status, str(exc), use_json, exc.headers)
+            return
+        except Overloaded as exc:
+            retry = [(b"retry-after", str(exc.retry_after_s).encode())]
+            await self._error(send, 429, str(exc), use_json, retry)
+            return
+        except Unavailable as exc:
+            await self._error(send, 503, str(exc), use_json, [(b"retry-after", b"5")])
+            return
+        if use_json:
+            await _send(
+                send, 200, b"application/json", json_format.MessageToJson(response, indent=None).encode()
+            )
+        else:
+            await _send(send, 200, b"application/x-protobuf", response.SerializeToString())
+
+    def _authorize(self, headers: dict[bytes, bytes]) -> None:
+        if self.token is None:
+            return
+        given = headers.get(b"authorization", b"")
+        expected = b"Bearer " + self.token.encode()
+        if not hmac.compare_digest(given, expected):
+            reason = "missing" if not given else "wrong"
+            raise BadRequest(401, f"{reason} bearer token", [(b"www-authenticate", b"Bearer")])
+
+    async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes:
+        limit = self.max_request_bytes
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise BadRequest(413, f"body of {int(declared)} bytes is over the {limit}-byte limit")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise BadRequest(400, "client disconnected before the body was complete")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise BadRequest(413, f"body is over the {limit}-byte limit")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+        if encoding == b"gzip":
+            return gunzip(body, limit)
+        if encoding not in (b"identity", b""):
+            raise BadRequest(415, f"unsupported content encoding {encoding.decode('latin-1')!r}; use gzip")
+        return body
+
+    async def _export(
+        self, body: bytes, headers: dict[bytes, bytes], use_json: bool
+    ) -> ExportTraceServiceResponse:
+        request = parse_json_request(body) if use_json else parse_protobuf_request(body)
+        received = time.time_ns()
+        result = request_to_table(request, received)
+        payload = request.SerializeToString() if use_json else body
+        await asyncio.wrap_future(self.ingestor.submit(payload, result, received))
+        return export_response(result)
+
+    async def _error(
+        self, send: Send, status: int, message: str, use_json: bool, headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        if use_json:
+            await _send(send, status, b"application/json", _json_status(status, message), headers)
+        else:
+            body = status_pb2.Status(code=_grpc_code(status), message=message).SerializeToString()
+            await _send(send, status, b"application/x-protobuf", body, headers)
+
+    async def _health(self, send: Send) -> None:
+        ingestor = self.ingestor
+        healthy = ingestor.failure is None
+        document = {
+            "status": "ok" if healthy else "failed",
+            "failure": ingestor.failure,
+            "uptime_s": round(time.time() - self.started, 1),
+            "pending_bytes": ingestor.pending_bytes,
+            **ingestor.stats,
+        }
+        await _send(send, 200 if healthy else 503, b"application/json", json.dumps(document).encode())
+
+
+def _grpc_code(http_status: int) -> int:
+    return {400: 3, 401: 16, 404: 5, 405: 12, 413: 8, 415: 3, 429: 8, 503: 14}.get(http_status, 2)
+
+
+def _json_status(status: int, message: str) -> bytes:
+    return json.dumps({"code": _grpc_code(status), "message": message}).encode()
+
+
+async def _send(
+    send: Send,
+    status: int,
+    content_type: bytes,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    all_headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        *(headers or []),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": all_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,143 @@
+"""Run the collector: recover the WAL, serve OTLP/HTTP and OTLP/gRPC, flush everything on shutdown."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from tinkertrace.collector.ingest import IngestConfig, Ingestor
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class CollectorConfig:
+    out: Path
+    host: str = "127.0.0.1"
+    http_port: int | None = 4318  # None: no OTLP/HTTP
+    grpc_port: int | None = 4317  # None: no OTLP/gRPC
+    token: str | None = None
+    instance: str | None = None  # names this collector's WAL folder and files; default host-port
+    wal_dir: Path | None = None
+    max_request_bytes: int = 64 * MiB
+    max_queue_bytes: int = 256 * MiB
+    max_file_bytes: int = 128 * MiB
+    roll_seconds: float = 30.0
+    grpc_workers: int = 8
+
+    def resolved_instance(self) -> str:
+        raw = self.instance or f"{socket.gethostname()}-{self.http_port or self.grpc_port or 0}"
+        return re.sub(r"[^A-Za-z0-9_.]+", "_", raw)
+
+
+def run_collector(config: CollectorConfig) -> int:
+    """Serve until SIGINT/SIGTERM; returns the process exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if config.http_port is None and config.grpc_port is None:
+        print("error: both OTLP/HTTP and OTLP/gRPC are turned off; nothing to serve", file=sys.stderr)
+        return 2
+    instance = config.resolved_instance()
+    out = config.out.resolve()
+    wal_dir = (config.wal_dir or out / "_wal" / instance).resolve()
+    ingestor = Ingestor(
+        IngestConfig(
+            out=out,
+            wal_dir=wal_dir,
+            instance=instance,
+            max_queue_bytes=config.max_queue_bytes,
+            max_file_bytes=config.max_file_bytes,
+            roll_seconds=config.roll_seconds,
+        )
+    )
+    recovered = ingestor.recover()
+    if recovered.segments:
+        print(
+            f"tinkertrace collector: recovered {recovered.spans} spans from {recovered.records} WAL records "
+            f"in {recovered.segments} segment(s) (replaced {recovered.files_replaced} partial file(s))",
+            flush=True,
+        )
+        for note in recovered.notes:
+            print(f"tinkertrace collector: {note}", flush=True)
+    ingestor.start()
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    grpc_server = None
+    if config.grpc_port is not None:
+        from tinkertrace.collector.otlp_grpc import start_grpc_server
+
+        grpc_server = start_grpc_server(
+            ingestor,
+            config.host,
+            config.grpc_port,
+            token=config.token,
+            max_request_bytes=config.max_request_bytes,
+            workers=config.grpc_workers,
+        )
+    http_server = None
+    if config.http_port is not None:
+        import uvicorn
+
+        from tinkertrace.collector.otlp_http import OtlpHttpApp
+
+        app = OtlpHttpApp(ingestor, token=config.token, max_request_bytes=config.max_request_bytes)
+        uv_config = uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.http_port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=30,
+            h11_max_incomplete_event_size=config.max_request_bytes,
+        )
+        http_server = uvicorn.Server(uv_config)
+        http_server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        http_thread = threading.Thread(target=http_server.run, name="tt-http", daemon=True)
+        http_thread.start()
+        while not http_server.started:
+            if not http_thread.is_alive():
+                print(f"error: cannot serve OTLP/HTTP on {config.host}:{config.http_port}", file=sys.stderr)
+                ingestor.stop()
+                return 1
+            stop.wait(0.02)
+
+    where = []
+    if config.http_port is not None:
+        where.append(f"OTLP/HTTP http://{config.host}:{config.http_port}/v1/traces")
+    if config.grpc_port is not None:
+        where.append(f"OTLP/gRPC {config.host}:{config.grpc_port}")
+    auth = "bearer token required" if config.token else "no auth"
+    print(
+        f"tinkertrace collector listening on {', '.join(where)}; writing spans to {out} "
+        f"(WAL {wal_dir}; {auth}; pid {os.getpid()})",
+        flush=True,
+    )
+    stop.wait()
+    print("tinkertrace collector: shutting down, flushing spans…", flush=True)
+    if http_server is not None:
+        http_server.should_exit = True
+        http_thread.join(timeout=10)
+    if grpc_server is not None:
+        grpc_server.stop(grace=5).wait()
+    ingestor.stop()
+    print(
+        f"tinkertrace collector: stopped; {ingestor.stats['spans']} spans accepted, "
+        f"{ingestor.writer.rows_written} rows written to {len(ingestor.writer.files_written)} file(s)",
+        flush=True,
+    )
+    return 1 if ingestor.failure else 0
