@@ -1,9 +1,126 @@
-"""`tinkertrace build` command(s)."""
+"""`tinkertrace build-trajectories`: spans folder → triplets.parquet and trajectories.parquet."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
+def parse_time(value: str | None, option: str) -> datetime | None:
+    """An ISO-8601 date or time (UTC unless it names a zone), or a clear error naming the option."""
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{value!r} is not an ISO-8601 date/time", param_hint=option) from exc
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def build_trajectories_cmd(
+    spans_dir: Annotated[
+        Path, typer.Argument(help="Folder of span Parquet files (collector or embedded sink).")
+    ],
+    out: Annotated[
+        Path, typer.Option("-o", "--out", help="Output folder for triplets.parquet and trajectories.parquet.")
+    ],
+    since: Annotated[
+        str | None,
+        typer.Option(help="Only rollouts that started at or after this ISO time (UTC unless given)."),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Only rollouts that started before this ISO time (UTC unless given).")
+    ] = None,
+    split: Annotated[
+        list[str] | None, typer.Option(help="Only rollouts of this split (train, eval); repeatable.")
+    ] = None,
+    task: Annotated[list[str] | None, typer.Option(help="Only rollouts of this task id; repeatable.")] = None,
+    agent: Annotated[
+        str | None,
+        typer.Option(help="Only LLM calls whose agent name matches this regular expression (searched, RE2)."),
+    ] = None,
+    min_policy_version: Annotated[
+        int | None, typer.Option(help="Only LLM calls sampled by this policy version or newer.")
+    ] = None,
+    reward_policy: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "How rewards reach LLM calls: nearest (newest earlier unrewarded call), sibling (same, "
+                "under the same parent span), link (by gen_ai.response.id, else nearest), final (the "
+                "rollout's final reward on every call)."
+            )
+        ),
+    ] = "nearest",
+    reward_name: Annotated[
+        str | None, typer.Option(help="Reward dimension to use (default: each reward's primary dimension).")
+    ] = None,
+    group_by: Annotated[
+        str, typer.Option(help="GRPO group key of trajectories: task or task+agent.")
+    ] = "task",
+    include_incomplete: Annotated[
+        bool,
+        typer.Option(
+            help=(
+                "Also build rollouts whose root span is missing or that lack LLM/reward spans "
+                "their root counted."
+            )
+        ),
+    ] = False,
+    memory_limit: Annotated[
+        str, typer.Option(help="DuckDB memory limit; larger sorts spill to a temporary folder.")
+    ] = "2GB",
+    threads: Annotated[int | None, typer.Option(help="DuckDB threads (default: all cores).")] = None,
+) -> None:
+    """Rebuild token-level triplets (one row per LLM call) and trajectories (one row per rollout and
+    agent, turns merged while each prompt extends the previous prompt + response) from spans."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tinkertrace.builder import BuildOptions, build_trajectories
+
+    console = Console()
+    if not spans_dir.is_dir():
+        raise typer.BadParameter(f"spans folder {spans_dir} does not exist", param_hint="SPANS_DIR")
+    try:
+        options = BuildOptions(
+            since=parse_time(since, "--since"),
+            until=parse_time(until, "--until"),
+            splits=tuple(split or ()),
+            tasks=tuple(task or ()),
+            agent=agent,
+            min_policy_version=min_policy_version,
+            reward_policy=reward_policy,  # type: ignore[arg-type]
+            reward_name=reward_name,
+            group_by=group_by,  # type: ignore[arg-type]
+            include_incomplete=include_incomplete,
+            memory_limit=memory_limit,
+            threads=threads,
+        )
+        with console.status("building trajectories"):
+            result = build_trajectories(spans_dir, out, options)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    summary = result.summary
+    table = Table(title=f"build-trajectories {spans_dir} → {out}")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for label, value in summary.rows():
+        table.add_row(label, value)
+    console.print(table)
+    for path, why in summary.corrupt_files:
+        console.print(f"[yellow]skipped corrupt file[/yellow] {path}: {why}")
+    for rollout_id, span_id in summary.unmatched_rewards[:10]:
+        console.print(f"[yellow]unmatched reward[/yellow] span {span_id} of rollout {rollout_id}")
+    if summary.rewards_unmatched > 10:
+        console.print(f"... and {summary.rewards_unmatched - 10} more unmatched rewards")
+    console.print(f"wrote {result.triplets_path} and {result.trajectories_path}")
+
+
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the main app (not yet implemented)."""
+    """Add `build-trajectories` to the main app."""
+    app.command("build-trajectories")(build_trajectories_cmd)

@@ -146,10 +146,8 @@ def merge_turns(table: pa.Table) -> tuple[pa.Table, int]:
         lp_out[dest] = logprobs.values[_ranges(logprobs.starts[usable], logprobs.lengths[usable])]
     missing_logprobs = int(np.count_nonzero(~usable & (responses.lengths > 0)))
 
-    pv = table.column("policy_version").to_numpy(zero_copy_only=False)
-    pv_valid = ~np.isnan(pv) if pv.dtype.kind == "f" else np.ones(n, dtype=bool)
     big = np.iinfo(np.int64).max
-    pv_filled = np.where(pv_valid, np.nan_to_num(pv, nan=0), big).astype(np.int64)
+    pv_filled = pc.fill_null(table.column("policy_version"), big).to_numpy().astype(np.int64)
     pv_min = np.minimum.reduceat(pv_filled, seg_first)
     offsets = pa.array(out_off.astype(np.int32))
     firsts = pa.array(seg_first)

@@ -116,7 +116,8 @@ def _spans_sql() -> str:
 
 def _dimensions_sql() -> str:
     """SQL: MAP(name -> value) of a reward span's dimensions (ours or Agent-lightning's)."""
-    ours = f"TRY_CAST({_attr_json(sc.REWARD_DIMENSIONS)} AS MAP(VARCHAR, DOUBLE))"
+    # the SDK stores the dimensions as JSON text; accept a JSON object too
+    ours = f"TRY_CAST(TRY_CAST({_attr(sc.REWARD_DIMENSIONS)} AS JSON) AS MAP(VARCHAR, DOUBLE))"
     entries = ", ".join(f"{{'k': {_agl_name(i)}, 'v': {_agl_value(i)}}}" for i in range(_AGL_DIMENSIONS))
     agl = f"map_from_entries(list_filter([{entries}], lambda e: e.k IS NOT NULL AND e.v IS NOT NULL))"
     return (
