@@ -65,11 +65,9 @@ def group_outcome_fractions(
     rewards = np.asarray(rewards, dtype=np.float64)
     if len(group_index) == 0:
         return {"frac_mixed": 0.0, "frac_all_good": 0.0, "frac_all_bad": 0.0}
-    present = np.unique(group_index)
+    present, first_row = np.unique(group_index, return_index=True)
     constant = constant_reward_groups(group_index, rewards)[present]
-    first = np.full(int(group_index.max()) + 1, np.nan)
-    first[group_index[::-1]] = rewards[::-1]  # a reward of each group (all equal when constant)
-    good = first[present] >= good_threshold
+    good = rewards[first_row] >= good_threshold  # all rewards of a constant group are equal
     n = len(present)
     return {
         "frac_mixed": float(np.count_nonzero(~constant)) / n,

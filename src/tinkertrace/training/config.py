@@ -60,7 +60,7 @@ class TrainConfig:
             (self.epochs >= 1, "epochs must be at least 1"),
             (self.groups_per_batch >= 1, "groups_per_batch must be at least 1"),
             (self.learning_rate > 0, "learning_rate must be positive"),
-            (self.lora_rank >= 1, "lora_rank must be at least 1"),
+            (self.lora_rank >= 0, "lora_rank must be 0 (full fine-tuning, local engine only) or more"),
             (self.max_tokens_per_datum >= 1, "max_tokens_per_datum must be at least 1"),
             (self.save_every >= 0, "save_every must be 0 (only at the end) or more"),
             (self.loss in LOSS_FUNCTIONS, f"loss must be one of {', '.join(LOSS_FUNCTIONS)}"),

@@ -1,0 +1,73 @@
+"""The two training backends behind one client API: hosted Tinker and the local engine.
+
+Both return an object with ``tinker.ServiceClient``'s methods, so the training loop is the same
+code for either. Problems the user can fix (no API key, service unreachable) raise
+:class:`BackendError` with one clear message.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from tinkertrace.training.errors import BackendError
+
+Backend = Literal["local", "tinker"]
+BACKENDS: tuple[str, ...] = ("local", "tinker")
+HEALTH_PATH = "/api/v1/healthz"
+
+
+def tinker_base_url() -> str:
+    """The Tinker API URL the SDK will use ($TINKER_BASE_URL, else the SDK's production default)."""
+    try:
+        from tinker.lib.base_url import resolve_base_url
+
+        return resolve_base_url()
+    except ImportError:  # an SDK without the helper: same rule by hand
+        url = os.environ.get("TINKER_BASE_URL") or "https://tinker.thinkingmachines.dev/services/tinker-prod"
+        return url.rstrip("/")
+
+
+def check_tinker_reachable(base_url: str, timeout_s: float = 10.0) -> None:
+    """Raise BackendError unless something answers HTTP at ``base_url`` (any status counts)."""
+    import httpx
+
+    try:
+        httpx.get(base_url + HEALTH_PATH, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise BackendError(
+            f"cannot reach the Tinker service at {base_url} ({type(exc).__name__}: {exc}). "
+            "Check the network, or $TINKER_BASE_URL; use --backend local to train on this machine."
+        ) from None
+
+
+def make_service_client(
+    backend: str, *, engine_dir: Path | None = None, check_reachable: bool = True, timeout_s: float = 10.0
+) -> Any:
+    """A ``ServiceClient`` for ``backend``.
+
+    ``"tinker"``: the real ``tinker.ServiceClient()``, with ``TINKER_API_KEY`` from the environment;
+    the service is probed first so an unreachable one fails fast with a clear message.
+    ``"local"``: ``tinkertrace.engine.ServiceClient(base_dir=engine_dir)`` (default folder
+    ``$TINKERTRACE_HOME/engine``).
+    """
+    if backend == "local":
+        from tinkertrace.engine import ServiceClient
+
+        return ServiceClient(base_dir=engine_dir)
+    if backend == "tinker":
+        if not os.environ.get("TINKER_API_KEY"):
+            raise BackendError(
+                "the tinker backend needs an API key: export TINKER_API_KEY=<your key> "
+                "(from the Tinker console), or use --backend local to train on this machine"
+            )
+        if check_reachable:
+            check_tinker_reachable(tinker_base_url(), timeout_s)
+        import tinker
+
+        try:
+            return tinker.ServiceClient()
+        except tinker.TinkerError as exc:
+            raise BackendError(f"could not start a Tinker session: {exc}") from None
+    raise BackendError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
