@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +11,6 @@ import pytest
 
 import tinkertrace
 from tinkertrace.spanstore.reader import open_spans
-
 
 ALL_COLUMNS = (
     "* replace (epoch_ns(start_time) as start_time, epoch_ns(end_time) as end_time,"
@@ -36,9 +35,20 @@ class Traced:
 
 
 @pytest.fixture
-def traced(tmp_path: Path) -> Iterator[Traced]:
-    """``tinkertrace.init`` with the embedded sink in a temporary folder; shut down afterwards."""
-    spans = tmp_path / "spans"
-    tinkertrace.init(spans_dir=spans, spool_dir=tmp_path / "spool")
-    yield Traced(spans)
+def trace_init(tmp_path: Path) -> Iterator[Callable[..., Traced]]:
+    """``trace_init(**init_options)``: ``tinkertrace.init`` with the embedded sink in a temporary
+    folder (and a temporary spool); shut down after the test."""
+
+    def start(**options: Any) -> Traced:
+        spans = tmp_path / "spans"
+        tinkertrace.init(spans_dir=spans, spool_dir=tmp_path / "spool", **options)
+        return Traced(spans)
+
+    yield start
     tinkertrace.shutdown()
+
+
+@pytest.fixture
+def traced(trace_init: Callable[..., Traced]) -> Traced:
+    """Tracing with default options into a temporary spans folder."""
+    return trace_init()

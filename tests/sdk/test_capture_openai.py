@@ -33,7 +33,9 @@ def _call_sync(client: openai.OpenAI, kind: str, stream: bool) -> str:
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     if not stream:
         return client.completions.create(model="m", prompt=PROMPT).choices[0].text
-    return "".join(c.choices[0].text for c in client.completions.create(model="m", prompt=PROMPT, stream=True))
+    return "".join(
+        c.choices[0].text for c in client.completions.create(model="m", prompt=PROMPT, stream=True)
+    )
 
 
 async def _call_async(client: openai.AsyncOpenAI, kind: str, stream: bool) -> str:

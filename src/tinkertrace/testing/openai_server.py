@@ -111,6 +111,7 @@ class ServerOptions:
     fail_status: int | None = None  # answer this HTTP status ...
     fail_times: int = 0  # ... for this many requests (then succeed again); -1: always
     chunk_chars: int = 1  # characters per streamed chunk
+    reject_fields: tuple[str, ...] = ()  # answer 400 to requests with these fields (a strict server)
 
 
 @dataclass
@@ -160,6 +161,9 @@ class OpenAITestServer:
             await asyncio.sleep(self.options.latency_s)
         if failing:
             return _error(int(self.options.fail_status or 500), "injected failure")
+        unknown = sorted(set(self.options.reject_fields) & set(body))
+        if unknown:
+            return _error(400, f"Unrecognized request argument supplied: {', '.join(unknown)}")
         return body
 
     def _headers(self) -> dict[str, str]:

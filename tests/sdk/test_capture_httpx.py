@@ -1,0 +1,133 @@
+"""Plain httpx (sync and async) capture, injection fallbacks and the re-tokenisation path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+import tinkertrace
+from tinkertrace import semconv
+from tinkertrace.testing.openai_server import byte_logprob, render_chat
+from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+REPLY = "echo: hi"
+
+
+def test_httpx_sync_streaming_reaches_agent_unchanged(openai_server, traced) -> None:
+    body = {"model": "m", "messages": MESSAGES, "stream": True}
+
+    @tinkertrace.traced_rollout
+    def agent(task: str) -> list[bytes]:
+        with (
+            httpx.Client() as client,
+            client.stream("POST", openai_server.base_url + "/chat/completions", json=body) as r,
+        ):
+            return list(r.iter_raw())
+
+    chunks = agent("q")
+    raw = b"".join(chunks)
+    events = [line for line in raw.split(b"\n\n") if line]
+    assert events[-1] == b"data: [DONE]"
+    assert len(events) == 1 + len(REPLY) + 1 + 1  # role chunk, one per character, finish chunk, DONE
+    (row,) = traced.rows("span_type = 'llm'")
+    assert row["response_token_ids"] == list(REPLY.encode())
+    assert row["prompt_token_ids"] == list(render_chat(MESSAGES).encode())
+
+
+def test_httpx_async_non_streaming(openai_server, traced) -> None:
+    @tinkertrace.traced_rollout
+    async def agent(task: str) -> dict:
+        async with httpx.AsyncClient() as client:
+            r = await client.post(
+                openai_server.base_url + "/completions", json={"model": "m", "prompt": "hi", "logprobs": 2}
+            )
+            return r.json()
+
+    payload = asyncio.run(agent("q"))
+    assert payload["choices"][0]["text"] == REPLY
+    assert len(payload["choices"][0]["logprobs"]["top_logprobs"][0]) == 2  # the agent's own logprobs=2 kept
+    (row,) = traced.rows("span_type = 'llm'")
+    assert row["response_logprobs"] == [byte_logprob(t) for t in REPLY.encode()]
+    assert row["prompt_token_ids"] == list(b"hi")
+
+
+def test_server_without_ids_and_no_tokenizer_says_so(openai_server, traced) -> None:
+    openai_server.options.token_ids = False
+
+    @tinkertrace.traced_rollout
+    def agent(task: str) -> None:
+        httpx.post(openai_server.base_url + "/chat/completions", json={"model": "m", "messages": MESSAGES})
+
+    agent("q")
+    (row,) = traced.rows("span_type = 'llm'")
+    assert row["token_source"] == semconv.SOURCE_NONE
+    assert row["prompt_token_ids"] is None and row["response_token_ids"] is None
+
+
+def test_retokenized_with_configured_tokenizer(openai_server, trace_init) -> None:
+    openai_server.options.token_ids = False
+    traced = trace_init(tokenizer=BUILTIN_MODEL)
+
+    @tinkertrace.traced_rollout
+    def agent(task: str) -> None:
+        httpx.post(openai_server.base_url + "/chat/completions", json={"model": "m", "messages": MESSAGES})
+
+    agent("q")
+    (row,) = traced.rows("span_type = 'llm'")
+    tok = load_tokenizer(BUILTIN_MODEL)
+    expected_prompt = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)[
+        "input_ids"
+    ]
+    assert row["token_source"] == semconv.SOURCE_RETOKENIZED
+    assert row["prompt_token_ids"] == list(expected_prompt)
+    assert row["response_token_ids"] == tok.encode(REPLY, add_special_tokens=False)
+    # the byte-level tokenizer gives one id per byte, so the server's logprobs line up
+    assert row["response_logprobs"] == [byte_logprob(t) for t in REPLY.encode()]
+
+
+def test_injection_refused_is_retried_without_it(openai_server, traced) -> None:
+    openai_server.options.reject_fields = ("return_token_ids",)  # a strict server, like api.openai.com
+
+    @tinkertrace.traced_rollout
+    def agent(task: str) -> list[str]:
+        out = []
+        for _ in range(2):
+            r = httpx.post(
+                openai_server.base_url + "/chat/completions", json={"model": "m", "messages": MESSAGES}
+            )
+            out.append(r.json()["choices"][0]["message"]["content"])
+        return out
+
+    assert agent("q") == [REPLY, REPLY]
+    # first call: extended (400), then re-sent as the agent wrote it; second call: not extended
+    assert ["return_token_ids" in body for body in openai_server.requests] == [True, False, False]
+    rows = traced.rows("span_type = 'llm'")
+    assert len(rows) == 2 and all(r["token_source"] == semconv.SOURCE_NONE for r in rows)
+    assert all(r["status_code"] != "ERROR" for r in rows)
+    assert json.loads(rows[0]["events"])[0]["name"] == "tinkertrace.injection_refused"
+
+
+@pytest.mark.parametrize("capture_content", [True, False])
+def test_content_capture_switch_and_redaction(openai_server, trace_init, capture_content: bool) -> None:
+    def redact(messages: list[dict]) -> list[dict]:
+        return [{**m, "content": "[redacted]"} for m in messages]
+
+    traced = trace_init(capture_content=capture_content, redact=redact, request_token_ids=False)
+
+    @tinkertrace.traced_rollout
+    def agent(task: str) -> None:
+        httpx.post(openai_server.base_url + "/chat/completions", json={"model": "m", "messages": MESSAGES})
+
+    agent("q")
+    assert "return_token_ids" not in openai_server.requests[-1]
+    (row,) = traced.rows("span_type = 'llm'")
+    attrs = json.loads(row["attributes"])
+    if capture_content:
+        assert json.loads(attrs[semconv.GENAI_INPUT_MESSAGES]) == [{"role": "user", "content": "[redacted]"}]
+        assert json.loads(attrs[semconv.GENAI_OUTPUT_MESSAGES])[0]["content"] == "[redacted]"
+    else:
+        assert semconv.GENAI_INPUT_MESSAGES not in attrs and semconv.GENAI_OUTPUT_MESSAGES not in attrs
