@@ -75,10 +75,10 @@ def parse_json_request(body: bytes) -> ExportTraceServiceRequest:
         raise BadRequest(400, f"body is not valid JSON: {exc}") from None
     if not isinstance(document, dict):
         raise BadRequest(400, "body must be a JSON object with resourceSpans")
-    hex_ids_to_base64(document)
     try:
+        hex_ids_to_base64(document)
         return json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
-    except (json_format.ParseError, TypeError, ValueError) as exc:
+    except (json_format.ParseError, TypeError, ValueError, AttributeError) as exc:
         raise BadRequest(400, f"not an OTLP ExportTraceServiceRequest: {exc}") from None
 
 

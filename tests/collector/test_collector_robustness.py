@@ -1,0 +1,159 @@
+"""Acceptance: crash recovery (kill -9), bad input, overload, on a real collector process or app."""
+
+from __future__ import annotations
+
+import gzip
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pyarrow as pa
+import pytest
+from google.rpc import status_pb2
+
+from tinkertrace.collector.ingest import IngestConfig, Ingestor, file_tag
+from tinkertrace.collector.otlp_http import OtlpHttpApp
+from tinkertrace.collector.wal import WriteAheadLog, segment_ids
+from tinkertrace.netutil import BackgroundServer
+from tinkertrace.spanstore.otlp_arrow import request_to_table
+from tinkertrace.spanstore.samples import llm_request
+from tinkertrace.spanstore.writer import PartitionedParquetWriter
+
+PROTOBUF = {"content-type": "application/x-protobuf"}
+
+
+def _span_ids(request: Any) -> set[str]:
+    return {s.span_id.hex() for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans}
+
+
+@pytest.mark.slow
+def test_kill_9_after_acks_loses_nothing_and_duplicates_nothing(
+    start_collector: Callable[..., Any],
+) -> None:
+    collector = start_collector("--roll-seconds", "0.3")
+    acknowledged: set[str] = set()
+    with httpx.Client() as client:
+        for seed in range(24):
+            request = llm_request(50, seed=seed, prompt_tokens=64, response_tokens=16)
+            response = client.post(collector.url, content=request.SerializeToString(), headers=PROTOBUF)
+            assert response.status_code == 200
+            acknowledged |= _span_ids(request)
+            time.sleep(0.03)  # spread over several WAL segments, some flushed, some not
+    collector.kill()
+    restarted = start_collector(out=collector.out)
+    output = restarted.stop()
+    stored = restarted.query("SELECT span_id, count(*) FROM spans GROUP BY span_id")
+    assert {span_id for span_id, _ in stored} == acknowledged
+    assert max(count for _, count in stored) == 1
+    assert segment_ids(collector.out / "_wal" / "test") == []
+    assert "stopped;" in output
+
+
+def test_recovery_replaces_partial_files_of_a_segment(tmp_path: Path) -> None:
+    """A segment whose Parquet was half written before a crash is replayed without duplicates."""
+    out, wal_dir = tmp_path / "spans", tmp_path / "spans" / "_wal" / "c1"
+    requests = [llm_request(20, seed=s) for s in range(3)]
+    wal = WriteAheadLog(wal_dir)
+    segment = wal.open_segment()
+    for request in requests:
+        wal.append(request.SerializeToString(), 1_767_225_600_000_000_000)
+    wal.sync()
+    with open(wal.dir / f"{segment:020d}.wal", "ab") as torn:
+        torn.write(b"\x10\x00\x00\x00garbage")  # a record cut short by the crash: never acknowledged
+    wal.close_segment()
+    # before the crash the writer had already written the first request of this segment
+    partial = PartitionedParquetWriter(out, file_prefix=file_tag("c1", segment))
+    partial.write(request_to_table(requests[0], 1_767_225_600_000_000_000).table)
+    partial.close()
+    ingestor = Ingestor(IngestConfig(out=out, wal_dir=wal_dir, instance="c1"))
+    report = ingestor.recover()
+    assert (report.segments, report.records, report.spans, report.files_replaced) == (1, 3, 60, 1)
+    assert "torn" in report.notes[0]
+    import duckdb
+
+    from tinkertrace.spanstore.reader import open_spans
+
+    con = duckdb.connect()
+    open_spans(con, out)
+    assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (60, 60)
+    assert segment_ids(wal_dir) == []
+
+
+@pytest.mark.slow
+def test_bad_input_is_answered_and_good_data_still_accepted(start_collector: Callable[..., Any]) -> None:
+    collector = start_collector("--token", "s3cret", "--max-request-mb", "0.05")
+    auth = {**PROTOBUF, "authorization": "Bearer s3cret"}
+    good = llm_request(10, seed=1, prompt_tokens=32, response_tokens=8).SerializeToString()
+    big = llm_request(200, seed=2).SerializeToString()
+    json_auth = {"content-type": "application/json", "authorization": "Bearer s3cret"}
+    cases: list[tuple[str, bytes, dict[str, str], int, str]] = [
+        ("no token", good, PROTOBUF, 401, "missing bearer token"),
+        ("wrong token", good, {**PROTOBUF, "authorization": "Bearer nope"}, 401, "wrong bearer token"),
+        ("garbage", b"\xff\xfe not protobuf", auth, 400, "not a valid OTLP protobuf"),
+        ("truncated", good[: len(good) // 2], auth, 400, "not a valid OTLP protobuf"),
+        ("bad gzip", b"\x1f\x8b\x08 nope", {**auth, "content-encoding": "gzip"}, 400, "not valid gzip"),
+        ("not json", b"{oops", json_auth, 400, "not valid JSON"),
+        ("wrong json", b'{"resourceSpans": 5}', json_auth, 400, "not an OTLP ExportTraceServiceRequest"),
+        (
+            "bad hex",
+            b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"zz"}]}]}]}',
+            json_auth,
+            400,
+            "not hex",
+        ),
+        ("content type", good, {**auth, "content-type": "text/plain"}, 415, "unsupported content type"),
+        ("oversize", big, auth, 413, "over the"),
+        ("oversize gzip", gzip.compress(big), {**auth, "content-encoding": "gzip"}, 413, "over the"),
+    ]
+    with httpx.Client() as client:
+        for label, body, headers, status, message in cases:
+            response = client.post(collector.url, content=body, headers=headers)
+            assert response.status_code == status, label
+            if headers.get("content-type") == "application/json":
+                assert message in response.json()["message"], label
+            elif status != 415:
+                assert message in status_pb2.Status.FromString(response.content).message, label
+            else:
+                assert message in response.text, label
+        assert client.get(collector.url).status_code == 405
+        with grpc.insecure_channel(collector.grpc_target) as channel:
+            export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+            with pytest.raises(grpc.RpcError) as unauthenticated:
+                export(good)
+            assert unauthenticated.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.RpcError) as invalid:
+                export(b"\xff\xfe", metadata=(("authorization", "Bearer s3cret"),))
+            assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert export(good, metadata=(("authorization", "Bearer s3cret"),)) == b""
+        assert client.post(collector.url, content=good, headers=auth).status_code == 200
+        health = client.get(collector.url.replace("/v1/traces", "/health")).json()
+        assert health["status"] == "ok" and health["spans"] == 20
+    collector.stop()
+    assert collector.query("SELECT count(*), count(DISTINCT span_id) FROM spans") == [(20, 10)]
+
+
+def test_overload_answers_429_with_retry_after_then_recovers(tmp_path: Path) -> None:
+    out = tmp_path / "spans"
+    ingestor = Ingestor(IngestConfig(out=out, wal_dir=out / "_wal" / "x", instance="x", max_queue_bytes=1000))
+    body = llm_request(5, seed=1).SerializeToString()
+    filler = request_to_table(llm_request(5, seed=9), 1_767_225_600_000_000_000)
+    backlog: Future[None] = ingestor.submit(b"x" * 2000, filler, 1_767_225_600_000_000_000)  # fills the queue
+    app = OtlpHttpApp(ingestor, max_request_bytes=1 << 20)
+    with BackgroundServer(app) as server, httpx.Client() as client:
+        url = f"{server.url}/v1/traces"
+        refused = client.post(url, content=body, headers=PROTOBUF)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert "queue is full" in status_pb2.Status.FromString(refused.content).message
+        ingestor.start()  # the WAL and writer threads drain the backlog
+        backlog.result(timeout=10)
+        deadline = time.monotonic() + 10
+        while ingestor.pending_bytes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client.post(url, content=body, headers=PROTOBUF).status_code == 200
+    ingestor.stop()
+    assert ingestor.stats["overloaded"] == 1 and ingestor.writer.rows_written == 10
+    assert isinstance(filler.table, pa.Table)
