@@ -105,7 +105,7 @@ def _repair_parents(con: duckdb.DuckDBPyConnection, summary: BuildSummary) -> No
 def _select_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
     con.execute("""
         CREATE OR REPLACE TEMP TABLE _calls AS
-        SELECT c.trace_id, c.span_id, c.received_at, p.parent, c.rollout_id, r.task_id, r.attempt,
+        SELECT c.trace_id, c.span_id, c.filename, c.received_at, p.parent, c.rollout_id, r.task_id, r.attempt,
                c.agent_name, c.model, c.response_id, c.policy_version, c.token_source,
                c.start_time, c.end_time, r.split, r.end_time AS rollout_end,
                CAST(row_number() OVER (PARTITION BY c.rollout_id
@@ -167,6 +167,7 @@ def _output_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
         group_key = "COALESCE(c.task_id, c.rollout_id) || '::' || COALESCE(c.agent_name, '')"
     # Trajectory reward: the rollout's final reward under `final`, else the sum of the rewards
     # assigned to the (rollout, agent)'s calls (null when none was assigned).
+    agg = "max" if options.reward_policy == "final" else "sum"  # under final all calls hold the same value
     where = ["true"]
     params: dict[str, object] = {}
     if options.agent is not None:
@@ -184,7 +185,7 @@ def _output_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
                 FROM _assign GROUP BY ALL
             ), scored AS (
                 SELECT c.*, cr.reward,
-                       sum(cr.reward) OVER (PARTITION BY c.rollout_id, c.agent_name) AS traj_reward,
+                       {agg}(cr.reward) OVER (PARTITION BY c.rollout_id, c.agent_name) AS traj_reward,
                        {group_key} AS group_key
                 FROM _calls c LEFT JOIN call_reward cr USING (trace_id, span_id)
             )
@@ -227,15 +228,16 @@ TRIPLET_COLUMNS = (
 
 def triplet_stream(con: duckdb.DuckDBPyConnection, batch_rows: int) -> pa.RecordBatchReader:
     """The chosen calls with their token ids, ordered by (rollout_id, turn): triplet columns first,
-    then :data:`EXTRA_COLUMNS`. Calls without prompt or response ids are not in it."""
+    then :data:`EXTRA_COLUMNS`. Calls without prompt or response ids are not in it. The join is on
+    (trace_id, span_id, source file), so a span delivered twice contributes one row."""
     cols = ", ".join(f"t.{c}" if c in TOKEN_COLUMNS else f"c.{c}" for c in TRIPLET_COLUMNS)
     extra = ", ".join(f"c.{c}" for c in EXTRA_COLUMNS)
     sql = f"""
         SELECT {cols}, {extra}
         FROM _out c JOIN (
-            SELECT trace_id, span_id, received_at, {", ".join(TOKEN_COLUMNS)} FROM spans
+            SELECT trace_id, span_id, filename, {", ".join(TOKEN_COLUMNS)} FROM spans
             WHERE span_type = '{sc.TYPE_LLM}' AND prompt_token_ids IS NOT NULL
               AND response_token_ids IS NOT NULL
-        ) t ON t.trace_id = c.trace_id AND t.span_id = c.span_id AND t.received_at = c.received_at
+        ) t ON t.trace_id = c.trace_id AND t.span_id = c.span_id AND t.filename = c.filename
         ORDER BY c.rollout_id, c.turn"""
     return con.sql(sql).to_arrow_reader(batch_rows)

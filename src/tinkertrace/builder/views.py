@@ -138,7 +138,7 @@ def llm_calls_sql(source: str) -> str:
     SELECT * EXCLUDE (nested_in_same_call) FROM marked WHERE NOT nested_in_same_call
     QUALIFY row_number() OVER (
         PARTITION BY rollout_id, COALESCE(response_id, trace_id || span_id)
-        ORDER BY start_time, end_time DESC, span_id, received_at) = 1
+        ORDER BY start_time, end_time DESC, span_id, received_at, filename) = 1
     """
 
 
