@@ -24,6 +24,7 @@ from tinkertrace.sdk.context import AGENT, ROLLOUT, RolloutState
 
 F = TypeVar("F", bound=Callable[..., Any])
 MAX_TASK_INPUT_CHARS = 65_536
+MAX_SCALAR_TASK_ID = 128
 
 _attempts: collections.Counter[tuple[str, str]] = collections.Counter()
 _attempts_lock = threading.Lock()
@@ -85,6 +86,8 @@ def _identify(
     task_id: Any = bound.get(spec.task_id_arg) if spec.task_id_arg else None
     if task_id is None and spec.task_id_field and task is not None:
         task_id = _field(task, spec.task_id_field)
+    if task_id is None and isinstance(task, str | int) and len(str(task)) <= MAX_SCALAR_TASK_ID:
+        task_id = task  # a short scalar task names itself
     if task_id is None:
         task_id = stable_task_id(task)
     task_id = str(task_id)
@@ -192,7 +195,8 @@ def traced_rollout(
 
     The task is the argument named ``task_arg`` (default: one named ``task``, else the first).
     Its id is the argument ``task_id_arg`` if given, else the task's ``task_id_field`` (key or
-    attribute, default ``id``), else a stable hash of the task. The attempt is the argument
+    attribute, default ``id``), else the task itself when a short str or int, else a stable hash
+    of it. The attempt is the argument
     ``attempt_arg`` when the function has one, else a per-process count of runs of that task id;
     the split is the argument ``split_arg`` when present, else ``split``. A numeric return value is
     emitted as the final reward. The function's result or exception passes through unchanged.
