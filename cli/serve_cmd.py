@@ -7,18 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-BACKENDS = ("local", "tinker")
-
-
-def _service_client(backend: str, engine_dir: Path | None) -> Any:
-    """A ServiceClient of the chosen backend (the local engine's has Tinker's API)."""
-    if backend == "local":
-        from tinkertrace.engine import ServiceClient
-
-        return ServiceClient(base_dir=engine_dir) if engine_dir else ServiceClient()
-    import tinker
-
-    return tinker.ServiceClient()
+BACKENDS = ("local", "tinker")  # as tinkertrace.training.backends.BACKENDS (imported lazily)
 
 
 def _tokenizer(backend: str, model: str, sampling_client: Any) -> Any:
@@ -98,17 +87,24 @@ def serve(
     from rich.console import Console
 
     from tinkertrace.serving.app import create_app
-    from tinkertrace.serving.policy import PolicyHolder
+    from tinkertrace.serving.policy import PolicyHolder, resolve_client
+    from tinkertrace.training.backends import make_service_client
+    from tinkertrace.training.errors import TrainingError
 
     console = Console(stderr=True)
-    service = _service_client(backend, engine_dir)
-    if model_path:
-        sampling_client = service.create_sampling_client(model_path=model_path)
-    else:
-        sampling_client = service.create_sampling_client(base_model=model)
+    try:
+        service = make_service_client(backend, engine_dir=engine_dir)
+        if model_path:
+            sampling_client = resolve_client(service.create_sampling_client(model_path=model_path))
+        else:
+            sampling_client = resolve_client(service.create_sampling_client(base_model=model))
+        tokenizer = _tokenizer(backend, model, sampling_client)
+    except (TrainingError, OSError, ValueError) as exc:  # BackendError, missing model/checkpoint, ...
+        console.print(f"[red]tinkertrace serve: cannot start[/]: {exc}")
+        raise typer.Exit(1) from None
     holder = PolicyHolder(
         sampling_client,
-        _tokenizer(backend, model, sampling_client),
+        tokenizer,
         served_name or model,
         version=policy_version,
         model_path=model_path,

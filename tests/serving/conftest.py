@@ -133,8 +133,11 @@ def start_server() -> Iterator[Callable[..., BackgroundServer]]:
     servers: list[BackgroundServer] = []
 
     def start(policy: PolicyHolder, **options: Any) -> BackgroundServer:
-        servers.append(BackgroundServer(create_app(policy, **options)).start())
-        return servers[-1]
+        app = create_app(policy, **options)
+        server = BackgroundServer(app).start()
+        server.app = app  # for tests that look at the endpoint's state
+        servers.append(server)
+        return server
 
     yield start
     for server in servers:

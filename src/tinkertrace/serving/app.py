@@ -120,6 +120,8 @@ class SamplingEndpoint:
                 return await handler(request)
             except proto.ApiError as err:
                 return _error_response(err)
+            except ValueError as exc:  # the sampler refused the request (e.g. a prompt beyond the context)
+                return _error_response(proto.ApiError(400, f"The sampler rejected the request: {exc}"))
             except Exception as exc:
                 log.exception("request to %s failed", request.url.path)
                 return _error_response(

@@ -50,6 +50,7 @@ class SampleBatcher:
         self._pending: dict[tuple[Any, ...], _Pending] = {}
         self.calls = 0  # sample() calls made
         self.requests = 0  # requests served
+        self._no_topk: set[type] = set()  # sampler classes that refused topk_sample_logprobs
 
     async def sample(
         self, client: Any, prompt_ids: list[int], n: int, params: types.SamplingParams, top_k: int = 0
@@ -98,10 +99,17 @@ class SampleBatcher:
         self, client: Any, prompt_ids: list[int], n: int, params: types.SamplingParams, top_k: int
     ) -> list[Any]:
         self.calls += 1
-        extra = {"topk_sample_logprobs": top_k} if top_k else {}
-        future = client.sample(
-            prompt=types.ModelInput.from_ints(prompt_ids), num_samples=n, sampling_params=params, **extra
-        )
+        prompt = types.ModelInput.from_ints(prompt_ids)
+        if top_k and type(client) not in self._no_topk:
+            try:
+                future = client.sample(
+                    prompt=prompt, num_samples=n, sampling_params=params, topk_sample_logprobs=top_k
+                )
+            except ValueError:  # a backend without top-k logprobs (the local engine): sample without
+                self._no_topk.add(type(client))
+                future = client.sample(prompt=prompt, num_samples=n, sampling_params=params)
+        else:
+            future = client.sample(prompt=prompt, num_samples=n, sampling_params=params)
         response = await await_result(future)
         sequences = list(response.sequences)
         if len(sequences) != n:

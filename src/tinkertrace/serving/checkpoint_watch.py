@@ -3,7 +3,9 @@
 Each line the trainer appends names a sampler checkpoint path (``tinker://.../sampler_weights/...``)
 and its policy version. The watcher reads only what was appended since its last look, loads the
 newest record's weights with the :class:`PolicyHolder`'s loader and swaps them in. Lines that are
-not valid records are skipped and counted; a truncated or replaced file is read again from the top.
+not JSON are skipped and counted, records without a sampler path are ignored, and a truncated or
+replaced file is read again from the top. The version is the record's ``step`` (H5's training loop
+writes ``sampler_path`` and ``step``), or ``policy_version``/``version`` when present.
 """
 
 from __future__ import annotations
@@ -29,21 +31,14 @@ class CheckpointRecord:
     version: int | None
 
 
-def parse_record(line: str) -> CheckpointRecord | None:
-    """The sampler checkpoint a record line names, or None when it names none (or is not JSON)."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        return None
+def parse_record(record: Any) -> CheckpointRecord | None:
+    """The sampler checkpoint a decoded record names, or None (e.g. a state-only checkpoint)."""
     if not isinstance(record, dict):
         return None
     path = next((record[k] for k in PATH_KEYS if isinstance(record.get(k), str) and record[k]), None)
     if path is None:
         return None
-    version = next(
-        (record[k] for k in VERSION_KEYS if type(record.get(k)) is int),
-        None,
-    )
+    version = next((record[k] for k in VERSION_KEYS if type(record.get(k)) is int), None)
     return CheckpointRecord(path, version)
 
 
@@ -79,11 +74,13 @@ class CheckpointWatcher:
         """Load and serve the newest record appended since the last look; the new policy or None."""
         records = []
         for line in self._new_lines():
-            record = parse_record(line)
-            if record is None:
+            try:
+                record = parse_record(json.loads(line))
+            except json.JSONDecodeError:
                 self.skipped_lines += 1
-                log.warning("skipped a checkpoint record line that names no sampler path: %.200s", line)
-            else:
+                log.warning("skipped a checkpoint record line that is not JSON: %.200s", line)
+                continue
+            if record is not None:
                 records.append(record)
         if not records:
             return None
