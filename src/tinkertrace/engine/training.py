@@ -129,10 +129,10 @@ class TrainingClient:
         self.model_id = run_id or new_run_id()
         self._store = store
         self._device = device
-        self._tokenizer = load_tokenizer(spec.base_model)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             self._model = build_trainable(spec, device)
+        self._tokenizer = load_tokenizer(spec.base_model)
         self._model.train()
         self._params = [p for p in self._model.parameters() if p.requires_grad]
         self._optimizer: torch.optim.AdamW | None = None
