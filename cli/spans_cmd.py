@@ -1,9 +1,84 @@
-"""`tinkertrace spans` command(s)."""
+"""`tinkertrace spans ...`: maintain and inspect folders of span Parquet files."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+spans_app = typer.Typer(
+    help="Inspect and maintain span Parquet folders (written by the collector or the SDK)."
+)
+
+SpansDir = Annotated[Path, typer.Argument(help="Folder of span Parquet files (hive date=/hour= partitions).")]
+
+
+@spans_app.command()
+def compact(
+    spans_dir: SpansDir,
+    small_mb: Annotated[float, typer.Option(help="Merge files smaller than this, MiB.")] = 64,
+    target_mb: Annotated[float, typer.Option(help="Aim for merged files of about this size, MiB.")] = 256,
+    grace_seconds: Annotated[
+        float, typer.Option(help="Only touch partitions whose hour ended at least this long ago.")
+    ] = 300,
+) -> None:
+    """Merge small files of closed partitions (atomic, no duplicates, safe while a collector runs)."""
+    from rich.console import Console
+
+    from tinkertrace.spanstore.compact import compact as run_compact
+
+    mib = 1024 * 1024
+    report = run_compact(
+        spans_dir,
+        small_file_bytes=int(small_mb * mib),
+        target_file_bytes=int(target_mb * mib),
+        grace_s=grace_seconds,
+    )
+    console = Console()
+    console.print(
+        f"compacted {report.merged_files} files into {report.output_files} ({report.rows} rows) "
+        f"in {len(report.partitions)} partition(s)"
+        + (f"; finished {report.rolled_forward} interrupted merge(s)" if report.rolled_forward else "")
+    )
+    for path, reason in report.skipped:
+        console.print(f"[yellow]skipped {path}: {reason}[/yellow]")
+
+
+@spans_app.command()
+def stats(spans_dir: SpansDir) -> None:
+    """Print span counts by partition, by service and by span type."""
+    import duckdb
+    from rich.console import Console
+    from rich.table import Table
+
+    from tinkertrace.spanstore.reader import open_spans
+
+    con = duckdb.connect()
+    report = open_spans(con, spans_dir)
+    console = Console()
+    queries = {
+        "partition": "SELECT strftime(date, '%Y-%m-%d') || ' ' || lpad(hour::VARCHAR, 2, '0') AS partition, "
+        "count(DISTINCT filename) AS files, count(*) AS spans FROM spans GROUP BY ALL ORDER BY 1",
+        "service": "SELECT coalesce(service_name, '(none)') AS service, count(*) AS spans, "
+        "count(DISTINCT rollout_id) AS rollouts FROM spans GROUP BY ALL ORDER BY 2 DESC",
+        "span type": "SELECT coalesce(span_type, '(other)') AS span_type, count(*) AS spans FROM spans "
+        "GROUP BY ALL ORDER BY 2 DESC",
+    }
+    for title, sql in queries.items():
+        result = con.execute(sql)
+        table = Table(title=f"spans by {title}")
+        for column in result.description:
+            table.add_column(column[0], justify="left" if column == result.description[0] else "right")
+        for row in result.fetchall():
+            table.add_row(*(str(v) for v in row))
+        console.print(table)
+    total = con.execute("SELECT count(*) FROM spans").fetchone()[0]
+    console.print(f"{total} spans in {len(report.files)} file(s) under {spans_dir}")
+    for path, reason in report.skipped:
+        console.print(f"[yellow]skipped {path}: {reason}[/yellow]")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the main app (not yet implemented)."""
+    """Add the `spans` sub-group to the main app."""
+    app.add_typer(spans_app, name="spans")

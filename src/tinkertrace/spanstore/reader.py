@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tinkertrace import schemas
+from tinkertrace.spanstore.compact import superseded_inputs
 from tinkertrace.spanstore.writer import TEMP_PREFIX
 
 # Extra columns the view adds to the spans schema: hive partition keys and the source file.
@@ -83,7 +84,10 @@ def open_spans(
 ) -> ReadReport:
     """Create (or replace) view ``view`` over all valid span files under ``root``."""
     report = ReadReport()
+    superseded = superseded_inputs(Path(root))  # inputs of a compaction that is finishing right now
     for path in list_span_files(root):
+        if path in superseded:
+            continue
         problem = check_file(path)
         if problem is None:
             report.files.append(path)
