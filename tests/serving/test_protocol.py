@@ -7,6 +7,7 @@ logprobs have exact expected values.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -225,3 +226,23 @@ def test_stream_request_errors_before_streaming(scripted_server, openai_client) 
         openai_client(server).chat.completions.create(
             model="scripted-model", messages=USER, stream=True, top_p=3.0
         )
+
+
+def test_identical_concurrent_requests_share_one_sample_call(
+    tokenizer, scripted, start_server, openai_client
+) -> None:
+    sampler = scripted([f"reply {i}" for i in range(8)], latency_s=0.05)
+    server = start_server(PolicyHolder(sampler, tokenizer, "m"), batch_window_s=0.2)
+    client = openai_client(server)
+
+    def ask(seed: int | None) -> list[int]:
+        r = client.chat.completions.create(model="m", messages=USER, seed=seed)
+        return r.choices[0].model_extra["token_ids"]
+
+    with ThreadPoolExecutor(4) as pool:
+        merged = list(pool.map(ask, [None] * 4))
+    assert [c[1] for c in sampler.calls] == [4]  # one call with num_samples=4
+    assert len({tuple(ids) for ids in merged}) == 4  # each request got its own sample
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(ask, [1, 2, 3]))
+    assert [c[1] for c in sampler.calls[1:]] == [1, 1, 1]  # seeded requests are never merged
