@@ -148,15 +148,16 @@ def train(
         settings = make_config(config, overrides)
         result = run_training(settings, progress=progress, console=console)
     except TrainingError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(code=2) from None
     for note in result.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     final = result.final_checkpoint
     console.print(
         f"trained steps {result.start_step}..{result.steps} of {result.total_steps}; "
         f"logs in {result.log_dir}",
         highlight=False,
+        soft_wrap=True,
     )
     if final is not None:
         typer.echo(f"sampler weights: {final['sampler_path']}")
