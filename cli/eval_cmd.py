@@ -67,7 +67,8 @@ def eval_command(
     spans_dir: Annotated[
         Path | None,
         typer.Option(
-            "--spans-dir", help="Also trace the rollouts into this spans folder (embedded Parquet sink)."
+            "--spans-dir",
+            help="Spans folder for the rollouts' traces (default: <out stem>.spans/ next to --out).",
         ),
     ] = None,
     out: Annotated[

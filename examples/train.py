@@ -1,19 +1,18 @@
 """Train an example agent: ``python examples/train.py examples/hello/config.yaml``.
 
-An example's training run is *agent function + task source + config*. Each step, for every
-environment in the config: run the agent on a batch of training tasks against an OpenAI-compatible
-endpoint serving the current policy (started here on the local engine), tracing into the embedded
-Parquet sink; build trajectories from those spans; apply the environment's reward settings; then train
-one step with ``tinkertrace.training`` and serve the new weights. This is the batch form of the online
-loop; state is checkpointed after every step and ``--resume`` continues a stopped run.
+An example's training run is *agent function + task source + config*. For every environment in the
+config, the agent runs on a sample of training tasks (``rollouts_per_task`` times each) against an
+OpenAI-compatible endpoint serving the model (started here on the local engine), traced into the
+embedded Parquet sink; the builder turns those spans into trajectories, the environment's reward
+settings are applied, and ``tinkertrace.training`` trains on the result (batch mode), saving
+checkpoints; ``--resume`` continues a stopped run from its last checkpoint.
 
 Config (YAML)::
 
     model: tinkertrace/tiny-chat     # base model (local engine), or a Tinker model name with backend: tinker
     backend: local                   # local | tinker
-    steps: 8                         # training steps
-    tasks_per_step: 4                # tasks per environment per step
-    train: {learning_rate: 1e-3, lora_rank: 8}   # any `tinkertrace train` setting
+    tasks_per_env: 8                 # training tasks sampled per environment
+    train: {epochs: 2, learning_rate: 1e-3, lora_rank: 8}   # any `tinkertrace train` setting
     environments:
       - name: hello
         agent: agent.py:introduce    # path (relative to the config) or module, then :function
@@ -25,6 +24,7 @@ Config (YAML)::
         reward_reduction: null       # sum | mean | max | min over the per-step rewards of a trajectory
         nonterminal_reward: null     # reward of rollouts that ended without finishing (a `truncated` reward)
         max_failed_per_group: null   # drop a task's group when more of its rollouts than this failed
+        reward_per_call: false       # one-call rows (parallel solvers) keep their own call's reward
 
 Top-level keys other than ``environments`` are defaults for every environment.
 """
@@ -62,6 +62,7 @@ class EnvConfig:
     reward_reduction: str | None = None
     nonterminal_reward: float | None = None
     max_failed_per_group: int | None = None
+    reward_per_call: bool = False
     split: str = "train"
 
 
@@ -72,8 +73,7 @@ class RunConfig:
     environments: list[EnvConfig]
     model: str = "tinkertrace/tiny-chat"
     backend: str = "local"
-    steps: int = 4
-    tasks_per_step: int = 4
+    tasks_per_env: int = 8
     concurrency: int = 8
     seed: int = 0
     train: dict[str, Any] = field(default_factory=dict)
@@ -126,6 +126,11 @@ def env_trajectories(spans_dir: Path, env: EnvConfig, task_ids: list[str]) -> tu
     con.register("traj", built.trajectories)
     con.register("trip", built.triplets)
     reward = "t.reward"
+    if env.reward_per_call:  # a one-call row gets its own call's reward, not the (rollout, agent) sum
+        reward = """COALESCE((SELECT p.reward FROM trip p
+                     WHERE p.rollout_id = t.rollout_id AND t.num_turns = 1
+                     AND list_concat(p.prompt_token_ids, p.response_token_ids) = t.tokens LIMIT 1),
+                     t.reward)"""
     if env.reward_reduction:
         fn = {"sum": "sum", "mean": "avg", "max": "max", "min": "min"}[env.reward_reduction]
         con.execute(f"""CREATE TEMP VIEW reduced AS SELECT rollout_id, agent_name, {fn}(reward) AS r
@@ -145,7 +150,7 @@ def env_trajectories(spans_dir: Path, env: EnvConfig, task_ids: list[str]) -> tu
         WHERE t.rollout_id NOT IN (SELECT rollout_id FROM failed)
           AND ({failed_limit} < 0 OR t.task_id NOT IN (SELECT task_id FROM bad_groups))
         """)
-        .fetch_arrow_table()
+        .to_arrow_table()
         .cast(built.trajectories.schema)
     )
     counts = con.execute(f"""
@@ -169,9 +174,13 @@ def train(
     resume: bool = False,
     overrides: dict[str, Any] | None = None,
     base_url: str | None = None,
-    on_step: Any = None,
-) -> list[dict[str, Any]]:
-    """Run the example's training; returns one metrics record per step (also in ``metrics.jsonl``)."""
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Collect rollouts, build trajectories and train; returns the run summary (also ``summary.json``).
+
+    With ``resume``, a run whose rollouts were already collected goes straight back to training and
+    continues from the last checkpoint in ``out_dir/train``.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -180,55 +189,44 @@ def train(
 
     config = load_config(config_path, overrides)
     out_dir.mkdir(parents=True, exist_ok=True)
-    state_path = out_dir / "state.json"
-    state = json.loads(state_path.read_text()) if resume and state_path.exists() else {"step": 0}
-    if not resume and state_path.exists():
+    trajectories_path = out_dir / "trajectories.parquet"
+    rollouts_path = out_dir / "rollouts.json"
+    if (out_dir / "train").exists() and not resume:
         raise FileExistsError(f"{out_dir} already holds a run; pass --resume or choose another --out")
-    agents = {env.name: load_ref(env.agent) for env in config.environments}
-    pools = {env.name: load_tasks(env.tasks, split=env.split) for env in config.environments}
-    history: list[dict[str, Any]] = []
-    with _serving(config, out_dir, state.get("sampler_path"), base_url) as (url, policy):
-        for step in range(state["step"], config.steps):
-            started = time.perf_counter()
-            step_dir = out_dir / f"step-{step:04d}"
-            tinkertrace.init(spans_dir=step_dir / "spans")
-            record: dict[str, Any] = {"step": step, "envs": {}}
-            tables = []
+    if not (resume and trajectories_path.exists()):
+        started = time.perf_counter()
+        envs: dict[str, Any] = {}
+        tables = []
+        with _serving(config, base_url) as url:
+            tinkertrace.init(spans_dir=out_dir / "spans")
             for env in config.environments:
-                rng = random.Random(f"{config.seed}/{env.name}/{step}")
-                tasks = rng.sample(pools[env.name], min(config.tasks_per_step, len(pools[env.name])))
+                pool = load_tasks(env.tasks, split=env.split)
+                tasks = random.Random(f"{config.seed}/{env.name}").sample(
+                    pool, min(config.tasks_per_env, len(pool))
+                )
                 kwargs = {"base_url": url, "model": config.model, "temperature": env.temperature}
-                run_rollouts(
-                    agents[env.name],
+                results = run_rollouts(
+                    load_ref(env.agent),
                     tasks,
                     samples_per_task=env.rollouts_per_task,
                     agent_kwargs={**kwargs, **env.agent_kwargs},
                     concurrency=config.concurrency,
                 )
                 tinkertrace.flush()
-                table, stats = env_trajectories(step_dir / "spans", env, [t["id"] for t in tasks])
-                record["envs"][env.name] = stats
+                table, stats = env_trajectories(out_dir / "spans", env, [t["id"] for t in tasks])
+                stats["agent_errors"] = sorted({r.error for r in results if r.error})[:5]
+                envs[env.name] = stats
                 tables.append(table)
-            trajectories = pa.concat_tables(tables)
-            pq.write_table(trajectories, step_dir / "trajectories.parquet")
-            settings = {**config.train, "epochs": 1, "log_dir": str(out_dir / "train")}
-            settings.update(source=str(step_dir / "trajectories.parquet"), backend=config.backend)
-            settings.update(model=config.model, resume=step > 0, save_every=1)
-            result = run_training(make_config(None, settings))
-            record["train"] = _train_record(result)
-            sampler_path = record["train"].get("sampler_path")
-            if sampler_path and policy is not None:
-                policy.load(sampler_path)
-            record["elapsed_s"] = round(time.perf_counter() - started, 2)
-            history.append(record)
-            with (out_dir / "metrics.jsonl").open("a") as handle:
-                handle.write(json.dumps(record, default=str) + "\n")
-            state = {"step": step + 1, "sampler_path": sampler_path}
-            state_path.write_text(json.dumps(state))
-            if on_step is not None:
-                on_step(record)
-    tinkertrace.flush()
-    return history
+        pq.write_table(pa.concat_tables(tables), trajectories_path)
+        rollouts_path.write_text(
+            json.dumps({"envs": envs, "elapsed_s": time.perf_counter() - started}, indent=2)
+        )
+    settings = {**config.train, "source": str(trajectories_path), "log_dir": str(out_dir / "train")}
+    settings.update(backend=config.backend, model=config.model, resume=resume)
+    result = run_training(make_config(None, settings), progress=progress)
+    summary = {"rollouts": json.loads(rollouts_path.read_text()), "train": _train_record(result)}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
 
 
 def _train_record(result: Any) -> dict[str, Any]:
@@ -237,14 +235,14 @@ def _train_record(result: Any) -> dict[str, Any]:
 
 
 class _serving:
-    """Serve the current policy on a free loopback port (or use ``base_url`` as is)."""
+    """Serve the base model on a free loopback port for the rollouts (or use ``base_url`` as is)."""
 
-    def __init__(self, config: RunConfig, out_dir: Path, sampler_path: str | None, base_url: str | None):
-        self.config, self.out_dir, self.sampler_path, self.base_url = config, out_dir, sampler_path, base_url
+    def __init__(self, config: RunConfig, base_url: str | None):
+        self.config, self.base_url = config, base_url
 
-    def __enter__(self) -> tuple[str, Any]:
+    def __enter__(self) -> str:
         if self.base_url is not None:
-            return self.base_url, None
+            return self.base_url
         from tinkertrace.netutil import BackgroundServer
         from tinkertrace.serving.app import create_app
         from tinkertrace.serving.policy import PolicyHolder
@@ -252,15 +250,10 @@ class _serving:
         from tinkertrace.training.backends import make_service_client
 
         service = make_service_client(self.config.backend)
-        loader = lambda path: service.create_sampling_client(model_path=path)  # noqa: E731
-        sampler = (
-            loader(self.sampler_path)
-            if self.sampler_path
-            else service.create_sampling_client(base_model=self.config.model)
-        )
-        policy = PolicyHolder(sampler, load_tokenizer(self.config.model), self.config.model, loader=loader)
+        sampler = service.create_sampling_client(base_model=self.config.model)
+        policy = PolicyHolder(sampler, load_tokenizer(self.config.model), self.config.model)
         self.server = BackgroundServer(create_app(policy)).start()
-        return self.server.url + "/v1", policy
+        return self.server.url + "/v1"
 
     def __exit__(self, *exc: object) -> None:
         if self.base_url is None:
@@ -271,25 +264,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config", type=Path, help="the example's config.yaml")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/<example>)")
-    parser.add_argument("--steps", type=int, default=None, help="override the number of training steps")
-    parser.add_argument("--tasks-per-step", type=int, default=None, help="override tasks per step")
-    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last step")
+    parser.add_argument("--tasks-per-env", type=int, default=None, help="override the tasks per environment")
     parser.add_argument(
-        "--base-url", default=None, help="use this endpoint instead of serving the model here"
+        "--resume", action="store_true", help="continue the run in --out from its last checkpoint"
     )
+    parser.add_argument("--base-url", default=None, help="collect rollouts from this endpoint instead")
     args = parser.parse_args()
     out = args.out or Path("runs") / args.config.resolve().parent.name
-    history = train(
+    summary = train(
         args.config,
         out,
         resume=args.resume,
-        overrides={"steps": args.steps, "tasks_per_step": args.tasks_per_step},
+        overrides={"tasks_per_env": args.tasks_per_env},
         base_url=args.base_url,
-        on_step=lambda r: print(
-            json.dumps({"step": r["step"], **{k: v["mean_reward"] for k, v in r["envs"].items()}})
-        ),
     )
-    print(f"{len(history)} steps; metrics in {out / 'metrics.jsonl'}")
+    for name, stats in summary["rollouts"]["envs"].items():
+        print(f"{name}: {stats['rollouts']} rollouts, mean reward {stats['mean_reward']:.3f}")
+    print(f"trained {summary['train']['steps']} steps; checkpoints and metrics in {out / 'train'}")
 
 
 if __name__ == "__main__":

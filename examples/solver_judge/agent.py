@@ -128,7 +128,7 @@ async def solve(
             )
             answer = completion.choices[0].message.content or ""
             reward = solver_reward(answer, numbers, target)
-            tinkertrace.emit_reward(reward)
+            tinkertrace.emit_reward(reward, response_id=completion.id)
             return answer, reward
 
     proposals = await asyncio.gather(*(one_solver() for _ in range(num_solvers)))
@@ -147,7 +147,7 @@ async def solve(
         )
         choice = parse_choice(completion.choices[0].message.content or "", len(proposals))
         chosen_reward = proposals[choice][1] if choice is not None else 0.0
-        tinkertrace.emit_reward(chosen_reward)
+        tinkertrace.emit_reward(chosen_reward, response_id=completion.id)
     return {
         "reward": 1.0 if chosen_reward == 1.0 else 0.0,
         "choice": choice,

@@ -99,12 +99,16 @@ def score(questions: list[str], answer: str, found: bool) -> float:
     return round(0.4 * closest + 0.1 * asked, 6)
 
 
-def _player_turn(client: OpenAI, model: str, messages: list[dict], use_search: bool, **sampling: Any) -> str:
-    """One player move; search tool calls are executed and answered until the player asks."""
+def _player_turn(
+    client: OpenAI, model: str, messages: list[dict], use_search: bool, **sampling: Any
+) -> tuple[str, str | None]:
+    """One player move as (text, response id); search tool calls are executed and answered first."""
+    response_id = None
     for _ in range(2):  # at most one search round per question
         with tinkertrace.agent_span("player"):
             kwargs = {"tools": [SEARCH_TOOL]} if use_search else {}
             message = client.chat.completions.create(model=model, messages=messages, **sampling, **kwargs)
+        response_id = message.id
         reply = message.choices[0].message
         text = reply.content or ""
         if use_search and reply.tool_calls:
@@ -123,8 +127,8 @@ def _player_turn(client: OpenAI, model: str, messages: list[dict], use_search: b
             messages.append({"role": "user", "content": "\n".join(results) or "Unknown tool."})
             continue
         messages.append({"role": "assistant", "content": text})
-        return text
-    return ""
+        return text, response_id
+    return "", response_id
 
 
 @tinkertrace.traced_rollout
@@ -147,8 +151,9 @@ def play(
     messages.append({"role": "user", "content": "Ask your first question."})
     questions: list[str] = []
     found = False
+    last_response: str | None = None
     for _ in range(max_questions):
-        question = _player_turn(
+        question, last_response = _player_turn(
             client, model, messages, use_search, temperature=temperature, max_tokens=max_tokens
         )
         questions.append(question)
@@ -168,5 +173,5 @@ def play(
         messages.append({"role": "user", "content": parse_answer(judged.choices[0].message.content or "")})
     reward = score(questions, answer, found)
     with tinkertrace.agent_span("player"):
-        tinkertrace.emit_reward(reward)
+        tinkertrace.emit_reward(reward, response_id=last_response)  # the player's last move earns it
     return {"reward": reward, "found": found, "questions": len(questions)}

@@ -228,7 +228,7 @@ def _local_policy(model: str, base_dir: Path | None) -> Any:
 
     service = ServiceClient(base_dir=base_dir) if base_dir is not None else ServiceClient()
     sampler = service.create_sampling_client(base_model=model)
-    return PolicyHolder(sampler, load_tokenizer(model))
+    return PolicyHolder(sampler, load_tokenizer(model), model)
 
 
 # --- the eval runner ---------------------------------------------------------------------------------
@@ -281,7 +281,7 @@ def evaluate(
     rollout to ``out`` and the summary (pass@k for each k) to ``out`` with suffix ``.summary.json``.
 
     Without ``base_url`` a local sampling endpoint is started on ``model`` (the built-in model by
-    default). With ``spans_dir`` the rollouts are also traced into that folder (embedded sink).
+    default). The rollouts are traced into ``spans_dir`` (default: ``<out stem>.spans/`` next to ``out``).
     """
     bad_k = [k for k in ks if k > samples_per_task or k < 1]
     if bad_k:
@@ -290,10 +290,9 @@ def evaluate(
     task_list = load_tasks(tasks, split=split, limit=max_tasks)
     if not task_list:
         raise ValueError(f"task source {tasks!r} gave no tasks for split {split!r}")
-    if spans_dir is not None:
-        import tinkertrace
+    import tinkertrace
 
-        tinkertrace.init(spans_dir=spans_dir)
+    tinkertrace.init(spans_dir=spans_dir or out.with_name(out.stem + ".spans"))
     start = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as sink, _endpoint(base_url, model) as url:
@@ -316,10 +315,7 @@ def evaluate(
             success_threshold=success_threshold,
             on_result=write,
         )
-    if spans_dir is not None:
-        import tinkertrace
-
-        tinkertrace.flush()
+    tinkertrace.flush()
     scores, n_tasks = summarize(results, ks)
     rewards = [r.reward for r in results if r.reward is not None]
     summary = EvalSummary(
