@@ -1,0 +1,138 @@
+"""Sustained OTLP/HTTP protobuf ingest into a collector process; prints spans/s, MB/s and peak RSS.
+
+The collector runs as its own process (``python -m tinkertrace.collector``); client processes post
+pre-encoded requests of realistic LLM spans (packed token ids and logprobs) as fast as they are
+acknowledged. "end-to-end" counts until every span is in Parquet (SIGTERM flush included).
+The overload run gives the collector a small queue and more clients than it can serve, and shows
+429 answers with memory staying bounded.
+
+    .venv/bin/python benchmarks/collector_ingest.py --seconds 20 --clients 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+import httpx
+
+from tinkertrace.netutil import free_port, wait_for_port
+from tinkertrace.spanstore.reader import open_spans
+from tinkertrace.spanstore.samples import llm_request
+
+
+def _client(
+    url: str, seconds: float, spans: int, prompt: int, response: int, seed: int, out: mp.Queue
+) -> None:
+    bodies = [
+        llm_request(
+            spans, prompt_tokens=prompt, response_tokens=response, seed=seed * 1000 + i
+        ).SerializeToString()
+        for i in range(8)
+    ]
+    ok = refused = sent_bytes = 0
+    headers = {"content-type": "application/x-protobuf"}
+    with httpx.Client(timeout=60) as client:
+        deadline = time.monotonic() + seconds
+        i = 0
+        while time.monotonic() < deadline:
+            body = bodies[i % len(bodies)]
+            i += 1
+            status = client.post(url, content=body, headers=headers).status_code
+            if status == 200:
+                ok += spans
+                sent_bytes += len(body)
+            elif status in (429, 503):
+                refused += 1
+                time.sleep(0.05)
+            else:
+                raise RuntimeError(f"unexpected HTTP {status}")
+    out.put((ok, refused, sent_bytes))
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run(label: str, args: argparse.Namespace, clients: int, extra: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "spans"
+        port = free_port()
+        command = [sys.executable, "-m", "tinkertrace.collector", "--out", str(out), "--http-port", str(port)]
+        collector = subprocess.Popen([*command, "--no-grpc", *extra], stdout=subprocess.PIPE, text=True)
+        wait_for_port(port, timeout=60)
+        url = f"http://127.0.0.1:{port}/v1/traces"
+        queue: mp.Queue = mp.Queue()
+        procs = [
+            mp.Process(
+                target=_client, args=(url, args.seconds, args.spans, args.prompt, args.response, c, queue)
+            )
+            for c in range(clients)
+        ]
+        started = time.perf_counter()
+        for proc in procs:
+            proc.start()
+        results = [queue.get() for _ in procs]
+        acked_at = time.perf_counter()
+        for proc in procs:
+            proc.join()
+        rss = _peak_rss_mb(collector.pid)
+        collector.send_signal(signal.SIGTERM)
+        collector.communicate(timeout=300)
+        flushed_at = time.perf_counter()
+        spans = sum(r[0] for r in results)
+        refused = sum(r[1] for r in results)
+        mbytes = sum(r[2] for r in results) / 1e6
+        con = duckdb.connect()
+        open_spans(con, out)
+        stored = con.execute("SELECT count(*) FROM spans").fetchone()[0]
+        parquet_mb = sum(p.stat().st_size for p in out.rglob("*.parquet")) / 1e6
+        print(
+            f"== {label}: {clients} client process(es), {args.spans} spans/request, "
+            f"{args.prompt}+{args.response} token ids per span"
+        )
+        print(
+            f"  acknowledged: {spans:,} spans in {acked_at - started:.1f}s = "
+            f"{spans / (acked_at - started):,.0f} spans/s, {mbytes / (acked_at - started):.1f} MB/s of OTLP"
+        )
+        print(
+            f"  end-to-end (incl. final flush): {spans / (flushed_at - started):,.0f} spans/s; "
+            f"stored {stored:,} spans in {parquet_mb:.1f} MB of Parquet"
+        )
+        print(f"  refused (429/503): {refused} requests; collector peak RSS {rss:.0f} MB")
+        if stored != spans:
+            raise SystemExit(f"stored {stored} spans but {spans} were acknowledged")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=15, help="how long each client sends")
+    parser.add_argument("--clients", type=int, default=2, help="client processes in the sustained run")
+    parser.add_argument("--spans", type=int, default=512, help="spans per request (the OTel SDK batch size)")
+    parser.add_argument("--prompt", type=int, default=300, help="prompt token ids per span")
+    parser.add_argument(
+        "--response", type=int, default=100, help="response token ids (and logprobs) per span"
+    )
+    parser.add_argument("--no-overload", action="store_true", help="skip the overload run")
+    args = parser.parse_args()
+    run("sustained", args, args.clients, [])
+    if not args.no_overload:
+        run(
+            "overload (queue 16 MiB)", args, args.clients * 3, ["--max-queue-mb", "16", "--max-file-mb", "32"]
+        )
+
+
+if __name__ == "__main__":
+    main()
