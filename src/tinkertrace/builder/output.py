@@ -24,7 +24,17 @@ class AtomicParquetWriter:
         self.schema = schema
         self.rows = 0
         self._tmp = self.path.with_name(f".{self.path.name}.tmp")
-        self._writer = pq.ParquetWriter(self._tmp, schema, compression="zstd")
+        # Dictionary encoding and statistics only on flat columns: token lists are high-cardinality
+        # and dictionary-encoding them costs more than the whole rest of the write.
+        flat = [f.name for f in schema if not pa.types.is_list(f.type)]
+        self._writer = pq.ParquetWriter(
+            self._tmp,
+            schema,
+            compression="zstd",
+            compression_level=1,
+            use_dictionary=flat,
+            write_statistics=flat,
+        )
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
         self._group = row_group_rows
