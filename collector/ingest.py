@@ -143,16 +143,16 @@ class Ingestor:
     def submit(self, payload: bytes, result: ConversionResult, received_at_ns: int) -> Future[None]:
         """Queue one converted request; the future resolves once its bytes are fsynced in the WAL."""
         future: Future[None] = Future()
-        self.stats["requests"] += 1
-        self.stats["rejected_spans"] += result.rejected
-        if result.accepted == 0:
-            future.set_result(None)
-            return future
         cost = len(payload) + result.table.nbytes
         with self._lock:
+            self.stats["requests"] += 1
+            self.stats["rejected_spans"] += result.rejected
+            if result.accepted == 0:
+                future.set_result(None)
+                return future
             self.check_capacity()
             self._pending_bytes += cost
-        self.stats["spans"] += result.accepted
+            self.stats["spans"] += result.accepted
         self._wal_q.put(_Item(payload, result.table, received_at_ns, cost, future))
         return future
 
