@@ -79,6 +79,54 @@ def stats(spans_dir: SpansDir) -> None:
         console.print(f"[yellow]skipped {path}: {reason}[/yellow]")
 
 
+@spans_app.command()
+def query(
+    spans_dir: SpansDir,
+    sql: Annotated[str, typer.Argument(help="SQL over the views spans, llm_calls, rewards and rollouts.")],
+    format: Annotated[
+        str,
+        typer.Option("--format", "-f", help="table (printed), csv, json (one object per line) or parquet."),
+    ] = "table",
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Write the result to this file (needed for parquet)."),
+    ] = None,
+    limit: Annotated[int, typer.Option(help="Rows to print in table format.")] = 50,
+) -> None:
+    """Run SQL against ready-made views of a spans folder (see docs/builder.md for their columns)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tinkertrace.builder.query import QueryError, export, fetch, open_query_views
+
+    console = Console()
+    if format not in ("table", "csv", "json", "parquet"):
+        raise typer.BadParameter(
+            f"unknown format {format!r}: use table, csv, json or parquet", param_hint="--format"
+        )
+    con, report = open_query_views(spans_dir)
+    for path, reason in report.skipped:
+        console.print(f"[yellow]skipped {path}: {reason}[/yellow]", highlight=False)
+    try:
+        if format == "table" and output is None:
+            result = fetch(con, sql, limit)
+            table = Table()
+            for name in result.column_names:
+                table.add_column(name)
+            for row in zip(*(col.to_pylist() for col in result.columns), strict=True):
+                table.add_row(*("NULL" if v is None else str(v) for v in row))
+            console.print(table)
+        else:
+            text = export(con, sql, "csv" if format == "table" else format, output)  # type: ignore[arg-type]
+            if text is not None:
+                typer.echo(text, nl=False)
+            else:
+                console.print(f"wrote {output}")
+    except QueryError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from exc
+
+
 def register(app: typer.Typer) -> None:
     """Add the `spans` sub-group to the main app."""
     app.add_typer(spans_app, name="spans")
