@@ -123,6 +123,8 @@ def env_trajectories(spans_dir: Path, env: EnvConfig, task_ids: list[str]) -> tu
     built = build_trajectories(spans_dir, None, options)
     con = duckdb.connect()
     open_views(con, spans_dir)
+    con.execute("CREATE TEMP TABLE env_tasks AS SELECT unnest($ids::VARCHAR[]) AS task_id", {"ids": task_ids})
+    con.execute("CREATE TEMP VIEW env_rollouts AS SELECT * FROM rollouts SEMI JOIN env_tasks USING (task_id)")
     con.register("traj", built.trajectories)
     con.register("trip", built.triplets)
     reward = "t.reward"
@@ -144,7 +146,7 @@ def env_trajectories(spans_dir: Path, env: EnvConfig, task_ids: list[str]) -> tu
     failed_limit = -1 if env.max_failed_per_group is None else int(env.max_failed_per_group)
     table = (
         con.execute(f"""
-        WITH failed AS (SELECT rollout_id, task_id FROM rollouts WHERE status = 'failed'),
+        WITH failed AS (SELECT rollout_id, task_id FROM env_rollouts WHERE status = 'failed'),
              bad_groups AS (SELECT task_id FROM failed GROUP BY task_id HAVING count(*) > {failed_limit})
         SELECT t.* REPLACE (CAST({reward} AS DOUBLE) AS reward) FROM traj t
         WHERE t.rollout_id NOT IN (SELECT rollout_id FROM failed)
@@ -155,8 +157,9 @@ def env_trajectories(spans_dir: Path, env: EnvConfig, task_ids: list[str]) -> tu
     )
     counts = con.execute(f"""
         SELECT count(*) AS rollouts, count(*) FILTER (WHERE status = 'failed') AS failed,
-               (SELECT count(DISTINCT rollout_id) FROM rewards WHERE name = '{TRUNCATED_REWARD}') AS truncated
-        FROM rollouts""").fetchone()
+               (SELECT count(DISTINCT rollout_id) FROM rewards SEMI JOIN env_rollouts USING (rollout_id)
+                WHERE name = '{TRUNCATED_REWARD}') AS truncated
+        FROM env_rollouts""").fetchone()
     stats = {"rollouts": counts[0], "failed": counts[1], "truncated": counts[2], "rows": table.num_rows}
     stats["mean_reward"] = (
         float(table["reward"].to_numpy(zero_copy_only=False).mean()) if table.num_rows else 0.0
