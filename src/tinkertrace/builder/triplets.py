@@ -50,10 +50,10 @@ def _select_rollouts(con: duckdb.DuckDBPyConnection, options: BuildOptions, summ
     where = ["true" if options.include_incomplete else "incomplete_reason IS NULL"]
     params: dict[str, object] = {}
     if options.since is not None:
-        where.append("start_time >= $since")
+        where.append("start_time::TIMESTAMPTZ >= $since")
         params["since"] = options.since
     if options.until is not None:
-        where.append("start_time < $until")
+        where.append("start_time::TIMESTAMPTZ < $until")
         params["until"] = options.until
     if options.splits:
         where.append("split IN (SELECT unnest($splits))")

@@ -1,0 +1,146 @@
+"""Builder semantics on hand-made span rows (``schemas.spans()`` Parquet written directly): the
+cases the SDK does not produce on its own — Agent-lightning spans, sibling scoping, nested LLM
+spans, prefix breaks at the first token — plus filters, incremental builds and determinism."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from tinkertrace import schemas
+from tinkertrace import semconv as sc
+from tinkertrace.builder import BuildOptions, build_trajectories
+
+from .conftest import T0, SpanRows
+
+
+def build(folder: Path, **opts: object):
+    return build_trajectories(folder, None, BuildOptions(**opts))  # type: ignore[arg-type]
+
+
+def test_empty_and_missing_folder_give_empty_tables(tmp_path: Path) -> None:
+    for folder in (tmp_path, tmp_path / "missing"):
+        result = build_trajectories(folder, tmp_path / "out")
+        assert result.triplets.schema == schemas.triplets()
+        assert result.trajectories.schema == schemas.trajectories()
+        assert (result.triplets.num_rows, result.trajectories.num_rows) == (0, 0)
+        assert result.summary.rollouts_seen == 0
+
+
+def test_sibling_scopes_rewards_to_the_parent_span(tmp_path: Path, rows: SpanRows) -> None:
+    root = rows.rollout("r1", llm_calls=2, rewards=1)
+    a = rows.span(trace="r1", name="invoke_agent a", start=1, end=50, parent=root, span_type="agent",
+                  rollout_id="r1", agent_name="a")  # fmt: skip
+    rows.llm("r1", a, [1, 2], [3], start=2, end=3, agent="a")
+    b = rows.span(trace="r1", name="invoke_agent b", start=4, end=9, parent=root, span_type="agent",
+                  rollout_id="r1", agent_name="b")  # fmt: skip
+    rows.llm("r1", b, [5, 6], [7], start=5, end=6, agent="b")
+    rows.reward("r1", a, 1.0, at=10, agent="a")  # after b's call, but a's own
+    rows.write(tmp_path)
+    assert build(tmp_path).triplets.column("reward").to_pylist() == [None, 1.0]
+    assert build(tmp_path, reward_policy="sibling").triplets.column("reward").to_pylist() == [1.0, None]
+
+
+def test_nested_llm_span_of_the_same_call_is_ignored(tmp_path: Path, rows: SpanRows) -> None:
+    root = rows.rollout("r1", llm_calls=2)
+    outer = rows.llm("r1", root, [1, 2], [3], start=1, end=5, response_id="x")
+    rows.llm("r1", outer, [1, 2], [3], start=2, end=4, response_id=None)  # e.g. the HTTP-level span
+    rows.write(tmp_path)
+    result = build(tmp_path)
+    assert result.triplets.column("span_id").to_pylist() == [outer]
+    assert result.summary.llm_duplicates == 1
+
+
+def test_prefix_break_at_first_token_is_other(tmp_path: Path, rows: SpanRows) -> None:
+    root = rows.rollout("r1", llm_calls=3)
+    rows.llm("r1", root, [1, 2], [3], start=1, end=2)
+    rows.llm("r1", root, [1, 2, 3, 4], [5], start=3, end=4)  # extends
+    rows.llm("r1", root, [9, 9], [8], start=5, end=6)  # unrelated context
+    rows.write(tmp_path)
+    trajs = build(tmp_path).trajectories
+    assert trajs.column("split_reason").to_pylist() == [None, "other"]
+    assert trajs.column("tokens").to_pylist() == [[1, 2, 3, 4, 5], [9, 9, 8]]
+    assert trajs.column("action_mask").to_pylist() == [[0, 0, 1, 0, 1], [0, 0, 1]]
+
+
+def test_agentlightning_spans_are_read(tmp_path: Path, rows: SpanRows) -> None:
+    agl = "agentlightning.reward"
+    res = {sc.AGL_ROLLOUT_ID: "ro-1", sc.AGL_ATTEMPT_ID: "2"}
+    logprobs = json.dumps([{"token": "a", "bytes": [97], "logprob": -0.25, "top_logprobs": []}] * 2)
+    rows.span(trace="t1", name="openai.chat.completion", start=1, end=2, resource=res,
+              attributes={"prompt_token_ids": [1, 2], "response_token_ids": [3, 4],
+                          sc.AGL_LOGPROBS_CONTENT: logprobs})  # fmt: skip
+    rows.span(trace="t1", name=sc.AGL_ANNOTATION_SPAN, start=3, end=3, resource=res,
+              attributes={f"{agl}.0.name": "task", f"{agl}.0.value": 0.5,
+                          f"{agl}.1.name": "style", f"{agl}.1.value": 0.1})  # fmt: skip
+    rows.span(trace="t1", name="litellm_request", start=4, end=5, resource=res,
+              attributes={sc.AGL_VLLM_PROMPT_TOKEN_IDS: "[1, 2, 3, 4, 7]",
+                          sc.AGL_VLLM_RESPONSE_TOKEN_IDS: "[8]"})  # fmt: skip
+    rows.span(trace="t1", name=sc.AGL_REWARD_SPAN, start=6, end=6, resource=res, attributes={"reward": 1.0})
+    rows.span(trace="t1", name="tool", start=7, end=7, resource=res,
+              attributes={"agentops.task.output": json.dumps({"type": "reward", "value": 2.0})})  # fmt: skip
+    rows.write(tmp_path)
+    result = build(tmp_path)
+    trips = result.triplets.to_pylist()
+    assert [(t["rollout_id"], t["attempt"], t["turn"]) for t in trips] == [("ro-1", 2, 0), ("ro-1", 2, 1)]
+    assert trips[0]["response_logprobs"] == [-0.25, -0.25]
+    assert [t["reward"] for t in trips] == [0.5, 1.0]
+    assert result.summary.rewards_unmatched == 1  # the AgentOps reward came after both were rewarded
+    (traj,) = result.trajectories.drop(["end_time"]).to_pylist()
+    assert traj["tokens"] == [1, 2, 3, 4, 7, 8]
+    assert traj["action_mask"] == [0, 0, 1, 1, 0, 1]
+    assert traj["group_key"] == "ro-1"  # no task id: each rollout is its own group
+    assert build(tmp_path, reward_name="style").triplets.column("reward").to_pylist() == [0.1, None]
+
+
+def _three_rollouts(rows: SpanRows) -> None:
+    for i, (task, split, pv) in enumerate([("a", "train", 1), ("b", "eval", 2), ("a", "train", 3)]):
+        rid = f"r{i}"
+        root = rows.rollout(rid, start=i * 1000, end=i * 1000 + 10, task=task, split=split, llm_calls=1)
+        rows.llm(rid, root, [1], [2], start=i * 1000 + 1, end=i * 1000 + 2, policy_version=pv, task=task)
+
+
+def test_filters(tmp_path: Path, rows: SpanRows) -> None:
+    _three_rollouts(rows)
+    rows.write(tmp_path)
+    t0 = datetime.fromtimestamp(T0 / 1e9, UTC)
+
+    def ids(**opts: object) -> list[str]:
+        return build(tmp_path, **opts).triplets.column("rollout_id").to_pylist()
+
+    assert ids() == ["r0", "r1", "r2"]
+    assert ids(since=t0 + timedelta(seconds=0.5)) == ["r1", "r2"]
+    assert ids(until=t0 + timedelta(seconds=1.5)) == ["r0", "r1"]
+    assert ids(splits=["eval"]) == ["r1"]
+    assert ids(tasks=["a"]) == ["r0", "r2"]
+    assert ids(min_policy_version=2) == ["r1", "r2"]
+    filtered = build(tmp_path, tasks=["a"]).summary
+    assert (filtered.rollouts_built, filtered.rollouts_filtered) == (2, 1)
+
+
+def test_incremental_exclude_rollouts_and_files(tmp_path: Path, rows: SpanRows) -> None:
+    _three_rollouts(rows)
+    first = rows.write(tmp_path, "part-0.parquet")
+    root = rows.rollout("r9", llm_calls=1)
+    rows.llm("r9", root, [4], [5], start=1, end=2)
+    second = rows.write(tmp_path, "part-1.parquet")
+    done = build(tmp_path, files=[first])
+    assert done.summary.rollout_ids == ["r0", "r1", "r2"]
+    new = build(tmp_path, exclude_rollouts=set(done.summary.rollout_ids))
+    assert new.triplets.column("rollout_id").to_pylist() == ["r9"]
+    assert new.summary.rollouts_excluded == 3
+    assert build(tmp_path, files=[second]).summary.rollout_ids == ["r9"]
+
+
+def test_rebuild_gives_identical_files(tmp_path: Path, rows: SpanRows) -> None:
+    _three_rollouts(rows)
+    rows.write(tmp_path / "spans")
+    a = build_trajectories(tmp_path / "spans", tmp_path / "a")
+    b = build_trajectories(tmp_path / "spans", tmp_path / "b")
+    for name in ("triplets.parquet", "trajectories.parquet"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    assert pq.read_table(a.triplets_path).equals(b.triplets)
+    assert not list((tmp_path / "a").glob(".*"))  # no temporary files left behind
