@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -57,7 +58,7 @@ def write_trajectories(path: Path, table: pa.Table | None = None) -> Path:
 
 
 @pytest.fixture
-def make_trajectories():
+def make_trajectories() -> Callable[..., pa.Table]:
     """The table factory :func:`trajectories_table`."""
     return trajectories_table
 

@@ -219,6 +219,7 @@ def run_training(
     }
     rollout_ids = data.table["rollout_id"].to_numpy(zero_copy_only=False)
     trained_since_save: set[str] = set()
+    truncated = dropped = 0
     started = time.monotonic()
     bar = _progress(progress, console)
     logger = MetricsLogger(
@@ -253,6 +254,7 @@ def run_training(
                 }
             rows = data.rows_for_groups(batches[epoch][index])
             batch = _batch_datums(data, rows, config)
+            truncated, dropped = truncated + batch.truncated_rows, dropped + batch.dropped_rows
             metrics: dict[str, Any] = {
                 "progress/batch": step,
                 "progress/epoch": epoch,
@@ -281,4 +283,13 @@ def run_training(
                     loss=f"{metrics.get('loss:sum', float('nan')):.3f}",
                     kl=f"{metrics.get('optim/kl_sample_train_v1', float('nan')):.4f}",
                 )
+    if truncated:
+        result.notes.append(
+            f"{truncated} sequences were longer than max_tokens_per_datum={config.max_tokens_per_datum} "
+            "and kept only their first tokens"
+        )
+    if dropped:
+        result.notes.append(
+            f"{dropped} sequences had no sampled token to train on (within the limit) and were skipped"
+        )
     return result
