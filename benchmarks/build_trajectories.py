@@ -159,7 +159,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--files", type=int, default=20)
     parser.add_argument("--memory-limit", default="2GB", help="DuckDB memory limit for the build")
-    parser.add_argument("--keep", type=Path, help="generate into (and keep) this folder")
+    parser.add_argument("--keep", type=Path, help="generate into (and keep, and reuse) this folder")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tt-bench-build-") as tmp:
         root = args.keep or Path(tmp)

@@ -50,7 +50,13 @@ class BuildResult:
 
 def connect(options: BuildOptions, temp_dir: Path) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with the build's memory limit, threads and spill folder."""
-    con = duckdb.connect(config={"memory_limit": options.memory_limit, "temp_directory": str(temp_dir)})
+    con = duckdb.connect(
+        config={
+            "memory_limit": options.memory_limit,
+            "temp_directory": str(temp_dir),
+            "enable_progress_bar": False,
+        }
+    )
     if options.threads:
         con.execute(f"SET threads = {int(options.threads)}")
     return con
