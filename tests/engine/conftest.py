@@ -23,7 +23,7 @@ TEXTS = (
 
 @pytest.fixture
 def service(tmp_path: Path) -> ServiceClient:
-    return ServiceClient(tmp_path / "engine", device="cpu")
+    return ServiceClient(tmp_path / "engine", device="cpu", cpu_threads=1)
 
 
 @pytest.fixture
