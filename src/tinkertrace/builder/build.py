@@ -54,9 +54,9 @@ def connect(options: BuildOptions, temp_dir: Path) -> duckdb.DuckDBPyConnection:
         config={
             "memory_limit": options.memory_limit,
             "temp_directory": str(temp_dir),
-            "enable_progress_bar": False,
         }
     )
+    con.execute("SET enable_progress_bar = false")  # it would print into our stdout
     if options.threads:
         con.execute(f"SET threads = {int(options.threads)}")
     return con
