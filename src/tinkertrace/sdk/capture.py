@@ -24,6 +24,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+import orjson
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from tinkertrace import semconv
@@ -99,8 +100,8 @@ class LlmCall:
     def _messages_json(self, messages: list[dict[str, Any]]) -> str:
         redact = self.rt.config.redact
         if redact is not None:
-            messages = redact(json.loads(json.dumps(messages)))  # the hook gets a private copy
-        return json.dumps(messages, ensure_ascii=False, default=str)
+            messages = redact(orjson.loads(orjson.dumps(messages, default=str)))  # a private copy
+        return orjson.dumps(messages, default=str).decode()
 
     def inject(self, lib: ModuleType, request: Any) -> None:
         """Ask the server for token ids and logprobs (fields absent from the request only)."""
@@ -242,7 +243,7 @@ def begin(lib: ModuleType, request: Any) -> LlmCall | None:
         return None
     try:
         raw = request.content
-        body = json.loads(raw)
+        body = orjson.loads(raw)
         if not isinstance(body, dict):
             return None
         call = LlmCall(rt, kind, request, body, raw)

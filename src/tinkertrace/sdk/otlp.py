@@ -192,7 +192,13 @@ class OtlpTarget:
                     log.exception("tinkertrace: re-sending spooled spans failed")
 
     def flush(self, timeout_s: float) -> bool:
-        return self.drain(time.monotonic() + timeout_s)
+        """Re-send the spool, retrying until it is empty or ``timeout_s`` has passed."""
+        deadline = time.monotonic() + timeout_s
+        while not self.drain(deadline):
+            if time.monotonic() + 0.2 > deadline:
+                return False
+            time.sleep(0.2)
+        return True
 
     def shutdown(self) -> None:
         self._stop.set()

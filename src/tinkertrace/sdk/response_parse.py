@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from tinkertrace import semconv
 
 
@@ -123,7 +125,7 @@ def apply_payload(record: ResponseRecord, payload: dict[str, Any], streaming: bo
 
 def parse_json(body: bytes) -> ResponseRecord:
     record = ResponseRecord()
-    apply_payload(record, json.loads(body), streaming=False)
+    apply_payload(record, orjson.loads(body), streaming=False)
     return record
 
 
@@ -136,5 +138,5 @@ def parse_sse(body: bytes) -> ResponseRecord:
         data = line[5:].strip()
         if not data or data == b"[DONE]":
             continue
-        apply_payload(record, json.loads(data), streaming=True)
+        apply_payload(record, orjson.loads(data), streaming=True)
     return record

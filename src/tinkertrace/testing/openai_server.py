@@ -471,3 +471,25 @@ def start_server(options: ServerOptions | None = None) -> RunningServer:
 
     server = OpenAITestServer(options or ServerOptions())
     return RunningServer(server, BackgroundServer(server.app).start())
+
+
+def main() -> None:
+    """``python -m tinkertrace.testing.openai_server --port N``: serve until interrupted."""
+    import argparse
+
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="Deterministic OpenAI-compatible test server.")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
+    parser.add_argument("--reply", default=None, help="fixed reply text (default: echo the prompt)")
+    parser.add_argument("--chunk-chars", type=int, default=1, help="characters per streamed chunk")
+    args = parser.parse_args()
+    options = ServerOptions(chunk_chars=args.chunk_chars)
+    if args.reply is not None:
+        options.responder = scripted_responder([args.reply])
+    uvicorn.run(OpenAITestServer(options).app, host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
