@@ -37,18 +37,19 @@ def _stack_match_sql(calls: str, rewards: str, partition: str) -> str:
         SELECT rollout_id, {partition} AS part, trace_id, span_id, 1 AS kind, start_time AS t, end_time AS t2
         FROM {rewards}
     ), run AS (
-        SELECT *, sum(CASE kind WHEN 0 THEN 1 ELSE -1 END) OVER w AS s,
-               row_number() OVER w AS pos
+        SELECT *, sum(CASE kind WHEN 0 THEN 1 ELSE -1 END) OVER w AS s, row_number() OVER w AS pos
         FROM ev
         WINDOW w AS (PARTITION BY rollout_id, part ORDER BY t, kind, t2, trace_id, span_id
                      ROWS UNBOUNDED PRECEDING)
-    ), depth AS (
-        SELECT *, s - least(0, min(s) OVER w) AS d_after
-        FROM run WINDOW w AS (PARTITION BY rollout_id, part ORDER BY pos ROWS UNBOUNDED PRECEDING)
     ), levels AS (
-        SELECT *, CASE kind WHEN 0 THEN d_after
-                  ELSE lag(d_after, 1, 0) OVER (PARTITION BY rollout_id, part ORDER BY pos) END AS level
-        FROM depth
+        -- depth after an event, clamped at 0: s - least(0, running min of s); a call's level is its
+        -- depth after, a reward's its depth before (0: nothing to pop, unmatched)
+        SELECT *, CASE kind
+            WHEN 0 THEN s - least(0, min(s) OVER w)
+            ELSE COALESCE(lag(s) OVER w - least(0, min(s) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING
+                                                                     AND 1 PRECEDING)), 0)
+            END AS level
+        FROM run WINDOW w AS (PARTITION BY rollout_id, part ORDER BY pos)
     ), r AS (SELECT * FROM levels WHERE kind = 1 AND level > 0),
     c AS (SELECT * FROM levels WHERE kind = 0)
     SELECT r.trace_id AS reward_trace_id, r.span_id AS reward_span_id,

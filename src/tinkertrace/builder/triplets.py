@@ -73,45 +73,57 @@ def _select_rollouts(con: duckdb.DuckDBPyConnection, options: BuildOptions, summ
     summary.rollout_ids = [r[0] for r in con.execute("SELECT rollout_id FROM _sel ORDER BY 1").fetchall()]
 
 
-def _repair_parents(con: duckdb.DuckDBPyConnection, summary: BuildSummary) -> None:
-    """``_parent(trace_id, span_id, parent)``: the parent of each span of a built rollout; a missing
-    parent is replaced by the innermost enclosing (non-LLM, non-reward) span of the same rollout."""
-    con.execute("""
-        CREATE OR REPLACE TEMP TABLE _rspans AS
-        SELECT DISTINCT m.trace_id, m.span_id, m.parent_span_id, m.rollout_id, m.span_type,
-               m.start_time, m.end_time
-        FROM _meta m SEMI JOIN _sel USING (rollout_id)""")
+def _repair_parents(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
+    """Count spans of built rollouts whose parent is missing; for the ``sibling`` policy also create
+    ``_parent(trace_id, span_id, parent)`` for LLM and reward spans, where a missing parent is
+    replaced by the innermost enclosing (non-LLM, non-reward) span of the same rollout."""
     con.execute("""
         CREATE OR REPLACE TEMP TABLE _orphans AS
-        SELECT o.* FROM _rspans o
-        WHERE o.parent_span_id IS NOT NULL AND NOT EXISTS (
-            SELECT 1 FROM _meta p WHERE p.trace_id = o.trace_id AND p.span_id = o.parent_span_id)""")
+        SELECT DISTINCT m.trace_id, m.span_id, m.rollout_id, m.start_time, m.end_time
+        FROM (SELECT * FROM _meta SEMI JOIN _sel USING (rollout_id)) m
+        ANTI JOIN (SELECT DISTINCT trace_id, span_id FROM _meta) p
+          ON p.trace_id = m.trace_id AND p.span_id = m.parent_span_id
+        WHERE m.parent_span_id IS NOT NULL""")
     summary.orphan_spans_repaired = _scalar(con, "SELECT count(*) FROM _orphans")
+    if options.reward_policy != "sibling":
+        return
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _parent AS
-        WITH repaired AS (
+        WITH containers AS (
+            SELECT DISTINCT span_id, rollout_id, start_time, end_time FROM _meta
+            WHERE rollout_id IN (SELECT rollout_id FROM _orphans)
+              AND span_type IS DISTINCT FROM '{sc.TYPE_LLM}' AND span_type IS DISTINCT FROM '{sc.TYPE_REWARD}'
+        ), repaired AS (
             SELECT o.trace_id, o.span_id, c.span_id AS parent FROM _orphans o
-            LEFT JOIN _rspans c ON c.rollout_id = o.rollout_id AND c.span_id <> o.span_id
+            LEFT JOIN containers c ON c.rollout_id = o.rollout_id AND c.span_id <> o.span_id
                  AND c.start_time <= o.start_time AND c.end_time >= o.end_time
-                 AND c.span_type IS DISTINCT FROM '{sc.TYPE_LLM}'
-                 AND c.span_type IS DISTINCT FROM '{sc.TYPE_REWARD}'
             QUALIFY row_number() OVER (PARTITION BY o.trace_id, o.span_id
                                        ORDER BY c.start_time DESC, c.end_time, c.span_id) = 1
         )
-        SELECT s.trace_id, s.span_id, COALESCE(r.parent, s.parent_span_id) AS parent
-        FROM _rspans s LEFT JOIN repaired r USING (trace_id, span_id)""")
+        SELECT DISTINCT s.trace_id, s.span_id, COALESCE(r.parent, s.parent_span_id) AS parent
+        FROM _meta s SEMI JOIN _sel USING (rollout_id)
+        LEFT JOIN repaired r USING (trace_id, span_id)
+        WHERE s.span_type IN ('{sc.TYPE_LLM}', '{sc.TYPE_REWARD}')""")
+
+
+def _parent_join(options: BuildOptions) -> tuple[str, str]:
+    """(column expression, join clause) giving each call/reward its parent (sibling policy only)."""
+    if options.reward_policy == "sibling":
+        return "p.parent", "LEFT JOIN _parent p USING (trace_id, span_id)"
+    return "NULL::VARCHAR AS parent", ""
 
 
 def _select_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
-    con.execute("""
+    parent, join = _parent_join(options)
+    con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _calls AS
-        SELECT c.trace_id, c.span_id, c.filename, c.received_at, p.parent, c.rollout_id, r.task_id, r.attempt,
+        SELECT c.trace_id, c.span_id, c.filename, c.received_at, {parent}, c.rollout_id, r.task_id, r.attempt,
                c.agent_name, c.model, c.response_id, c.policy_version, c.token_source,
                c.start_time, c.end_time, r.split, r.end_time AS rollout_end,
                CAST(row_number() OVER (PARTITION BY c.rollout_id
                     ORDER BY c.start_time, c.end_time, c.trace_id, c.span_id) - 1 AS INTEGER) AS turn
         FROM llm_calls c JOIN _sel r USING (rollout_id)
-        LEFT JOIN _parent p USING (trace_id, span_id)""")
+        {join}""")
     summary.llm_calls = _scalar(con, "SELECT count(*) FROM _calls")
     summary.llm_spans = _scalar(
         con,
@@ -122,15 +134,19 @@ def _select_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
 
 
 def _select_rewards(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
+    parent, join = _parent_join(options)
+    # the dimensions MAP is parsed from JSON only when a dimension is named
+    value = "w.value"
+    if options.reward_name is not None:
+        value = "CASE WHEN w.name = $name THEN w.value ELSE CAST(w.dimensions[$name] AS DOUBLE) END"
     con.execute(
-        """
+        f"""
         CREATE OR REPLACE TEMP TABLE _rewards AS
-        SELECT w.*, p.parent,
-               CASE WHEN $name IS NULL OR w.name = $name THEN w.value
-                    ELSE CAST(w.dimensions[$name] AS DOUBLE) END AS v
+        SELECT w.trace_id, w.span_id, w.rollout_id, w.start_time, w.end_time, w.is_final,
+               w.linked_response_id, {parent}, {value} AS v
         FROM rewards w JOIN _sel USING (rollout_id)
-        LEFT JOIN _parent p USING (trace_id, span_id)""",
-        {"name": options.reward_name},
+        {join}""",
+        {"name": options.reward_name} if options.reward_name is not None else {},
     )
     summary.rewards = _scalar(con, "SELECT count(*) FROM _rewards")
     summary.rewards_missing_dimension = _scalar(con, "SELECT count(*) FROM _rewards WHERE v IS NULL")
@@ -210,7 +226,7 @@ def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: Buil
     summary.spans_without_rollout = _scalar(con, "SELECT count(*) FROM _meta WHERE rollout_id IS NULL")
     views.create_derived_views(con, source="_meta")
     _select_rollouts(con, options, summary)
-    _repair_parents(con, summary)
+    _repair_parents(con, options, summary)
     _select_calls(con, options, summary)
     _select_rewards(con, options, summary)
     assign_rewards(con, options.reward_policy)
