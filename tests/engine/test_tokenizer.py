@@ -54,6 +54,8 @@ def test_chat_template_chatml_with_generation_prompt() -> None:
 
 def test_cached_and_deterministic() -> None:
     assert load_tokenizer(BUILTIN_MODEL) is load_tokenizer(BUILTIN_MODEL)
+    sized = load_tokenizer(f"{BUILTIN_MODEL}:base")  # built-in sizes share the tokenizer
+    assert sized.encode("hi<|im_end|>", add_special_tokens=False) == [104, 105, 258]
 
 
 def test_local_folder_round_trip(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from tinker import types
 
 from tinkertrace.engine import CheckpointError, ModelNotFoundError, ServiceClient, TrainingClient
 from tinkertrace.engine.model import load_base_model
+from tinkertrace.engine.training import microbatches
 from tinkertrace.tokenizer import BUILTIN_MODEL
 
 NANO = f"{BUILTIN_MODEL}:nano"
@@ -215,3 +216,17 @@ def test_bad_models_and_paths_are_reported(service: ServiceClient) -> None:
         client.save_state("s").result()
     with pytest.raises(CheckpointError, match="invalid checkpoint name"):
         client.save_state("../escape").result()
+
+
+def test_microbatches_give_the_same_loss_and_gradients(service: ServiceClient, kit: Any) -> None:
+    assert microbatches([5, 5, 5], budget=10) == [slice(0, 2), slice(2, 3)]
+    assert microbatches([3, 9, 2], budget=100) == [slice(0, 3)]
+    data = [kit.ce_datum(s) for s in kit.sequences()]
+    whole = full_client(service)
+    split = full_client(service)
+    split.microbatch_tokens = 60  # one sequence per forward pass
+    a = whole.forward_backward(data, "cross_entropy").result()
+    b = split.forward_backward(data, "cross_entropy").result()
+    assert b.metrics["loss:sum"] == pytest.approx(a.metrics["loss:sum"], rel=1e-5)
+    for pa, pb in zip(whole._model.parameters(), split._model.parameters(), strict=True):
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-6)

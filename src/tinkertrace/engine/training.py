@@ -137,6 +137,7 @@ class TrainingClient:
         self._params = [p for p in self._model.parameters() if p.requires_grad]
         self._optimizer: torch.optim.AdamW | None = None
         self._step = 0
+        self.microbatch_tokens = MICROBATCH_TOKENS
         self._worker = OrderedWorker(f"tinkertrace-train-{self.model_id}")
 
     # -- forward / backward ------------------------------------------------------------------
@@ -174,7 +175,7 @@ class TrainingClient:
         logprob_rows: list[torch.Tensor] = []
         loss_rows: list[torch.Tensor] = []
         total = 0.0
-        for part in microbatches(batch.lengths):
+        for part in microbatches(batch.lengths, self.microbatch_tokens):
             with torch.set_grad_enabled(backward):
                 logits = self._model(input_ids=batch.input_ids[part]).logits.float()
                 targets = batch.inputs["target_tokens"][part]
