@@ -125,3 +125,20 @@ def test_bad_sampling_requests(service: ServiceClient, kit: Any) -> None:
         service.create_sampling_client()
     # still serving after the errors
     assert len(sampler.sample(model_input, 1, types.SamplingParams(max_tokens=2)).result().sequences) == 1
+
+
+def test_a_local_hugging_face_folder_is_a_base_model(service: ServiceClient, kit: Any) -> None:
+    client = trained(service, kit, rank=0, steps=2)
+    path = client.save_weights_for_sampler("export").result().path
+    folder = service.store.base_dir / client.model_id / "sampler_weights" / "export"
+    assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
+    lora = service.create_lora_training_client(str(folder), rank=2, seed=0).result()
+    assert lora.get_info().model_data.model_name == str(folder)
+    assert lora.get_tokenizer().encode("hi", add_special_tokens=False) == [104, 105]
+    data = [kit.ce_datum(s) for s in kit.sequences()]
+    # the folder holds the trained weights: same loss as the client that saved them
+    expected = client.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    got = lora.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert service.create_sampling_client(base_model=str(folder)).result().get_base_model() == str(folder)
+    assert path.endswith("/sampler_weights/export")
