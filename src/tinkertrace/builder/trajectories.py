@@ -99,8 +99,9 @@ def merge_turns(table: pa.Table) -> tuple[pa.Table, int]:
         return schema.empty_table(), 0
     group = _group_codes(table)
     order = np.lexsort((table.column("turn").to_numpy(), group))
-    table = table.take(pa.array(order))
-    group = group[order]
+    if np.any(order != np.arange(len(order))):  # several agents interleaved: regroup the rows
+        table = table.take(pa.array(order))
+        group = group[order]
     n = table.num_rows
     prompts = _Lists(table.column("prompt_token_ids"))
     responses = _Lists(table.column("response_token_ids"))

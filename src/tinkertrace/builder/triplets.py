@@ -250,10 +250,8 @@ def triplet_stream(con: duckdb.DuckDBPyConnection, batch_rows: int) -> pa.Record
     extra = ", ".join(f"c.{c}" for c in EXTRA_COLUMNS)
     sql = f"""
         SELECT {cols}, {extra}
-        FROM _out c JOIN (
-            SELECT trace_id, span_id, filename, {", ".join(TOKEN_COLUMNS)} FROM spans
-            WHERE span_type = '{sc.TYPE_LLM}' AND prompt_token_ids IS NOT NULL
-              AND response_token_ids IS NOT NULL
-        ) t ON t.trace_id = c.trace_id AND t.span_id = c.span_id AND t.filename = c.filename
+        FROM _out c JOIN ({views.span_tokens_sql()}) t
+          ON t.trace_id = c.trace_id AND t.span_id = c.span_id AND t.filename = c.filename
+        WHERE t.prompt_token_ids IS NOT NULL AND t.response_token_ids IS NOT NULL
         ORDER BY c.rollout_id, c.turn"""
     return con.sql(sql).to_arrow_reader(batch_rows)

@@ -60,13 +60,8 @@ def _agl_value(i: int) -> str:
     return f"TRY_CAST({_attr(sc.AGL_REWARD_VALUE_FMT.format(i=i))} AS DOUBLE)"
 
 
-def _spans_sql() -> str:
-    is_agl_llm = f"name IN ({_AGL_LLM})"
-    is_agl_reward = f"name IN ('{sc.AGL_ANNOTATION_SPAN}', '{sc.AGL_REWARD_SPAN}')"
-    agl_rollout = f"json_extract_string(resource_attributes, '$.\"{sc.AGL_ROLLOUT_ID}\"')"
-    agl_attempt = (
-        f"TRY_CAST(json_extract_string(resource_attributes, '$.\"{sc.AGL_ATTEMPT_ID}\"') AS INTEGER)"
-    )
+def _agl_token_sql() -> tuple[str, str, str]:
+    """SQL reading Agent-lightning's prompt ids, response ids and logprobs from the attributes."""
     prompt_ids = (
         f"COALESCE(TRY_CAST({_attr_json(sc.AGL_PROMPT_TOKEN_IDS)} AS INTEGER[]), "
         f"TRY_CAST({_attr(sc.AGL_VLLM_PROMPT_TOKEN_IDS)} AS INTEGER[]))"
@@ -78,6 +73,31 @@ def _spans_sql() -> str:
     logprobs = (
         f"CASE WHEN json_valid({_attr(sc.AGL_LOGPROBS_CONTENT)}) THEN "
         f"TRY_CAST(json_extract({_attr(sc.AGL_LOGPROBS_CONTENT)}, '$[*].logprob') AS FLOAT[]) END"
+    )
+    return prompt_ids, response_ids, logprobs
+
+
+def span_tokens_sql() -> str:
+    """Token columns of LLM spans (ours or Agent-lightning's), keyed by (trace_id, span_id, filename):
+    what the builder joins its chosen calls with, without the rest of the ``spans`` view's work."""
+    prompt_ids, response_ids, logprobs = _agl_token_sql()
+    agl = f"span_type IS NULL AND name IN ({_AGL_LLM})"
+    return f"""
+    SELECT trace_id, span_id, filename,
+           COALESCE(prompt_token_ids, CASE WHEN {agl} THEN {prompt_ids} END) AS prompt_token_ids,
+           COALESCE(response_token_ids, CASE WHEN {agl} THEN {response_ids} END) AS response_token_ids,
+           COALESCE(response_logprobs, CASE WHEN {agl} THEN {logprobs} END) AS response_logprobs
+    FROM {RAW_VIEW} WHERE span_type = '{sc.TYPE_LLM}' OR ({agl})
+    """
+
+
+def _spans_sql() -> str:
+    prompt_ids, response_ids, logprobs = _agl_token_sql()
+    is_agl_llm = f"name IN ({_AGL_LLM})"
+    is_agl_reward = f"name IN ('{sc.AGL_ANNOTATION_SPAN}', '{sc.AGL_REWARD_SPAN}')"
+    agl_rollout = f"json_extract_string(resource_attributes, '$.\"{sc.AGL_ROLLOUT_ID}\"')"
+    agl_attempt = (
+        f"TRY_CAST(json_extract_string(resource_attributes, '$.\"{sc.AGL_ATTEMPT_ID}\"') AS INTEGER)"
     )
     agl_value = (
         f"COALESCE({_agl_value(0)}, TRY_CAST({_attr('reward')} AS DOUBLE), {_agentops_reward_value()})"
