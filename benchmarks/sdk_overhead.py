@@ -97,6 +97,36 @@ def main() -> None:
             t = statistics.median(x[i] for x in with_tracing)
             print(f"{name:<20}{what:>7}{b:>13.0f}{t:>11.0f}{t - b:>13.0f}{(t - b) / b * 100:>11.1f}%")
 
+    # the capture pipeline alone (no network): request parse + span + response parse + packing
+    from tinkertrace.sdk import capture
+
+    answer = hx.post(base_url + "/chat/completions", json={**chat_body, **extras})
+
+    class Recorded:
+        status_code, headers = 200, answer.headers
+
+    def build() -> httpx.Request:
+        return httpx.Request("POST", base_url + "/chat/completions", json=chat_body)
+
+    def lifecycle() -> None:
+        call = capture.begin(httpx, build())
+        assert call is not None
+        call.on_response(Recorded)
+        call.feed(answer.content)
+        call.finish()
+
+    @tinkertrace.traced_rollout
+    def pipeline(task: str) -> tuple[float, float]:
+        n = args.calls * 5
+        full = min(_per_call_us(lifecycle, n)[1] for _ in range(args.rounds))
+        only_build = min(_per_call_us(build, n)[1] for _ in range(args.rounds))
+        return full, only_build
+
+    full, only_build = pipeline("pipeline")
+    print(
+        f"capture pipeline alone, CPU: {full - only_build:.0f} µs per call ({len(answer.content)} B response)"
+    )
+
     # per rollout: an empty traced rollout (root span + final reward span) against a plain call
     @tinkertrace.traced_rollout
     def empty_rollout(task: dict) -> float:
