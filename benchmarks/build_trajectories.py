@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -158,17 +159,21 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=100_000)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--files", type=int, default=20)
-    parser.add_argument("--memory-limit", default="2GB", help="DuckDB memory limit for the build")
+    parser.add_argument("--memory-limit", default="1GB", help="DuckDB memory limit for the build")
     parser.add_argument("--keep", type=Path, help="generate into (and keep, and reuse) this folder")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tt-bench-build-") as tmp:
         root = args.keep or Path(tmp)
         spans_dir, out = root / "spans", root / "out"
         t = time.perf_counter()
-        n_spans, size = generate(spans_dir, args.rollouts, args.turns, args.files)
-        print(
-            f"generated {n_spans:,} spans, {size / 2**20:,.0f} MiB Parquet in {time.perf_counter() - t:.1f} s"
-        )
+        if args.keep and spans_dir.is_dir():
+            size = sum(p.stat().st_size for p in spans_dir.rglob("*.parquet"))
+            print(f"reusing {spans_dir} ({size / 2**20:,.0f} MiB Parquet)")
+        else:
+            n_spans, size = generate(spans_dir, args.rollouts, args.turns, args.files)
+            took = time.perf_counter() - t
+            print(f"generated {n_spans:,} spans, {size / 2**20:,.0f} MiB Parquet in {took:.1f} s")
+        shutil.rmtree(out, ignore_errors=True)
         run = subprocess.run(
             [sys.executable, "-c", BUILD, str(spans_dir), str(out), args.memory_limit],
             check=True, capture_output=True, text=True,

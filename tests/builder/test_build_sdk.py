@@ -322,3 +322,20 @@ def test_corrupt_file_skipped_and_reported(agent: Agent) -> None:
     assert [p for p, _ in result.summary.corrupt_files] == [bad]
     assert result.triplets.num_rows == 1
     assert result.trajectories.num_rows == 1
+
+
+def test_calls_without_token_ids_are_skipped_and_counted(agent: Agent, openai_server: Any) -> None:
+    @tinkertrace.traced_rollout
+    def solve(task: dict[str, str]) -> float:
+        conversation(agent, ["a"])
+        openai_server.options.token_ids = False  # a server without the extension, no tokenizer set
+        conversation(agent, ["b"])
+        return 1.0
+
+    solve({"id": "t-10"})
+    result = agent.build()
+    assert result.summary.llm_calls == 2
+    assert result.summary.llm_calls_without_tokens == 1
+    assert result.triplets.column("turn").to_pylist() == [0]
+    # the final reward went to the skipped call, yet still counts for the (rollout, agent)
+    assert result.trajectories.column("reward").to_pylist() == [1.0]
