@@ -14,6 +14,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -78,7 +79,7 @@ def plain_step_seconds(model_name: str, data: list[types.Datum], device: torch.d
         np.stack([d.loss_fn_inputs["target_tokens"].to_numpy() for d in data]), device=device
     )
 
-    def step() -> None:
+    def one_step() -> None:
         logits = model(input_ids=ids).logits.float()
         loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="sum")
         loss.backward()
@@ -86,7 +87,9 @@ def plain_step_seconds(model_name: str, data: list[types.Datum], device: torch.d
         optimizer.zero_grad(set_to_none=True)
         float(loss.detach())
 
-    return timed(step, steps)
+    # run on a worker thread like the engine does, so both see the same threading conditions
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return timed(lambda: pool.submit(one_step).result(), steps)
 
 
 def sampling_tokens_per_s(service: ServiceClient, model: str, num_samples: int, max_tokens: int) -> float:
