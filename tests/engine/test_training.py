@@ -130,6 +130,7 @@ def test_resume_with_optimizer_is_identical(service: ServiceClient, kit: Any) ->
     data = [kit.ce_datum(s) for s in kit.sequences()]
     params = types.AdamParams(learning_rate=5e-3, weight_decay=0.01, grad_clip_norm=1.0)
     a = service.create_lora_training_client(NANO, rank=4, seed=7).result()
+    fresh = a.save_state("step-0").result().path  # before any step: no optimizer state yet
     for _ in range(2):
         a.forward_backward(data, "cross_entropy")
         a.optim_step(params)
@@ -144,6 +145,9 @@ def test_resume_with_optimizer_is_identical(service: ServiceClient, kit: Any) ->
     b.optim_step(params).result()
     for (name, pa), (_, pb) in zip(a._model.named_parameters(), b._model.named_parameters(), strict=True):
         assert torch.equal(pa, pb), name
+
+    start = service.create_training_client_from_state_with_optimizer(fresh).result()
+    assert start.step == 0 and start.optim_step(params).result().metrics["step"] == 1.0
 
     # without the optimizer state the next step differs (Adam moments restart)
     c = service.create_training_client_from_state(path).result()

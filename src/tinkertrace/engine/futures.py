@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
@@ -22,13 +21,10 @@ class OrderedWorker:
 
     def __init__(self, name: str) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        self._lock = threading.Lock()
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> APIFuture[T]:
         """Queue ``fn(*args, **kwargs)``; return a future of its result (or its exception)."""
-        with self._lock:
-            future = self._executor.submit(fn, *args, **kwargs)
-        return AwaitableConcurrentFuture(future)
+        return AwaitableConcurrentFuture(self._executor.submit(fn, *args, **kwargs))
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop accepting work; with ``wait`` finish what is queued first."""

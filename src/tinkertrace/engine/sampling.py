@@ -10,6 +10,7 @@ decoded text contains a ``stop`` string; the stopping token is kept in ``tokens`
 
 from __future__ import annotations
 
+import numbers
 import uuid
 from collections.abc import Sequence
 
@@ -57,12 +58,13 @@ def stop_conditions(
         return token_ids, strings
     items: Sequence[str | int] = [stop] if isinstance(stop, str) else list(stop)
     for item in items:
-        if isinstance(item, bool) or not isinstance(item, (int, str)):
+        if isinstance(item, str):
+            if item:
+                strings.append(item)
+        elif isinstance(item, numbers.Integral) and not isinstance(item, bool):
+            token_ids.add(int(item))
+        else:
             raise ValueError(f"stop entries must be strings or token ids, got {item!r}")
-        if isinstance(item, int):
-            token_ids.add(item)
-        elif item:
-            strings.append(item)
     return token_ids, strings
 
 

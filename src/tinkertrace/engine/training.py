@@ -297,10 +297,9 @@ class TrainingClient:
         self._optimizer = None
         if with_optimizer:
             opt_file = folder / OPTIMIZER_FILE
-            if not opt_file.is_file():
-                raise ValueError(f"{path!r} has no optimizer state (saved before the first optim_step)")
-            optimizer = self._ensure_optimizer()
-            optimizer.load_state_dict(torch.load(opt_file, map_location=self._device, weights_only=True))
+            if opt_file.is_file():  # absent when saved before the first step: a fresh optimizer is exact
+                state = torch.load(opt_file, map_location=self._device, weights_only=True)
+                self._ensure_optimizer().load_state_dict(state)
             self._step = int(meta.get("step", 0))
         return types.LoadWeightsResponse(path=path, model_id=self.model_id)
 
@@ -341,8 +340,8 @@ class TrainingClient:
     def create_sampling_client(
         self, model_path: str, retry_config: object | None = None, record_stability_info: bool = False
     ) -> ClientFuture[SamplingClient]:
-        """A SamplingClient for saved sampler weights."""
-        return ClientFuture(load_sampling_client(self._store, model_path, self._device))
+        """A SamplingClient for saved sampler weights (queued after this client's pending saves)."""
+        return ClientFuture(self._worker.submit(load_sampling_client, self._store, model_path, self._device))
 
     # -- info --------------------------------------------------------------------------------
 
