@@ -28,8 +28,9 @@ class ServiceClient:
     """Entry point of the local engine, with the `tinker.ServiceClient` methods the loop and server use.
 
     ``base_dir`` holds checkpoints (default ``$TINKERTRACE_HOME/engine``); ``device`` defaults to
-    CUDA when available, else CPU. ``cpu_threads`` sets torch's (process-wide) intra-op thread
-    count: 1 is fastest for the built-in models on a small, busy CPU. Other keyword arguments of
+    CUDA when available, else CPU. ``cpu_threads`` (default: ``$TINKERTRACE_CPU_THREADS`` when
+    set) sets torch's process-wide intra-op thread count: 1 is fastest for the built-in models on
+    a small, busy CPU. Other keyword arguments of
     the SDK's constructor are accepted and ignored, so this class can stand in for
     `tinker.ServiceClient`.
     """
@@ -44,6 +45,8 @@ class ServiceClient:
     ) -> None:
         self.store = CheckpointStore(base_dir)
         self.device = pick_device(device)
+        if cpu_threads is None and os.environ.get("TINKERTRACE_CPU_THREADS"):
+            cpu_threads = int(os.environ["TINKERTRACE_CPU_THREADS"])
         if cpu_threads is not None:
             if cpu_threads < 1:
                 raise ValueError(f"cpu_threads must be >= 1, got {cpu_threads}")
