@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 import openai
+import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -86,9 +87,17 @@ def main() -> None:
     parser.add_argument(
         "--model", default=BUILTIN_MODEL, help="built-in model name (e.g. tinkertrace/tiny-chat:base)"
     )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (1 keeps CPU sampling steady when the cores are shared)",
+    )
     args = parser.parse_args()
+    torch.set_num_threads(args.torch_threads)
 
-    table = Table(title=f"sampling endpoint, local engine ({args.model}, CPU), max_tokens={args.max_tokens}")
+    title = f"sampling endpoint, local engine ({args.model}, CPU, {args.torch_threads} torch threads)"
+    table = Table(title=f"{title}, max_tokens={args.max_tokens}")
     for col in (
         "workload",
         "window",

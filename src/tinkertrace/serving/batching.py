@@ -4,7 +4,9 @@ A Tinker ``sample`` call takes one prompt and any number of samples, so the only
 share a call are those with the same prompt tokens, sampling parameters and policy: exactly what a
 GRPO group of agents sends on its first turn. Requests arriving within ``window_s`` of the first one
 (or until ``max_samples`` samples are pending) share a call; the sequences are handed out in arrival
-order. Requests with a seed are never merged (their samples must be reproducible on their own).
+order. When no sample call is in flight a request is sent at once (waiting would only add latency
+on an idle server); the window applies under load, which is when requests pile up. Requests with a
+seed are never merged (their samples must be reproducible on their own).
 Different prompts are submitted concurrently; the backend overlaps or batches them itself.
 """
 
@@ -51,6 +53,8 @@ class SampleBatcher:
         self.calls = 0  # sample() calls made
         self.requests = 0  # requests served
         self._no_topk: set[type] = set()  # sampler classes that refused topk_sample_logprobs
+        self._in_flight = 0  # sample() calls awaiting their result
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def sample(
         self, client: Any, prompt_ids: list[int], n: int, params: types.SamplingParams, top_k: int = 0
@@ -61,6 +65,8 @@ class SampleBatcher:
             return await self._call(client, prompt_ids, n, params, top_k)
         key = (id(client), tuple(prompt_ids), params.model_dump_json(), top_k)
         batch = self._pending.get(key)
+        if batch is None and self._in_flight == 0:  # an idle server: waiting would only add latency
+            return await self._call(client, prompt_ids, n, params, top_k)
         if batch is None:
             batch = self._pending[key] = _Pending(client, prompt_ids, params, top_k)
             batch.handle = asyncio.get_running_loop().call_later(self.window_s, self._flush, key, batch)
@@ -77,7 +83,9 @@ class SampleBatcher:
         del self._pending[key]
         if batch.handle is not None:
             batch.handle.cancel()
-        asyncio.get_running_loop().create_task(self._run(batch))
+        task = asyncio.get_running_loop().create_task(self._run(batch))
+        self._tasks.add(task)  # keep a reference until it is done
+        task.add_done_callback(self._tasks.discard)
 
     async def _run(self, batch: _Pending) -> None:
         try:
@@ -110,7 +118,11 @@ class SampleBatcher:
                 future = client.sample(prompt=prompt, num_samples=n, sampling_params=params)
         else:
             future = client.sample(prompt=prompt, num_samples=n, sampling_params=params)
-        response = await await_result(future)
+        self._in_flight += 1
+        try:
+            response = await await_result(future)
+        finally:
+            self._in_flight -= 1
         sequences = list(response.sequences)
         if len(sequences) != n:
             raise RuntimeError(f"the sampler returned {len(sequences)} sequences for num_samples={n}")
