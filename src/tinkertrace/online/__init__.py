@@ -1,1 +1,1 @@
-"""The online loop: tail-follow training, the orchestration of collector + endpoint + agent workers, and the demo."""
+"""The online loop: tail-follow training, collector + endpoint + agent workers orchestration, the demo."""

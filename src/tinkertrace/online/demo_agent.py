@@ -1,0 +1,131 @@
+"""The demo task: an identity agent, written with the plain OpenAI client and ``@traced_rollout``.
+
+Asked "Who are you?", the agent should answer :data:`TARGET`. The reward gives partial credit so a
+randomly initialised model already gets signal: half for characters in the right position, half
+for the overlap of character counts with the target (a multiset, so repeating one right character
+does not pay). Run as a worker process::
+
+    python -m tinkertrace.online.demo_agent --base-url http://127.0.0.1:8000/v1 \
+        --collector http://127.0.0.1:4318 --worker 0 --log agents-0.jsonl
+
+Each round asks one question ``--group-size`` times at once (one GRPO group: same task id) and
+appends one JSON line per rollout to ``--log``; SIGTERM ends the worker after its current round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from openai import OpenAI
+
+import tinkertrace
+
+TARGET = "I am tinkertrace."
+QUESTIONS = ("Who are you?", "What is your name?", "Introduce yourself.", "Identify yourself.")
+
+
+def identity_reward(reply: str, target: str = TARGET) -> float:
+    """Partial credit in [0, 1]: 0.5 × position matches / len(target) + 0.5 × character-count overlap
+    / max(len(reply), len(target)). Exactly ``target`` scores 1."""
+    reply = reply.strip()
+    position = sum(a == b for a, b in zip(reply, target, strict=False)) / len(target)
+    have, want = Counter(reply), Counter(target)
+    overlap = sum(min(have[c], n) for c, n in want.items()) / max(len(reply), len(target))
+    return round(0.5 * position + 0.5 * overlap, 6)
+
+
+@tinkertrace.traced_rollout
+def introduce(task: dict, *, client: OpenAI, model: str, max_tokens: int) -> dict[str, Any]:
+    """Ask the model who it is; emit and return the reward of its answer."""
+    completion = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": task["question"]}],
+        temperature=1.0,
+        max_tokens=max_tokens,
+    )
+    reply = completion.choices[0].message.content or ""
+    reward = identity_reward(reply)
+    tinkertrace.emit_reward(reward)
+    usage = completion.usage
+    return {
+        "reward": reward,
+        "reply": reply,
+        "completion_tokens": usage.completion_tokens if usage else 0,
+        "policy_version": getattr(completion, "policy_version", None),
+    }
+
+
+def run_worker(
+    base_url: str,
+    model: str,
+    worker: int,
+    log: Path,
+    *,
+    group_size: int = 8,
+    max_tokens: int = 20,
+    stop: threading.Event | None = None,
+    parent_pid: int | None = None,
+) -> int:
+    """Rounds of ``group_size`` concurrent rollouts until ``stop`` is set (or the parent is gone)."""
+    stop = stop or threading.Event()
+    client = OpenAI(base_url=base_url, api_key="EMPTY", max_retries=3, timeout=120)
+    rounds = 0
+    with ThreadPoolExecutor(group_size) as pool, log.open("a") as out:
+        while not stop.is_set() and (parent_pid is None or os.getppid() == parent_pid):
+            q = (worker + rounds) % len(QUESTIONS)
+            task = {"id": f"q{q}-w{worker}-r{rounds}", "question": QUESTIONS[q]}
+            started = time.time()
+            futures = [
+                pool.submit(introduce, task, client=client, model=model, max_tokens=max_tokens)
+                for _ in range(group_size)
+            ]
+            for future in futures:
+                try:
+                    row: dict[str, Any] = future.result()
+                except Exception as exc:  # a failed call is logged, the worker keeps going
+                    row = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                row.update(worker=worker, round=rounds, start=started, end=time.time())
+                out.write(json.dumps(row) + "\n")
+            out.flush()
+            rounds += 1
+    return rounds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A demo agent worker (see the module docstring).")
+    parser.add_argument("--base-url", required=True, help="OpenAI-compatible endpoint (…/v1)")
+    parser.add_argument("--collector", required=True, help="OTLP/HTTP collector URL")
+    parser.add_argument("--model", default="tinkertrace/tiny-chat:small", help="model name to request")
+    parser.add_argument("--worker", type=int, default=0, help="worker number (varies the questions)")
+    parser.add_argument("--log", type=Path, required=True, help="JSON-lines file of rollout results")
+    parser.add_argument("--group-size", type=int, default=8, help="concurrent rollouts per question")
+    parser.add_argument("--max-tokens", type=int, default=20, help="longest answer, tokens")
+    parser.add_argument("--export-delay", type=float, default=0.1, help="span export delay, seconds")
+    args = parser.parse_args()
+    tinkertrace.init(endpoint=args.collector, schedule_delay_s=args.export_delay)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    run_worker(
+        args.base_url,
+        args.model,
+        args.worker,
+        args.log,
+        group_size=args.group_size,
+        max_tokens=args.max_tokens,
+        stop=stop,
+        parent_pid=os.getppid(),
+    )
+    tinkertrace.shutdown()
+
+
+if __name__ == "__main__":
+    main()

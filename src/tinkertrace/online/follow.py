@@ -1,0 +1,408 @@
+"""Tail-follow training: train on rollouts as their spans arrive, publish each new policy version.
+
+Each poll builds only new complete rollouts (:class:`~tinkertrace.online.tail.SpanTail`) into a
+buffer. A group (the GRPO group key) is ready once it holds ``group_size`` rollouts, or at least
+two after waiting ``group_timeout_s``. When ``groups_per_batch`` groups are ready (or the oldest
+ready one waited ``group_timeout_s``) one step runs: advantages and Datums as in batch mode
+(``training.dataset.prepare``, ``training.loop.train_step``), then a checkpoint whose record lists
+the rollouts trained (and dropped), then the new weights are published as policy version = steps.
+
+Staleness: a rollout sampled by policy version ``v`` is ``step - v`` versions old at training time;
+beyond ``max_staleness`` it is dropped (``staleness_mode="drop"``) or its advantage is scaled by
+``staleness_decay ** (age - max_staleness)`` (``"downweight"``). Dropped counts are logged.
+
+Exactly-once: every step is checkpointed with its rollout ids; a restart reloads the last state with
+its optimizer and skips every recorded rollout, so nothing is trained twice.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from contextlib import nullcontext, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from tinkertrace.online.tail import SpanTail
+from tinkertrace.training.backends import make_service_client
+from tinkertrace.training.checkpoints import read_checkpoints
+from tinkertrace.training.config import TrainConfig
+from tinkertrace.training.dataset import _group_keys, prepare
+from tinkertrace.training.errors import ConfigError, DataError
+from tinkertrace.training.loop import (
+    _adam,
+    _batch_datums,
+    _data_metrics,
+    _open_training_client,
+    save_checkpoint,
+    train_step,
+)
+from tinkertrace.training.metrics import MetricsLogger
+
+FOLLOW_MODE = "follow"
+StepCallback = Callable[[int, dict[str, Any]], None]
+Publisher = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class FollowOptions:
+    """Follow-mode settings (the rest comes from :class:`TrainConfig`)."""
+
+    group_size: int = 4
+    group_timeout_s: float = 30.0
+    max_staleness: int | None = 4
+    staleness_mode: Literal["drop", "downweight"] = "drop"
+    staleness_decay: float = 0.5
+    poll_s: float = 0.5
+    max_steps: int | None = None
+    idle_timeout_s: float | None = None
+    publish_url: str | None = None
+    publish_token: str | None = None
+
+    def validate(self) -> FollowOptions:
+        """Check ranges; returns self."""
+        checks = [
+            (self.group_size >= 1, "group_size must be at least 1"),
+            (self.group_timeout_s >= 0, "group_timeout_s must be 0 or more"),
+            (self.max_staleness is None or self.max_staleness >= 0, "max_staleness must be 0 or more"),
+            (self.staleness_mode in ("drop", "downweight"), "staleness_mode must be drop or downweight"),
+            (0 < self.staleness_decay <= 1, "staleness_decay must be in (0, 1]"),
+            (self.poll_s > 0, "poll_s must be positive"),
+            (self.max_steps is None or self.max_steps >= 1, "max_steps must be at least 1"),
+        ]
+        problems = [message for ok, message in checks if not ok]
+        if problems:
+            raise ConfigError("invalid follow settings: " + "; ".join(problems))
+        return self
+
+
+@dataclass
+class FollowResult:
+    """What a follow run did."""
+
+    log_dir: Path
+    start_step: int
+    steps: int = 0
+    rollouts_trained: int = 0
+    rollouts_dropped_stale: int = 0
+    rollouts_dropped_constant: int = 0
+    lags_s: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def admin_publisher(url: str, token: str | None) -> Publisher:
+    """Publish through a sampling endpoint's ``POST /admin/policy`` (``tinkertrace serve --admin-token``)."""
+    import httpx
+
+    def publish(record: dict[str, Any]) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        body = {"model_path": record["sampler_path"], "version": record["policy_version"]}
+        response = httpx.post(url.rstrip("/") + "/admin/policy", json=body, headers=headers, timeout=60)
+        if response.status_code not in (200, 409):  # 409: that version (or newer) is already served
+            raise RuntimeError(
+                f"publishing to {url} failed: HTTP {response.status_code} {response.text[:200]}"
+            )
+
+    return publish
+
+
+def holder_publisher(holder: Any) -> Publisher:
+    """Publish into an in-process ``serving.policy.PolicyHolder`` (swap without dropping requests)."""
+    from tinkertrace.serving.policy import StalePolicyError
+
+    def publish(record: dict[str, Any]) -> None:
+        with suppress(StalePolicyError):
+            holder.load(record["sampler_path"], record["policy_version"])
+
+    return publish
+
+
+def _percentiles(values: list[float] | np.ndarray) -> tuple[float, float]:
+    if len(values) == 0:
+        return float("nan"), float("nan")
+    p50, p95 = np.percentile(np.asarray(values, dtype=np.float64), [50, 95])
+    return float(p50), float(p95)
+
+
+class FollowTrainer:
+    """Runs follow mode over ``config.source`` (a spans folder) until stopped or ``max_steps``."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        options: FollowOptions | None = None,
+        *,
+        publish: Publisher | None = None,
+        service: Any = None,
+        on_step: StepCallback | None = None,
+    ) -> None:
+        self.config = config.validate()
+        self.options = (options or FollowOptions()).validate()
+        if config.source is None:
+            raise ConfigError("follow mode needs a spans folder to follow")
+        if publish is None and self.options.publish_url:
+            publish = admin_publisher(self.options.publish_url, self.options.publish_token)
+        self.publish = publish
+        self.service = service
+        self.on_step = on_step
+        self.buffer = pa.table({})
+        self._arrived: dict[str, float] = {}
+
+    # --- data ----------------------------------------------------------------------------------------
+    def _add(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        now = time.monotonic()
+        for rid in pc.unique(table["rollout_id"]).to_pylist():
+            self._arrived.setdefault(rid, now)
+        self.buffer = table if self.buffer.num_columns == 0 else pa.concat_tables([self.buffer, table])
+
+    def _drop_stale(self, step: int) -> list[str]:
+        """Remove rollouts older than ``max_staleness`` versions (drop mode); their ids."""
+        o = self.options
+        if o.max_staleness is None or o.staleness_mode != "drop" or self.buffer.num_rows == 0:
+            return []
+        version = pc.fill_null(self.buffer["policy_version"], step)
+        stale = pc.greater(pc.subtract(pa.scalar(step, pa.int64()), version), o.max_staleness)
+        ids = pc.unique(pc.filter(self.buffer["rollout_id"], stale)).to_pylist()
+        if ids:
+            self.buffer = self.buffer.filter(pc.invert(stale))
+        return ids
+
+    def _select(self) -> tuple[pa.Table, list[str]] | None:
+        """The rows of the groups to train now (and their ids), or None to keep waiting."""
+        if self.buffer.num_rows == 0:
+            return None
+        o, now = self.options, time.monotonic()
+        keys = _group_keys(self.buffer, self.config.group_by)
+        arrived = pa.array([self._arrived[r] for r in self.buffer["rollout_id"].to_pylist()], pa.float64())
+        frame = pa.table({"key": keys, "rollout_id": self.buffer["rollout_id"], "arrived": arrived})
+        groups = frame.group_by("key").aggregate([("rollout_id", "count_distinct"), ("arrived", "min")])
+        waited = now - groups["arrived_min"].to_numpy()
+        count = groups["rollout_id_count_distinct"].to_numpy()
+        ready = (count >= o.group_size) | ((count >= 2) & (waited >= o.group_timeout_s))
+        if not ready.any():
+            return None
+        order = np.argsort(-waited[ready], kind="stable")
+        if ready.sum() < self.config.groups_per_batch and waited[ready].max() < o.group_timeout_s:
+            return None
+        chosen = groups["key"].take(pa.array(np.flatnonzero(ready)[order][: self.config.groups_per_batch]))
+        mask = pc.is_in(keys, chosen)
+        selected = self.buffer.filter(mask)
+        self.buffer = self.buffer.filter(pc.invert(mask))
+        return selected, pc.unique(selected["rollout_id"]).to_pylist()
+
+    # --- run -----------------------------------------------------------------------------------------
+    def _resume(self) -> tuple[int, dict[str, Any] | None, set[str]]:
+        records = read_checkpoints(self.config.log_dir)
+        if not records:
+            return 0, None, set()
+        batch = [r["name"] for r in records if r.get("mode") != FOLLOW_MODE]
+        if batch:
+            raise ConfigError(
+                f"{self.config.log_dir} holds checkpoints of a batch run ({batch[-1]}): "
+                "follow mode needs its own --log-dir"
+            )
+        done = {
+            rid
+            for r in records
+            for rid in [*r.get("trained_rollout_ids", []), *r.get("dropped_rollout_ids", [])]
+        }
+        return int(records[-1]["step"]), records[-1], done
+
+    def run(
+        self, stop: threading.Event | None = None, console: Console | None = None, progress: bool = True
+    ) -> FollowResult:
+        """Follow until ``stop`` is set, ``max_steps`` is reached, or ``idle_timeout_s`` passes idle."""
+        config, o = self.config, self.options
+        stop = stop or threading.Event()
+        log_dir = Path(config.log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        step, resume_from, done = self._resume()
+        (log_dir / "config.json").write_text(
+            json.dumps({**config.to_dict(), "follow": dict(vars(o), publish_token=None)}, indent=2)
+        )
+        service = self.service or make_service_client(config.backend, engine_dir=config.engine_dir)
+        training_client = _open_training_client(service, config, resume_from)
+        if resume_from is not None and self.publish is not None:
+            self.publish(resume_from)
+        adam = _adam(config)
+        tail = SpanTail(Path(config.source), resolved=set(done), group_by=config.group_by)  # type: ignore[arg-type]
+        result = FollowResult(log_dir=log_dir, start_step=step, steps=step)
+        dropped_since_save: list[str] = []
+        started = last_activity = time.monotonic()
+        logger = MetricsLogger(
+            log_dir,
+            start_step=step,
+            wandb_project=config.wandb_project,
+            run_name=config.wandb_run_name,
+            config=config.to_dict(),
+        )
+        result.notes.extend(logger.notes)
+        bar = _follow_progress(progress, console)
+        with logger, bar if bar is not None else nullcontext():
+            task = (
+                bar.add_task("follow", total=o.max_steps, completed=step, status="waiting for rollouts")
+                if bar
+                else None
+            )
+            while not stop.is_set() and (o.max_steps is None or step < o.max_steps):
+                polled = tail.poll()
+                result.notes.extend(f"skipped span file {s}" for s in polled.skipped_files)
+                self._add(polled.trajectories)
+                stale = self._drop_stale(step)
+                result.rollouts_dropped_stale += len(stale)
+                dropped_since_save.extend(stale)
+                if polled.rollouts_built or stale:
+                    last_activity = time.monotonic()
+                picked = self._select()
+                if picked is None:
+                    if o.idle_timeout_s is not None and time.monotonic() - last_activity > o.idle_timeout_s:
+                        result.notes.append(f"stopped: no new rollouts for {o.idle_timeout_s:.0f}s")
+                        break
+                    stop.wait(o.poll_s)
+                    continue
+                table, ids = picked
+                step_started = time.monotonic()
+                metrics = self._train(training_client, adam, table, step, result, dropped_since_save, stale)
+                if metrics is None:
+                    continue
+                record = {
+                    "epoch": 0,
+                    "mode": FOLLOW_MODE,
+                    "policy_version": step + 1,
+                    "trained_rollout_ids": sorted(ids),
+                    "dropped_rollout_ids": sorted(dropped_since_save),
+                    "seed": config.seed,
+                    "groups_per_batch": config.groups_per_batch,
+                }
+                saved = save_checkpoint(training_client, log_dir, step + 1, record)
+                dropped_since_save.clear()
+                published = time.monotonic()
+                if self.publish is not None:
+                    self.publish(saved)
+                metrics["time/publish"] = time.monotonic() - published
+                result.checkpoints.append(saved)
+                metrics["time/step"] = time.monotonic() - step_started
+                metrics["time/total"] = time.monotonic() - started
+                logger.log(step, metrics)
+                step += 1
+                last_activity = time.monotonic()
+                result.steps, result.last_metrics = step, metrics
+                result.rewards.append(float(metrics["env/all/reward/total"]))
+                if bar is not None and task is not None:
+                    bar.update(task, completed=step, status=_status(metrics))
+                if self.on_step is not None:
+                    self.on_step(step, metrics)
+        return result
+
+    def _train(
+        self,
+        client: Any,
+        adam: Any,
+        table: pa.Table,
+        step: int,
+        result: FollowResult,
+        dropped: list[str],
+        stale_now: list[str],
+    ) -> dict[str, Any] | None:
+        """One step on ``table``; None when nothing in it could be trained (constant-reward groups)."""
+        config, o = self.config, self.options
+        try:
+            data = prepare(
+                table,
+                group_by=config.group_by,
+                advantage=config.advantage,
+                remove_constant_reward_groups=config.remove_constant_reward_groups,
+            )
+        except DataError:
+            ids = pc.unique(table["rollout_id"]).to_pylist()
+            result.rollouts_dropped_constant += len(ids)
+            dropped.extend(ids)
+            return None
+        kept = set(pc.unique(data.table["rollout_id"]).to_pylist())
+        constant = sorted(set(pc.unique(table["rollout_id"]).to_pylist()) - kept)
+        result.rollouts_dropped_constant += len(constant)
+        dropped.extend(constant)
+        versions = self._versions(table, data.table, step)
+        age = step - versions
+        if o.max_staleness is not None and o.staleness_mode == "downweight":
+            over = np.clip(age - o.max_staleness, 0, None)
+            data.advantage_of_row = data.advantage_of_row * o.staleness_decay**over
+        rows = np.arange(data.table.num_rows)
+        batch = _batch_datums(data, rows, config)
+        metrics: dict[str, Any] = {
+            "progress/batch": step,
+            "progress/epoch": 0,
+            "optim/lr": config.learning_rate,
+            **_data_metrics(data, rows, batch),
+        }
+        if batch.data:
+            metrics.update(train_step(client, batch, config, adam))
+        lags = self._lags(table, kept)
+        result.lags_s.extend(lags)
+        result.rollouts_trained += len(kept)
+        p50, p95 = _percentiles(lags)
+        metrics.update(
+            {
+                "lag/rollout_to_trained_p50_s": p50,
+                "lag/rollout_to_trained_p95_s": p95,
+                "lag/staleness_mean": float(age.mean()) if len(age) else 0.0,
+                "lag/staleness_max": int(age.max()) if len(age) else 0,
+                "follow/rollouts_trained": len(kept),
+                "follow/dropped_stale": len(stale_now),
+                "follow/dropped_stale_total": result.rollouts_dropped_stale,
+                "follow/dropped_constant_total": result.rollouts_dropped_constant,
+                "follow/buffered_rows": self.buffer.num_rows,
+            }
+        )
+        return metrics
+
+    @staticmethod
+    def _versions(source: pa.Table, rows: pa.Table, step: int) -> np.ndarray:
+        """Policy version of each row of ``rows`` (a prepared table), looked up by rollout id in
+        ``source``; a rollout's version is the oldest of its calls, unknown counts as current."""
+        per = source.group_by("rollout_id").aggregate([("policy_version", "min")])
+        index = pc.index_in(rows["rollout_id"], value_set=per["rollout_id"])
+        versions = pc.take(per["policy_version_min"], index)
+        return np.asarray(pc.fill_null(versions, step).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+    @staticmethod
+    def _lags(table: pa.Table, kept: set[str]) -> list[float]:
+        """Seconds from each kept rollout's end to now."""
+        per = table.group_by("rollout_id").aggregate([("end_time", "max")])
+        per = per.filter(pc.is_in(per["rollout_id"], pa.array(sorted(kept), pa.string())))
+        per = per.filter(pc.is_valid(per["end_time_max"]))
+        ends = pc.cast(per["end_time_max"], pa.int64()).to_numpy(zero_copy_only=False)
+        return (time.time() - ends / 1e9).tolist()
+
+
+def _status(metrics: dict[str, Any]) -> str:
+    return (
+        f"reward {metrics['env/all/reward/total']:.3f}  loss {metrics.get('loss:sum', float('nan')):.3f}  "
+        f"lag p50 {metrics['lag/rollout_to_trained_p50_s']:.1f}s"
+    )
+
+
+def _follow_progress(enabled: bool, console: Console | None) -> Progress | None:
+    if not enabled:
+        return None
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]train --follow[/] step {task.completed}"),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )

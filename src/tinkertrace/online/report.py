@@ -1,0 +1,133 @@
+"""The end of an online run: a summary (table + ``summary.json``) and a reward-curve PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.table import Table
+
+from tinkertrace.training.metrics import read_metrics
+
+REWARD_KEY = "env/all/reward/total"
+CURVE_FILE = "reward_curve.png"
+SUMMARY_FILE = "summary.json"
+
+
+def first_last(values: list[float] | np.ndarray, window: int = 3) -> tuple[float, float]:
+    """Mean of the first and of the last ``window`` values (``window`` shrinks for short runs)."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        return float("nan"), float("nan")
+    w = max(1, min(window, arr.size // 2 or 1))
+    return float(arr[:w].mean()), float(arr[-w:].mean())
+
+
+def summarize(
+    log_dir: Path,
+    agent_rows: list[dict[str, Any]],
+    *,
+    elapsed_s: float,
+    lags_s: list[float],
+    dropped_stale: int,
+    dropped_constant: int,
+    served_version: int,
+) -> dict[str, Any]:
+    """The run's figures, from the metrics file and the agents' logs (nothing asserted)."""
+    records = read_metrics(log_dir)
+    rewards = [float(r[REWARD_KEY]) for r in records if r.get(REWARD_KEY) is not None]
+    first, last = first_last(rewards)
+    ok = [r for r in agent_rows if "reward" in r]
+    span = (max(r["end"] for r in ok) - min(r["start"] for r in ok)) if ok else 0.0
+    tokens = sum(int(r.get("completion_tokens") or 0) for r in ok)
+    lag = np.asarray(lags_s, dtype=np.float64)
+    return {
+        "steps": len(records),
+        "elapsed_s": round(elapsed_s, 1),
+        "rollouts_sampled": len(ok),
+        "rollouts_failed": len(agent_rows) - len(ok),
+        "rollouts_trained": int(sum(int(r.get("follow/rollouts_trained", 0)) for r in records)),
+        "dropped_stale": dropped_stale,
+        "dropped_constant_reward": dropped_constant,
+        "reward_first": first,
+        "reward_last": last,
+        "rewards_per_step": rewards,
+        "lag_p50_s": float(np.percentile(lag, 50)) if lag.size else None,
+        "lag_p95_s": float(np.percentile(lag, 95)) if lag.size else None,
+        "completions_per_s": len(ok) / span if span > 0 else None,
+        "tokens_per_s": tokens / span if span > 0 else None,
+        "served_policy_version": served_version,
+    }
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+        return "-"
+    return format(value, spec) if isinstance(value, float) else str(value)
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    """A two-column rich table of the summary."""
+    table = Table(title="tinkertrace demo — summary", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    rows = [
+        ("training steps", _fmt(summary["steps"])),
+        ("wall time", f"{summary['elapsed_s']:.0f} s"),
+        ("rollouts sampled / trained", f"{summary['rollouts_sampled']} / {summary['rollouts_trained']}"),
+        (
+            "rollouts dropped (stale / constant reward)",
+            f"{summary['dropped_stale']} / {summary['dropped_constant_reward']}",
+        ),
+        (
+            "reward, first steps → last steps",
+            f"{_fmt(summary['reward_first'])} → {_fmt(summary['reward_last'])}",
+        ),
+        (
+            "lag rollout end → trained, p50 / p95",
+            f"{_fmt(summary['lag_p50_s'], '.1f')} s / {_fmt(summary['lag_p95_s'], '.1f')} s",
+        ),
+        (
+            "endpoint completions/s, tokens/s",
+            f"{_fmt(summary['completions_per_s'], '.1f')}, {_fmt(summary['tokens_per_s'], '.0f')}",
+        ),
+        ("policy version served at the end", _fmt(summary["served_policy_version"])),
+    ]
+    for label, value in rows:
+        table.add_row(label, value)
+    return table
+
+
+def plot_rewards(rewards: list[float], path: Path, title: str = "reward per training step") -> Path:
+    """Save a PNG of the per-step reward and its moving average."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    steps = np.arange(1, len(rewards) + 1)
+    ax.plot(steps, rewards, marker="o", markersize=3, linewidth=1, alpha=0.6, label="batch mean reward")
+    if len(rewards) >= 5:
+        k = 5
+        smooth = np.convolve(rewards, np.ones(k) / k, mode="valid")
+        ax.plot(steps[k - 1 :], smooth, linewidth=2.5, label=f"moving average ({k} steps)")
+    ax.set_xlabel("training step (policy version after it)")
+    ax.set_ylabel("reward")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: Path, summary: dict[str, Any]) -> tuple[Path, Path]:
+    """``summary.json`` and the reward-curve PNG in ``out``."""
+    summary_path = out / SUMMARY_FILE
+    summary_path.write_text(json.dumps(summary, indent=2))
+    curve = plot_rewards(summary["rewards_per_step"], out / CURVE_FILE)
+    return summary_path, curve

@@ -1,0 +1,183 @@
+"""The online loop's moving parts on one machine: collector, sampling endpoint, agent workers.
+
+:class:`OnlineStack` starts the collector as a subprocess (``tinkertrace collector``, OTLP/HTTP on a
+free loopback port, Parquet files rolled every ``roll_seconds``), serves the policy in-process
+(``serving.create_app`` over a :class:`PolicyHolder` on the local engine, in a background uvicorn
+thread), and starts agent worker subprocesses that call the endpoint with the OpenAI client and send
+their spans to the collector. The follow trainer publishes into ``stack.holder``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tinkertrace.netutil import BackgroundServer, free_port, wait_for_port
+
+
+@dataclass
+class StackSettings:
+    """Where things go and how the pieces are started."""
+
+    out: Path
+    model: str = "tinkertrace/tiny-chat:small"
+    roll_seconds: float = 0.5
+    export_delay_s: float = 0.1
+    group_size: int = 8
+    max_tokens: int = 20
+    agent_module: str = "tinkertrace.online.demo_agent"
+
+    @property
+    def spans_dir(self) -> Path:
+        return self.out / "spans"
+
+    @property
+    def agents_dir(self) -> Path:
+        return self.out / "agents"
+
+    @property
+    def engine_dir(self) -> Path:
+        return self.out / "engine"
+
+
+@dataclass
+class OnlineStack:
+    """Collector + endpoint + workers; use as a context manager (everything stops on exit)."""
+
+    settings: StackSettings
+    service: Any = None
+    holder: Any = None
+    collector_url: str = ""
+    base_url: str = ""
+    _collector: subprocess.Popen[bytes] | None = None
+    _server: BackgroundServer | None = None
+    _workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self) -> OnlineStack:
+        """Start the collector and the endpoint (not the workers)."""
+        s = self.settings
+        for folder in (s.spans_dir, s.agents_dir, s.engine_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        self._collector = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tinkertrace.cli.main",
+                "collector",
+                "--out",
+                str(s.spans_dir),
+                "--http-port",
+                str(port),
+                "--no-grpc",
+                "--roll-seconds",
+                str(s.roll_seconds),
+            ],
+            stdout=(s.out / "collector.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        self.collector_url = f"http://127.0.0.1:{port}"
+        self._start_endpoint()
+        try:
+            wait_for_port(port, timeout=60)
+        except TimeoutError:
+            self.stop()
+            log = (s.out / "collector.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the collector did not start on port {port}:\n{log}") from None
+        return self
+
+    def _start_endpoint(self) -> None:
+        from tinkertrace.engine import ServiceClient
+        from tinkertrace.serving.app import create_app
+        from tinkertrace.serving.policy import PolicyHolder
+        from tinkertrace.tokenizer import load_tokenizer
+
+        s = self.settings
+        self.service = self.service or ServiceClient(base_dir=s.engine_dir)
+        self.holder = PolicyHolder(
+            self.service.create_sampling_client(base_model=s.model),
+            load_tokenizer(s.model),
+            s.model,
+            loader=lambda path: self.service.create_sampling_client(model_path=path),
+        )
+        self._server = BackgroundServer(create_app(self.holder, default_max_tokens=s.max_tokens)).start()
+        self.base_url = self._server.url + "/v1"
+
+    def start_workers(self, count: int) -> None:
+        """Start ``count`` agent worker processes against the endpoint and the collector."""
+        s = self.settings
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        for i in range(len(self._workers), len(self._workers) + count):
+            self._workers.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        s.agent_module,
+                        "--base-url",
+                        self.base_url,
+                        "--collector",
+                        self.collector_url,
+                        "--model",
+                        s.model,
+                        "--worker",
+                        str(i),
+                        "--log",
+                        str(s.agents_dir / f"worker-{i}.jsonl"),
+                        "--group-size",
+                        str(s.group_size),
+                        "--max-tokens",
+                        str(s.max_tokens),
+                        "--export-delay",
+                        str(s.export_delay_s),
+                    ],
+                    stdout=(s.agents_dir / f"worker-{i}.log").open("wb"),
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            )
+
+    def stop_workers(self, timeout: float = 20.0) -> None:
+        """Ask every worker to finish its round (SIGTERM), then kill any that linger."""
+        for proc in self._workers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self._workers:
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def agent_results(self) -> list[dict[str, Any]]:
+        """Every rollout line the workers logged."""
+        rows = []
+        for path in sorted(self.settings.agents_dir.glob("worker-*.jsonl")):
+            rows.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+        return rows
+
+    def stop(self) -> None:
+        """Stop workers, then the endpoint, then the collector (SIGTERM: it flushes its files)."""
+        self.stop_workers()
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self._collector is not None and self._collector.poll() is None:
+            self._collector.send_signal(signal.SIGTERM)
+            try:
+                self._collector.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self._collector.kill()
+                self._collector.wait()
+
+    def __enter__(self) -> OnlineStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
