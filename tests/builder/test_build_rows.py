@@ -109,7 +109,7 @@ def test_filters(tmp_path: Path, rows: SpanRows) -> None:
     t0 = datetime.fromtimestamp(T0 / 1e9, UTC)
 
     def ids(**opts: object) -> list[str]:
-        return build(tmp_path, **opts).triplets.column("rollout_id").to_pylist()
+        return sorted(build(tmp_path, **opts).triplets.column("rollout_id").to_pylist())
 
     assert ids() == ["r0", "r1", "r2"]
     assert ids(since=t0 + timedelta(seconds=0.5)) == ["r1", "r2"]

@@ -67,7 +67,7 @@ def _stream_rows(
     traj_tmp: AtomicParquetWriter, summary: BuildSummary,
 ) -> None:  # fmt: skip
     """Write triplets as they stream; merge turns of whole rollouts (carrying a rollout cut by a
-    batch boundary over to the next batch) into the unsorted trajectory file."""
+    batch boundary over to the next batch) into ``traj_tmp``."""
     carry: pa.Table | None = None
     n_trip = len(trip.TRIPLET_COLUMNS)
     missing_logprobs = 0
@@ -78,7 +78,7 @@ def _stream_rows(
         missing_logprobs += missing
         traj_tmp.write(rows)
 
-    for batch in trip.triplet_stream(con, options.batch_rows):
+    for batch in trip.triplet_stream(con, options.batch_rows, by_group=options.group_by == "task"):
         table = pa.Table.from_batches([batch])
         trip_out.write(table.select(list(range(n_trip))))
         table = table if carry is None else pa.concat_tables([carry, table])
@@ -112,19 +112,31 @@ def _build_into(spans_dir: Path, out_dir: Path, options: BuildOptions, work: Pat
         summary.corrupt_files = list(report.skipped)
         trip.prepare(con, options, summary)
         out_dir.mkdir(parents=True, exist_ok=True)
-        unsorted = work / "trajectories.unsorted.parquet"
-        with (
-            AtomicParquetWriter(out_dir / TRIPLETS_FILE, schemas.triplets()) as trip_out,
-            AtomicParquetWriter(unsorted, schemas.trajectories()) as traj_tmp,
-        ):
-            _stream_rows(con, options, trip_out, traj_tmp, summary)
-            traj_tmp.commit()
-            with AtomicParquetWriter(out_dir / TRAJECTORIES_FILE, schemas.trajectories()) as traj_out:
-                _sort_trajectories(con, unsorted, traj_out, options.batch_rows)
-                summary.trajectories = traj_out.rows
+        trip_path, traj_path = out_dir / TRIPLETS_FILE, out_dir / TRAJECTORIES_FILE
+        if options.group_by == "task":
+            # the stream is ordered by (group_key, rollout_id, turn): trajectories come out sorted
+            with (
+                AtomicParquetWriter(trip_path, schemas.triplets()) as trip_out,
+                AtomicParquetWriter(traj_path, schemas.trajectories()) as traj_out,
+            ):
+                _stream_rows(con, options, trip_out, traj_out, summary)
+                summary.triplets, summary.trajectories = trip_out.rows, traj_out.rows
                 traj_out.commit()
-            summary.triplets = trip_out.rows
-            trip_out.commit()
+                trip_out.commit()
+        else:
+            unsorted = work / "trajectories.unsorted.parquet"
+            with (
+                AtomicParquetWriter(trip_path, schemas.triplets()) as trip_out,
+                AtomicParquetWriter(unsorted, schemas.trajectories()) as traj_tmp,
+            ):
+                _stream_rows(con, options, trip_out, traj_tmp, summary)
+                traj_tmp.commit()
+                with AtomicParquetWriter(traj_path, schemas.trajectories()) as traj_out:
+                    _sort_trajectories(con, unsorted, traj_out, options.batch_rows)
+                    summary.trajectories = traj_out.rows
+                    traj_out.commit()
+                summary.triplets = trip_out.rows
+                trip_out.commit()
         summary.llm_calls_without_tokens = summary.llm_calls - summary.llm_calls_filtered - summary.triplets
         splits = con.execute(
             "SELECT split_reason, count(*) FROM read_parquet($f) WHERE split_reason IS NOT NULL GROUP BY ALL",

@@ -55,7 +55,8 @@ class _Lists:
 
 
 def _group_codes(table: pa.Table) -> np.ndarray:
-    """Row i's (rollout, agent) group number, given rows sorted by rollout."""
+    """Row i's (rollout, agent) group number, increasing with agent name within a rollout, given
+    rows sorted by rollout."""
     rollout = table.column("rollout_id").combine_chunks()
     n = len(rollout)
     change = np.zeros(n, dtype=np.int64)
@@ -63,7 +64,9 @@ def _group_codes(table: pa.Table) -> np.ndarray:
         change[1:] = pc.not_equal(rollout[1:], rollout[:-1]).to_numpy(zero_copy_only=False)
     rollout_code = np.cumsum(change)
     agent = table.column("agent_name").combine_chunks().dictionary_encode(null_encoding="encode")
-    agent_code = agent.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    # agents in name order, null first (the order of the sorted trajectories file)
+    rank = pc.rank(pc.fill_null(agent.dictionary, ""), sort_keys="ascending", tiebreaker="first")
+    agent_code = rank.to_numpy().astype(np.int64)[agent.indices.to_numpy(zero_copy_only=False)]
     return rollout_code * (len(agent.dictionary) + 1) + agent_code
 
 

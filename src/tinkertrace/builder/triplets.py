@@ -242,8 +242,10 @@ TRIPLET_COLUMNS = (
 )  # fmt: skip
 
 
-def triplet_stream(con: duckdb.DuckDBPyConnection, batch_rows: int) -> pa.RecordBatchReader:
-    """The chosen calls with their token ids, ordered by (rollout_id, turn): triplet columns first,
+def triplet_stream(con: duckdb.DuckDBPyConnection, batch_rows: int, by_group: bool) -> pa.RecordBatchReader:
+    """The chosen calls with their token ids, ordered by (rollout_id, turn) — by (group_key,
+    rollout_id, turn) with ``by_group``, which keeps rollouts whole only when the group key does not
+    depend on the agent — triplet columns first,
     then :data:`EXTRA_COLUMNS`. Calls without prompt or response ids are not in it. The join is on
     (trace_id, span_id, source file), so a span delivered twice contributes one row."""
     cols = ", ".join(f"t.{c}" if c in TOKEN_COLUMNS else f"c.{c}" for c in TRIPLET_COLUMNS)
@@ -253,5 +255,5 @@ def triplet_stream(con: duckdb.DuckDBPyConnection, batch_rows: int) -> pa.Record
         FROM _out c JOIN ({views.span_tokens_sql()}) t
           ON t.trace_id = c.trace_id AND t.span_id = c.span_id AND t.filename = c.filename
         WHERE t.prompt_token_ids IS NOT NULL AND t.response_token_ids IS NOT NULL
-        ORDER BY c.rollout_id, c.turn"""
+        ORDER BY {"c.group_key, " if by_group else ""}c.rollout_id, c.turn"""
     return con.sql(sql).to_arrow_reader(batch_rows)
