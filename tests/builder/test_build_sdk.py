@@ -187,6 +187,8 @@ def test_two_agents_in_one_rollout(agent: Agent) -> None:
         ("critic", 1, 0.5, "t-4::critic"),
         ("solver", 2, 1.0, "t-4::solver"),
     ]
+    by_task = trajs(agent.build())  # one group; agents in name order within the rollout
+    assert [(r["agent_name"], r["group_key"]) for r in by_task] == [("critic", "t-4"), ("solver", "t-4")]
     only_critic = agent.build(agent="^crit")
     assert [t["agent_name"] for t in only_critic.triplets.to_pylist()] == ["critic"]
     assert only_critic.summary.llm_calls_filtered == 2
