@@ -133,4 +133,12 @@ def serve(
 
 def register(app: typer.Typer) -> None:
     """Add `tinkertrace serve` to the main app."""
-    app.command("serve")(serve)
+    app.command(
+        "serve",
+        help=(
+            "Serve the policy over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, "
+            "/v1/models).\n\nEvery answer carries prompt_token_ids, choices[].token_ids, logprobs when "
+            "asked, and the policy version that sampled it. New weights are picked up from "
+            "--watch-checkpoints or POST /admin/policy (with --admin-token)."
+        ),
+    )(serve)
