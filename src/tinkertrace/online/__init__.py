@@ -1,1 +1,1 @@
-"""The online loop: tail-follow training, collector + endpoint + agent workers orchestration, the demo."""
+"""The online loop: tail-follow training, orchestration of collector + endpoint + agents, the demo."""
