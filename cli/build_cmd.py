@@ -72,7 +72,7 @@ def build_trajectories_cmd(
     ] = False,
     memory_limit: Annotated[
         str, typer.Option(help="DuckDB memory limit; larger sorts spill to a temporary folder.")
-    ] = "2GB",
+    ] = "1GB",
     threads: Annotated[int | None, typer.Option(help="DuckDB threads (default: all cores).")] = None,
 ) -> None:
     """Rebuild token-level triplets (one row per LLM call) and trajectories (one row per rollout and

@@ -40,7 +40,7 @@ class BuildOptions:
     include_incomplete: bool = False
     exclude_rollouts: frozenset[str] = field(default_factory=frozenset)
     files: tuple[Path, ...] | None = None
-    memory_limit: str = "2GB"
+    memory_limit: str = "1GB"
     threads: int | None = None
     batch_rows: int = 8192
 
