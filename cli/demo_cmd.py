@@ -15,7 +15,7 @@ def demo(
         typer.Option(help="Output folder (default: a new ./tinkertrace-demo-<timestamp>/)."),
     ] = None,
     steps: Annotated[int, typer.Option(help="Training steps to run (each publishes a new policy).")] = 40,
-    workers: Annotated[int, typer.Option(help="Concurrent agent worker processes.")] = 3,
+    workers: Annotated[int, typer.Option(help="Concurrent agent worker processes.")] = 2,
     max_seconds: Annotated[
         float, typer.Option(help="Stop training after this many seconds even if --steps is not reached.")
     ] = 170.0,

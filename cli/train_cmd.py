@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -108,6 +108,53 @@ def train(
         ),
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show the live progress bar.")] = True,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            help="Follow mode: watch the spans folder, train on new complete rollouts as they arrive, "
+            "checkpoint and publish every step; restarting resumes without retraining a rollout.",
+        ),
+    ] = False,
+    max_steps: Annotated[
+        int | None,
+        typer.Option(help="--follow: stop after this many steps in all (default: run until stopped)."),
+    ] = None,
+    group_size: Annotated[
+        int, typer.Option(help="--follow: rollouts a group needs before it is trained (default 4).")
+    ] = 4,
+    group_timeout: Annotated[
+        float,
+        typer.Option(
+            help="--follow: train a group with at least 2 rollouts after waiting this long, seconds."
+        ),
+    ] = 30.0,
+    max_staleness: Annotated[
+        int | None,
+        typer.Option(
+            help="--follow: rollouts sampled more than N policy versions ago are dropped (default 4)."
+        ),
+    ] = 4,
+    staleness_mode: Annotated[
+        str,
+        typer.Option(
+            help="--follow: 'drop' stale rollouts, or 'downweight' (advantage × 0.5 per extra version)."
+        ),
+    ] = "drop",
+    poll_seconds: Annotated[float, typer.Option(help="--follow: how often to look for new spans.")] = 0.5,
+    idle_timeout: Annotated[
+        float | None, typer.Option(help="--follow: stop after this many seconds without new rollouts.")
+    ] = None,
+    publish_url: Annotated[
+        str | None,
+        typer.Option(
+            help="--follow: sampling endpoint (tinkertrace serve) to POST each new version to /admin/policy; "
+            "without it, serve --watch-checkpoints LOG_DIR/checkpoints.jsonl picks them up."
+        ),
+    ] = None,
+    publish_token: Annotated[
+        str | None, typer.Option(help="--follow: the endpoint's admin token (or $TINKERTRACE_ADMIN_TOKEN).")
+    ] = None,
 ) -> None:
     """Train the policy with RL on traced trajectories, on the local engine or hosted Tinker.
 
@@ -146,6 +193,22 @@ def train(
         if loss_config:
             overrides["loss_config"] = parse_key_values(loss_config)
         settings = make_config(config, overrides)
+        if follow:
+            _follow(
+                settings,
+                console,
+                progress,
+                max_steps,
+                group_size,
+                group_timeout,
+                max_staleness,
+                staleness_mode,
+                poll_seconds,
+                idle_timeout,
+                publish_url,
+                publish_token,
+            )
+            return
         result = run_training(settings, progress=progress, console=console)
     except TrainingError as exc:
         console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
@@ -162,6 +225,43 @@ def train(
     if final is not None:
         typer.echo(f"sampler weights: {final['sampler_path']}")
         typer.echo(f"state: {final['state_path']}")
+
+
+def _follow(settings: Any, console: Any, progress: bool, *follow_args: Any) -> None:
+    """`train --follow`: run the follow trainer until stopped (Ctrl-C) or --max-steps."""
+    import os
+    import signal
+    import threading
+
+    from tinkertrace.online.follow import FollowOptions, FollowTrainer
+
+    max_steps, group_size, timeout, staleness, mode, poll, idle, url, token = follow_args
+    options = FollowOptions(
+        group_size=group_size,
+        group_timeout_s=timeout,
+        max_staleness=staleness,
+        staleness_mode=mode,
+        poll_s=poll,
+        max_steps=max_steps,
+        idle_timeout_s=idle,
+        publish_url=url,
+        publish_token=token or os.environ.get("TINKERTRACE_ADMIN_TOKEN"),
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        result = FollowTrainer(settings, options).run(stop=stop, console=console, progress=progress)
+    except KeyboardInterrupt:
+        console.print("stopped")
+        return
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    console.print(
+        f"follow: trained steps {result.start_step}..{result.steps}, {result.rollouts_trained} rollouts, "
+        f"dropped {result.rollouts_dropped_stale} stale; logs in {result.log_dir}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def register(app: typer.Typer) -> None:

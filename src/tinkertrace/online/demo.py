@@ -33,14 +33,14 @@ class DemoSettings:
 
     out: Path
     steps: int = 40
-    workers: int = 3
+    workers: int = 2
     max_seconds: float = 170.0
     model: str = "tinkertrace/tiny-chat:small"
     learning_rate: float = 5e-3
     lora_rank: int = 16
     loss: str = "importance_sampling"
     group_size: int = 8
-    groups_per_batch: int = 3
+    groups_per_batch: int = 4
     max_tokens: int = 20
     max_staleness: int = 3
 

@@ -306,6 +306,11 @@ class FollowTrainer:
                     bar.update(task, completed=step, status=_status(metrics))
                 if self.on_step is not None:
                     self.on_step(step, metrics)
+        if result.rollouts_dropped_stale:
+            result.notes.append(
+                f"dropped {result.rollouts_dropped_stale} rollouts sampled more than "
+                f"{o.max_staleness} policy versions before the step that would train them (stale)"
+            )
         return result
 
     def _train(

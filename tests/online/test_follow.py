@@ -1,0 +1,77 @@
+"""Follow mode over a live collector: trains new rollouts, survives SIGKILL without retraining any,
+drops stale rollouts and counts them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tinkertrace.online.follow import FollowOptions, FollowTrainer
+from tinkertrace.online.runner import OnlineStack
+from tinkertrace.training.checkpoints import read_checkpoints
+from tinkertrace.training.config import TrainConfig
+from tinkertrace.training.metrics import read_metrics
+
+from .conftest import MODEL, make_rollouts, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _follow_cmd(stack: OnlineStack, log_dir: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "tinkertrace.cli.main", "train", str(stack.settings.spans_dir), "--follow",
+        "--log-dir", str(log_dir), "--model", MODEL, "--engine-dir", str(stack.settings.engine_dir),
+        "--group-size", "4", "--groups-per-batch", "1", "--poll-seconds", "0.2", "--no-progress",
+        "--max-staleness", "1000", "--learning-rate", "1e-3", "--keep-constant-reward-groups", *extra,
+    ]  # fmt: skip
+
+
+def test_follow_kill_and_restart_trains_each_rollout_once(stack: OnlineStack, tmp_path: Path) -> None:
+    log_dir = tmp_path / "follow"
+    make_rollouts(stack, "a", groups=3)
+    trainer = subprocess.Popen(_follow_cmd(stack, log_dir, "--max-steps", "20"), env={**os.environ})
+    try:
+        wait_for(lambda: len(read_checkpoints(log_dir)) >= 2, 120)
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(timeout=10)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    before_kill = read_checkpoints(log_dir)
+    make_rollouts(stack, "b", groups=2)  # new rollouts arrive while the trainer is down
+    done = subprocess.run(
+        _follow_cmd(stack, log_dir, "--idle-timeout", "6"), capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = read_checkpoints(log_dir)
+    assert records[: len(before_kill)] == before_kill
+    assert [r["step"] for r in records] == list(range(1, len(records) + 1))
+    trained = Counter(rid for r in records for rid in r["trained_rollout_ids"])
+    assert trained and max(trained.values()) == 1, "a rollout was trained twice"
+    assert len(trained) == 5 * 4  # every complete rollout of both batches, once
+    metrics = read_metrics(log_dir)
+    assert len(metrics) == len(records)
+    assert all(m["lag/rollout_to_trained_p50_s"] > 0 for m in metrics)
+
+
+def test_stale_rollouts_are_dropped_and_counted(stack: OnlineStack, tmp_path: Path) -> None:
+    make_rollouts(stack, "s", groups=2)  # sampled by policy version 0 (nothing publishes here)
+    config = TrainConfig(
+        source=stack.settings.spans_dir, model=MODEL, groups_per_batch=1, log_dir=tmp_path / "stale",
+        engine_dir=stack.settings.engine_dir, learning_rate=1e-3, remove_constant_reward_groups=False,
+    )  # fmt: skip
+    # max_staleness 0: after the first step (version 1) every version-0 rollout left is too old.
+    options = FollowOptions(group_size=4, max_staleness=0, poll_s=0.2, max_steps=3, idle_timeout_s=3)
+    result = FollowTrainer(config, options).run(progress=False)
+    assert result.steps == 1
+    assert result.rollouts_trained == 4
+    assert result.rollouts_dropped_stale >= 4  # the other s-group at least
+    assert any("stale" in note for note in result.notes)
+    (record,) = read_checkpoints(tmp_path / "stale")
+    assert record["policy_version"] == 1 and len(record["trained_rollout_ids"]) == 4
