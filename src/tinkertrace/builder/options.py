@@ -42,7 +42,7 @@ class BuildOptions:
     files: tuple[Path, ...] | None = None
     memory_limit: str = "1GB"
     threads: int | None = None
-    batch_rows: int = 8192
+    batch_rows: int = 4096
 
     def __post_init__(self) -> None:
         if self.reward_policy not in REWARD_POLICIES:

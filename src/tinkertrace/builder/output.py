@@ -9,7 +9,7 @@ from types import TracebackType
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ROW_GROUP_ROWS = 16384
+ROW_GROUP_ROWS = 4096
 
 
 class AtomicParquetWriter:

@@ -232,8 +232,12 @@ def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: Buil
     assign_rewards(con, options.reward_policy)
     _reward_counts(con, options, summary)
     _output_calls(con, options, summary)
-    # The query views stay defined over the full `spans` view afterwards.
+    # The query views stay defined over the full `spans` view afterwards; the working tables but
+    # `_out` are dropped so the token sort that follows has their memory.
     views.create_derived_views(con, source="spans")
+    for table in ("_meta", "_all_rollouts", "_candidates", "_orphans", "_parent", "_calls", "_rewards",
+                  "_linked", "_assign", "_reward_state"):  # fmt: skip
+        con.execute(f"DROP TABLE IF EXISTS {table}")
 
 
 TRIPLET_COLUMNS = (
