@@ -219,7 +219,8 @@ def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: Buil
     keep_attrs = f"span_type IN ('{sc.TYPE_ROLLOUT}', '{sc.TYPE_REWARD}') OR from_agentlightning"
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _meta AS
-        SELECT * EXCLUDE ({", ".join(TOKEN_COLUMNS)}, attributes, resource_attributes, events, links),
+        SELECT * EXCLUDE ({", ".join(TOKEN_COLUMNS)}, attributes, resource_attributes, events, links,
+                          kind, status_code, status_message, service_name, scope_name, date, hour),
                CASE WHEN {keep_attrs} THEN attributes END AS attributes
         FROM spans""")
     summary.spans = _scalar(con, "SELECT count(*) FROM _meta")
