@@ -2,7 +2,7 @@
 
 Modules: ``config`` (options and env vars), ``runtime`` (init/shutdown/flush/stats), ``rollout``
 (decorator, rewards, agent spans), ``context`` (context variables, thread propagation),
-``processor`` (stamps rollout ids on spans), ``capture`` + ``response_parse`` + ``tokens``
+``spans`` (starts spans with the rollout ids in context), ``capture`` + ``response_parse`` + ``tokens``
 (httpx/httpx2 LLM calls), ``export`` (queue and batches), ``sink`` (embedded Parquet),
 ``otlp`` + ``spool`` (OTLP export that keeps what it cannot send).
 """

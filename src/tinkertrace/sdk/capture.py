@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
 import logging
 import zlib
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from tinkertrace import semconv
 from tinkertrace.sdk import runtime
 from tinkertrace.sdk.context import ROLLOUT
 from tinkertrace.sdk.response_parse import ResponseRecord, parse_json, parse_sse
+from tinkertrace.sdk.spans import start_span
 from tinkertrace.sdk.tokens import token_attributes
 
 log = logging.getLogger("tinkertrace")
@@ -40,7 +40,12 @@ _originals: dict[tuple[type, str], Callable[..., Any]] = {}
 
 
 class LlmCall:
-    """One captured call: the span, the request it was made from, the response bytes seen so far."""
+    """One captured call: the span, the request it was made from, the response bytes seen so far.
+
+    The agent's thread does only what must happen in line: start the span, extend the request, tee
+    the response bytes, end the span. Everything else (request parameters, messages, the parsed
+    response, packed token ids) is computed by :meth:`export_attributes` on the export thread.
+    """
 
     def __init__(
         self, rt: runtime.Runtime, kind: str, request: Any, body: dict[str, Any], raw: bytes
@@ -49,46 +54,19 @@ class LlmCall:
         self.kind = kind
         self.body = body
         self.raw = raw
+        self.url = request.url
         self.injected: list[str] = []
         self._chunks: list[bytes] = []
         self._done = False
+        self._closed_early = False
         self.status = 0
-        self.content_type = ""
-        self.content_encoding = ""
-        self.header_policy_version: str | None = None
-        url = request.url
-        self.host = f"{url.host}:{url.port}"
-        operation = "chat" if kind == "chat" else "text_completion"
+        self.headers: Any = {}
         model = body.get("model")
-        attributes: dict[str, Any] = {
-            semconv.SPAN_TYPE: semconv.TYPE_LLM,
-            semconv.GENAI_OPERATION: operation,
-            semconv.GENAI_PROVIDER: "openai" if str(url.host).endswith("openai.com") else "openai_compatible",
-            "server.address": str(url.host),
-            semconv.LLM_STREAMING: bool(body.get("stream")),
-        }
-        if url.port:
-            attributes["server.port"] = int(url.port)
-        if isinstance(model, str):
-            attributes[semconv.GENAI_REQUEST_MODEL] = model
-        for key, attr in (
-            ("temperature", semconv.GENAI_TEMPERATURE),
-            ("top_p", semconv.GENAI_TOP_P),
-        ):
-            if isinstance(body.get(key), int | float):
-                attributes[attr] = float(body[key])
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        if isinstance(max_tokens, int):
-            attributes[semconv.GENAI_MAX_TOKENS] = max_tokens
-        stop = body.get("stop")
-        if isinstance(stop, str):
-            attributes[semconv.GENAI_STOP] = [stop]
-        elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-            attributes[semconv.GENAI_STOP] = stop
-        if rt.config.capture_content:
-            attributes[semconv.GENAI_INPUT_MESSAGES] = self._messages_json(self.input_messages())
+        operation = "chat" if kind == "chat" else "text_completion"
         name = f"{operation} {model}" if isinstance(model, str) else operation
-        self.span = rt.tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes)
+        self.span = start_span(
+            rt, name, semconv.TYPE_LLM, {semconv.GENAI_OPERATION: operation}, SpanKind.CLIENT
+        )
 
     # --- request side ------------------------------------------------------------------------------
     def input_messages(self) -> list[dict[str, Any]]:
@@ -103,40 +81,75 @@ class LlmCall:
             messages = redact(orjson.loads(orjson.dumps(messages, default=str)))  # a private copy
         return orjson.dumps(messages, default=str).decode()
 
+    def request_attributes(self) -> dict[str, Any]:
+        """Server, streaming flag, model, sampling parameters and (content capture on) messages."""
+        body, url = self.body, self.url
+        host = str(url.host)
+        attributes: dict[str, Any] = {
+            semconv.GENAI_PROVIDER: "openai" if host.endswith("openai.com") else "openai_compatible",
+            "server.address": host,
+            semconv.LLM_STREAMING: bool(body.get("stream")),
+            semconv.LLM_INJECTED: self.injected,
+        }
+        if url.port:
+            attributes["server.port"] = int(url.port)
+        model = body.get("model")
+        if isinstance(model, str):
+            attributes[semconv.GENAI_REQUEST_MODEL] = model
+        for key, attr in (("temperature", semconv.GENAI_TEMPERATURE), ("top_p", semconv.GENAI_TOP_P)):
+            if isinstance(body.get(key), int | float):
+                attributes[attr] = float(body[key])
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if isinstance(max_tokens, int):
+            attributes[semconv.GENAI_MAX_TOKENS] = max_tokens
+        stop = body.get("stop")
+        if isinstance(stop, str):
+            attributes[semconv.GENAI_STOP] = [stop]
+        elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+            attributes[semconv.GENAI_STOP] = stop
+        if self.rt.config.capture_content:
+            attributes[semconv.GENAI_INPUT_MESSAGES] = self._messages_json(self.input_messages())
+        return attributes
+
     def inject(self, lib: ModuleType, request: Any) -> None:
         """Ask the server for token ids and logprobs (fields absent from the request only)."""
-        if not self.rt.config.request_token_ids or self.host in self.rt.no_inject_hosts:
+        if not self.rt.config.request_token_ids:
             return
-        add: dict[str, Any] = {}
+        host = self.url.netloc
+        if host in self.rt.no_inject_hosts:
+            return
+        add = b""
         if self.body.get(semconv.REQUEST_RETURN_TOKEN_IDS) is None:
-            add[semconv.REQUEST_RETURN_TOKEN_IDS] = True
+            add += b',"' + semconv.REQUEST_RETURN_TOKEN_IDS.encode() + b'":true'
+            self.injected.append(semconv.REQUEST_RETURN_TOKEN_IDS)
         if self.body.get("logprobs") is None:
-            add["logprobs"] = True if self.kind == "chat" else 1
+            add += b',"logprobs":true' if self.kind == "chat" else b',"logprobs":1'
+            self.injected.append("logprobs")
         raw = self.raw.rstrip()
-        if not add or not raw.endswith(b"}"):
+        if not add or not raw.endswith(b"}") or raw == b"{}":
+            self.injected = []
             return
         # Splice the fields in before the closing brace: no re-serialisation of the agent's body.
-        extra = json.dumps(add, separators=(",", ":")).encode()[1:-1]
-        _set_body(lib, request, raw[:-1] + b"," + extra + b"}")
-        self.injected = list(add)
-        self.span.set_attribute(semconv.LLM_INJECTED, self.injected)
+        _set_body(lib, request, raw[:-1] + add + b"}")
 
     def drop_injection(self, lib: ModuleType, request: Any) -> None:
         """The server refused the extended request: restore the agent's body, stop extending."""
-        self.rt.no_inject_hosts.add(self.host)
+        self.rt.no_inject_hosts.add(self.url.netloc)
         _set_body(lib, request, self.raw)
         self.span.add_event("tinkertrace.injection_refused", {"fields": self.injected})
         self.injected = []
-        self.span.set_attribute(semconv.LLM_INJECTED, [])
 
     # --- response side -----------------------------------------------------------------------------
-    def on_response(self, response: Any) -> None:
+    def attach(self, response: Any, tee: type) -> Any:
+        """Note the response's status and headers (read on the export thread) and tee its body."""
         self.status = int(response.status_code)
-        headers = response.headers
-        self.content_type = headers.get("content-type", "")
-        self.content_encoding = headers.get("content-encoding", "").lower()
-        self.header_policy_version = headers.get(semconv.HEADER_POLICY_VERSION)
-        self.span.set_attribute("http.response.status_code", self.status)
+        self.headers = response.headers
+        response.stream = tee(response.stream, self)
+        return response
+
+    def retry_without_injection(self, response: Any) -> bool:
+        """Whether a 400 answer may be the server refusing the fields the SDK added."""
+        return bool(self.injected) and response.status_code == 400
 
     def feed(self, chunk: bytes) -> None:
         self._chunks.append(chunk)
@@ -150,43 +163,56 @@ class LlmCall:
             self.span.set_attribute("error.type", type(exc).__qualname__)
             self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
         finally:
-            self.span.end()
+            self._end()
 
     def finish(self, closed_early: bool = False) -> None:
-        """Record the response (once) and end the span; never raises."""
+        """End the span (once); its response is recorded on the export thread. Never raises."""
         if self._done:
             return
         self._done = True
+        self._closed_early = closed_early
         try:
-            self._record(closed_early)
+            if self.status >= 400:
+                body = self._body()
+                self.span.set_attribute("error.type", str(self.status))
+                message = f"HTTP {self.status}: {body[:300].decode(errors='replace')}"
+                self.span.set_status(Status(StatusCode.ERROR, message))
         except Exception as exc:
             self.span.set_attribute(semconv.LLM_CAPTURE_ERROR, f"{type(exc).__name__}: {exc}")
         finally:
-            self.span.end()
+            self._end()
+
+    def _end(self) -> None:
+        self.rt.processor.defer(self.span, self.export_attributes)
+        self.span.end()
 
     def _body(self) -> bytes:
         body = b"".join(self._chunks)
-        if self.content_encoding in ("gzip", "deflate", "x-gzip"):
+        encoding = self.headers.get("content-encoding", "").lower()
+        if encoding in ("gzip", "deflate", "x-gzip"):
             return zlib.decompress(body, wbits=47)
-        if self.content_encoding not in ("", "identity"):
-            raise ValueError(f"content-encoding {self.content_encoding!r} is not decoded by tinkertrace")
+        if encoding not in ("", "identity"):
+            raise ValueError(f"content-encoding {encoding!r} is not decoded by tinkertrace")
         return body
 
-    def _record(self, closed_early: bool) -> None:
-        span = self.span
-        if closed_early:
-            span.set_attribute(semconv.LLM_CLOSED_EARLY, True)
-        body = self._body()
-        if self.status >= 400:
-            span.set_attribute("error.type", str(self.status))
-            span.set_status(
-                Status(StatusCode.ERROR, f"HTTP {self.status}: {body[:300].decode(errors='replace')}")
-            )
-            return
-        streaming = "text/event-stream" in self.content_type
-        record = parse_sse(body) if streaming else parse_json(body)
-        span.set_attributes(self._response_attributes(record))
-        span.set_attributes(token_attributes(self.rt, self.kind, self.body, record))
+    def export_attributes(self) -> dict[str, Any]:
+        """The span's request and response attributes (run once the call has ended); never raises."""
+        attrs = self.request_attributes()
+        if self.status:
+            attrs["http.response.status_code"] = self.status
+        if self._closed_early:
+            attrs[semconv.LLM_CLOSED_EARLY] = True
+        if not self._done or not self.status or self.status >= 400:
+            return attrs  # failed or refused: nothing to parse
+        try:
+            body = self._body()
+            streaming = "text/event-stream" in self.headers.get("content-type", "")
+            record = parse_sse(body) if streaming else parse_json(body)
+            attrs.update(self._response_attributes(record))
+            attrs.update(token_attributes(self.rt, self.kind, self.body, record))
+        except Exception as exc:
+            attrs[semconv.LLM_CAPTURE_ERROR] = f"{type(exc).__name__}: {exc}"
+        return attrs
 
     def _response_attributes(self, record: ResponseRecord) -> dict[str, Any]:
         attrs: dict[str, Any] = {}
@@ -203,12 +229,9 @@ class LlmCall:
         if isinstance(usage.get("completion_tokens"), int):
             attrs[semconv.GENAI_OUTPUT_TOKENS] = usage["completion_tokens"]
         version = record.policy_version
-        if (
-            version is None
-            and self.header_policy_version
-            and self.header_policy_version.lstrip("-").isdigit()
-        ):
-            version = int(self.header_policy_version)
+        header_version = self.headers.get(semconv.HEADER_POLICY_VERSION)
+        if version is None and header_version and header_version.lstrip("-").isdigit():
+            version = int(header_version)
         if version is not None:
             attrs[semconv.POLICY_VERSION] = version
         if self.rt.config.capture_content:
@@ -254,23 +277,35 @@ def begin(lib: ModuleType, request: Any) -> LlmCall | None:
         return None
 
 
+class _Outcome:
+    """Around the iteration of a response body: ends the call as the iteration ends."""
+
+    def __init__(self, call: LlmCall) -> None:
+        self.call = call
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            self.call.finish()
+        elif isinstance(exc, GeneratorExit):
+            self.call.finish(closed_early=True)
+        else:
+            self.call.fail(exc)
+
+
 def _tee_types(lib: ModuleType) -> tuple[type, type]:
     class SyncTee(lib.SyncByteStream):  # type: ignore[name-defined,misc]
         def __init__(self, inner: Any, call: LlmCall) -> None:
             self._inner, self._call = inner, call
 
         def __iter__(self) -> Any:
-            try:
+            feed = self._call.feed
+            with _Outcome(self._call):
                 for chunk in self._inner:
-                    self._call.feed(chunk)
+                    feed(chunk)
                     yield chunk
-            except GeneratorExit:
-                self._call.finish(closed_early=True)
-                raise
-            except BaseException as exc:
-                self._call.fail(exc)
-                raise
-            self._call.finish()
 
         def close(self) -> None:
             try:
@@ -283,17 +318,11 @@ def _tee_types(lib: ModuleType) -> tuple[type, type]:
             self._inner, self._call = inner, call
 
         async def __aiter__(self) -> Any:
-            try:
+            feed = self._call.feed
+            with _Outcome(self._call):
                 async for chunk in self._inner:
-                    self._call.feed(chunk)
+                    feed(chunk)
                     yield chunk
-            except GeneratorExit:
-                self._call.finish(closed_early=True)
-                raise
-            except BaseException as exc:
-                self._call.fail(exc)
-                raise
-            self._call.finish()
 
         async def aclose(self) -> None:
             try:
@@ -312,16 +341,14 @@ def _wrap_sync(lib: ModuleType, original: Callable[..., Any], tee: type) -> Call
             return original(self, request)
         try:
             response = original(self, request)
-            if call.injected and response.status_code == 400:
+            if call.retry_without_injection(response):
                 response.close()
                 call.drop_injection(lib, request)
                 response = original(self, request)
         except BaseException as exc:
             call.fail(exc)
             raise
-        call.on_response(response)
-        response.stream = tee(response.stream, call)
-        return response
+        return call.attach(response, tee)
 
     return _send_single_request
 
@@ -334,16 +361,14 @@ def _wrap_async(lib: ModuleType, original: Callable[..., Any], tee: type) -> Cal
             return await original(self, request)
         try:
             response = await original(self, request)
-            if call.injected and response.status_code == 400:
+            if call.retry_without_injection(response):
                 await response.aclose()
                 call.drop_injection(lib, request)
                 response = await original(self, request)
         except BaseException as exc:
             call.fail(exc)
             raise
-        call.on_response(response)
-        response.stream = tee(response.stream, call)
-        return response
+        return call.attach(response, tee)
 
     return _send_single_request
 

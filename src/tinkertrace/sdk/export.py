@@ -2,7 +2,9 @@
 batch encoded once to OTLP protobuf and handed to every target (embedded sink, OTLP endpoint).
 
 The agent's thread only appends to the queue; it never waits for an export. When the queue is full
-the span is dropped and counted (``tinkertrace.stats()``).
+the span is dropped and counted (``tinkertrace.stats()``). Work that can wait until a span has ended
+(parsing an LLM response, packing token ids, serialising messages) is handed over with
+:meth:`QueueExportProcessor.defer` and done on the export thread, off the agent's path.
 """
 
 from __future__ import annotations
@@ -11,15 +13,19 @@ import collections
 import logging
 import threading
 import time
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.trace import Span
 
 from tinkertrace.sdk.stats import ExportStats
 
 log = logging.getLogger("tinkertrace")
+
+DeferredAttributes = Callable[[], Mapping[str, Any]]
 
 
 class Target(Protocol):
@@ -48,16 +54,24 @@ class QueueExportProcessor(SpanProcessor):
         self._batch_size = batch_size
         self._delay = schedule_delay_s
         self._queue: collections.deque[ReadableSpan] = collections.deque()
+        self._deferred: dict[int, DeferredAttributes] = {}
         self._cond = threading.Condition()
         self._export_lock = threading.Lock()
         self._stopped = False
         self._worker = threading.Thread(target=self._run, name="tinkertrace-export", daemon=True)
         self._worker.start()
 
+    def defer(self, span: Span, attributes: DeferredAttributes) -> None:
+        """Add ``attributes()`` to ``span`` on the export thread, after it has ended (call before
+        ``span.end()``; whatever ``attributes`` reads must no longer change)."""
+        self._deferred[span.get_span_context().span_id] = attributes
+
     def on_end(self, span: ReadableSpan) -> None:
         with self._cond:
             if self._stopped or len(self._queue) >= self._max_queue:
                 dropped = True
+                if span.context is not None:
+                    self._deferred.pop(span.context.span_id, None)
             else:
                 dropped = False
                 self._queue.append(span)
@@ -84,9 +98,34 @@ class QueueExportProcessor(SpanProcessor):
             while batch := self._take():
                 self._export(batch)
 
+    def _complete(self, span: ReadableSpan) -> ReadableSpan:
+        """``span`` with its deferred attributes added (a new immutable span), or as it is."""
+        work = self._deferred.pop(span.context.span_id, None) if span.context is not None else None
+        if work is None:
+            return span
+        try:
+            extra = work()
+        except Exception:
+            log.exception("tinkertrace: deferred attributes of span %r failed", span.name)
+            return span
+        return ReadableSpan(
+            name=span.name,
+            context=span.context,
+            parent=span.parent,
+            resource=span.resource,
+            attributes={**(span.attributes or {}), **extra},
+            events=span.events,
+            links=span.links,
+            kind=span.kind,
+            status=span.status,
+            start_time=span.start_time,
+            end_time=span.end_time,
+            instrumentation_scope=span.instrumentation_scope,
+        )
+
     def _export(self, batch: list[ReadableSpan]) -> None:
         try:
-            request = encode_spans(batch)
+            request = encode_spans([self._complete(span) for span in batch])
         except Exception:
             log.exception("tinkertrace: could not encode %d spans; they are lost", len(batch))
             self._stats.add("spans_rejected", len(batch))

@@ -21,6 +21,7 @@ from opentelemetry.trace import Status, StatusCode
 from tinkertrace import semconv
 from tinkertrace.sdk import runtime
 from tinkertrace.sdk.context import AGENT, ROLLOUT, RolloutState
+from tinkertrace.sdk.spans import start_span
 
 F = TypeVar("F", bound=Callable[..., Any])
 MAX_TASK_INPUT_CHARS = 65_536
@@ -100,13 +101,25 @@ def _identify(
     return task_id, int(attempt), str(split) if isinstance(split, str) else spec.split, task
 
 
+class _Untraced:
+    """The scope of a call whose rollout could not be started: the call runs as if undecorated."""
+
+    def returned(self, result: Any) -> Any:
+        return result
+
+    def __enter__(self) -> _Untraced:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        return None
+
+
 class _Rollout:
     """One rollout's span and context, entered around the decorated call."""
 
     def __init__(self, spec: _RolloutSpec, task_id: str, attempt: int, split: str, task: Any) -> None:
         rt = runtime.get()
         attributes: dict[str, Any] = {
-            semconv.SPAN_TYPE: semconv.TYPE_ROLLOUT,
             semconv.ROLLOUT_ID: uuid.uuid4().hex,
             semconv.TASK_ID: task_id,
             semconv.ATTEMPT: attempt,
@@ -117,10 +130,7 @@ class _Rollout:
                 attributes[semconv.TASK_INPUT] = task_json(task)[:MAX_TASK_INPUT_CHARS]
             except (TypeError, ValueError) as exc:
                 attributes[semconv.TASK_INPUT] = json.dumps({"unserializable": str(exc)})
-        agent = AGENT.get()
-        if agent is not None:
-            attributes[semconv.AGENT_NAME] = agent
-        self.span = rt.tracer.start_span(f"rollout {spec.name}", attributes=attributes)
+        self.span = start_span(rt, f"rollout {spec.name}", semconv.TYPE_ROLLOUT, attributes)
         self.state = RolloutState(str(attributes[semconv.ROLLOUT_ID]), task_id, attempt, split, self.span)
 
     def enter(self) -> None:
@@ -129,15 +139,28 @@ class _Rollout:
         self._token = ROLLOUT.set(self.state)
 
     @classmethod
-    def begin(cls, spec: _RolloutSpec, sig: inspect.Signature, args: tuple, kwargs: dict) -> _Rollout | None:
-        """Start a rollout for one call; None (with a warning) if tracing itself fails."""
+    def begin(
+        cls, spec: _RolloutSpec, sig: inspect.Signature, args: tuple, kwargs: dict
+    ) -> _Rollout | _Untraced:
+        """Start a rollout for one call; an untraced scope (with a warning) if tracing itself fails."""
         try:
             rollout = cls(spec, *_identify(spec, sig, args, kwargs))
             rollout.enter()
             return rollout
         except Exception as exc:
             warnings.warn(f"tinkertrace: rollout not traced: {exc}", RuntimeWarning, stacklevel=3)
-            return None
+            return _Untraced()
+
+    def returned(self, result: Any) -> Any:
+        """Note the decorated function's result (the final reward if numeric) and pass it on."""
+        self._result = result
+        return result
+
+    def __enter__(self) -> _Rollout:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.finish(getattr(self, "_result", None), exc)
 
     def finish(self, result: Any, exc: BaseException | None) -> None:
         try:
@@ -219,31 +242,15 @@ def traced_rollout(
 
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                rollout = _Rollout.begin(spec, sig, args, kwargs)
-                if rollout is None:
-                    return await func(*args, **kwargs)
-                try:
-                    result = await func(*args, **kwargs)
-                except BaseException as exc:
-                    rollout.finish(None, exc)
-                    raise
-                rollout.finish(result, None)
-                return result
+                with _Rollout.begin(spec, sig, args, kwargs) as rollout:
+                    return rollout.returned(await func(*args, **kwargs))
 
             return async_wrapper
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            rollout = _Rollout.begin(spec, sig, args, kwargs)
-            if rollout is None:
-                return func(*args, **kwargs)
-            try:
-                result = func(*args, **kwargs)
-            except BaseException as exc:
-                rollout.finish(None, exc)
-                raise
-            rollout.finish(result, None)
-            return result
+            with _Rollout.begin(spec, sig, args, kwargs) as rollout:
+                return rollout.returned(func(*args, **kwargs))
 
         return wrapper
 
@@ -294,7 +301,6 @@ def emit_reward(
             return False
         chosen, dims = _reward_dimensions(value, name, primary)
         attributes: dict[str, Any] = {
-            semconv.SPAN_TYPE: semconv.TYPE_REWARD,
             semconv.GENAI_EVALUATION_NAME: chosen,
             semconv.GENAI_EVALUATION_SCORE: dims[chosen],
             semconv.REWARD_NAME: chosen,
@@ -304,7 +310,7 @@ def emit_reward(
         }
         if response_id is not None:
             attributes[semconv.GENAI_RESPONSE_ID] = str(response_id)
-        runtime.get().tracer.start_span(semconv.REWARD_SPAN_NAME, attributes=attributes).end()
+        start_span(runtime.get(), semconv.REWARD_SPAN_NAME, semconv.TYPE_REWARD, attributes).end()
         return True
     except Exception as exc:
         warnings.warn(f"tinkertrace: reward not recorded: {exc}", RuntimeWarning, stacklevel=2)
@@ -324,15 +330,12 @@ class agent_span:  # lower-case: used like a function, ``with agent_span("solver
         self._stack: list[tuple[Any, Any, Any]] = []
 
     def __enter__(self) -> trace.Span:
-        tracer = runtime.get().tracer
         token = AGENT.set(self.name)
-        span = tracer.start_span(
+        span = start_span(
+            runtime.get(),
             f"{semconv.AGENT_OPERATION} {self.name}",
-            attributes={
-                semconv.SPAN_TYPE: semconv.TYPE_AGENT,
-                semconv.GENAI_OPERATION: semconv.AGENT_OPERATION,
-                semconv.AGENT_NAME: self.name,
-            },
+            semconv.TYPE_AGENT,
+            {semconv.GENAI_OPERATION: semconv.AGENT_OPERATION, semconv.AGENT_NAME: self.name},
         )
         use = trace.use_span(span, end_on_exit=False, record_exception=False)
         use.__enter__()

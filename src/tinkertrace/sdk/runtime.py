@@ -21,7 +21,6 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from tinkertrace.sdk import config as cfg
 from tinkertrace.sdk import context
 from tinkertrace.sdk.export import QueueExportProcessor, Target
-from tinkertrace.sdk.processor import ContextAttributesProcessor
 from tinkertrace.sdk.stats import ExportStats
 
 log = logging.getLogger("tinkertrace")
@@ -36,7 +35,7 @@ class Runtime:
     tracer: trace.Tracer
     processor: QueueExportProcessor
     stats: ExportStats
-    no_inject_hosts: set[str] = field(default_factory=set)
+    no_inject_hosts: set[bytes] = field(default_factory=set)  # URL netlocs
     _tokenizer: Any = None
     _tokenizer_failed: bool = False
 
@@ -148,7 +147,6 @@ def _build(config: cfg.TraceConfig) -> Runtime:
         resource=Resource.create({"service.name": config.service_name}),
         shutdown_on_exit=False,
     )
-    provider.add_span_processor(ContextAttributesProcessor())
     provider.add_span_processor(processor)
     runtime = Runtime(config, provider, provider.get_tracer("tinkertrace.sdk", __version__), processor, stats)
     if config.capture_http:
