@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tinkertrace.collector.wal import WriteAheadLog, iter_records
-from tinkertrace.spanstore.otlp_arrow import ConversionResult, request_to_table
+from tinkertrace.spanstore.otlp_arrow import ConversionResult, body_to_table
 from tinkertrace.spanstore.writer import TEMP_PREFIX, PartitionedParquetWriter
 
 log = logging.getLogger("tinkertrace.collector")
@@ -115,8 +114,7 @@ class Ingestor:
                 report.files_replaced += 1
             self.writer.file_prefix = tag
             for record in records:
-                request = ExportTraceServiceRequest.FromString(record.payload)
-                result = request_to_table(request, record.received_at_ns)
+                result = body_to_table(record.payload, record.received_at_ns)
                 self.writer.write(result.table)
                 report.spans += result.accepted
             self.writer.flush()

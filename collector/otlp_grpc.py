@@ -16,8 +16,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.rpc import error_details_pb2
 
 from tinkertrace.collector.ingest import Ingestor, Overloaded, Unavailable
-from tinkertrace.collector.otlp_http import BadRequest, export_response, parse_protobuf_request
-from tinkertrace.spanstore.otlp_arrow import request_to_table
+from tinkertrace.collector.otlp_http import BadRequest, convert_protobuf_body, export_response
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
@@ -34,9 +33,8 @@ class _Export:
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         try:
             self.ingestor.check_capacity()
-            request = parse_protobuf_request(body)
             received = time.time_ns()
-            result = request_to_table(request, received)
+            result = convert_protobuf_body(body, received)
             self.ingestor.submit(body, result, received).result()
         except BadRequest as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

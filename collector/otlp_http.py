@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from tinkertrace.collector.ingest import Ingestor, Overloaded, Unavailable
-from tinkertrace.spanstore.otlp_arrow import ConversionResult, request_to_table
+from tinkertrace.spanstore.otlp_arrow import ConversionResult, body_to_table
 
 TRACES_PATH = "/v1/traces"
 HEALTH_PATHS = ("/health", "/healthz")
@@ -82,13 +82,12 @@ def parse_json_request(body: bytes) -> ExportTraceServiceRequest:
         raise BadRequest(400, f"not an OTLP ExportTraceServiceRequest: {exc}") from None
 
 
-def parse_protobuf_request(body: bytes) -> ExportTraceServiceRequest:
-    request = ExportTraceServiceRequest()
+def convert_protobuf_body(body: bytes, received_at_ns: int) -> ConversionResult:
+    """Convert a serialized ``ExportTraceServiceRequest``; :class:`BadRequest` (400) if malformed."""
     try:
-        request.ParseFromString(body)
+        return body_to_table(body, received_at_ns)
     except DecodeError as exc:
         raise BadRequest(400, f"body is not a valid OTLP protobuf ExportTraceServiceRequest: {exc}") from None
-    return request
 
 
 def gunzip(body: bytes, limit: int) -> bytes:
@@ -205,10 +204,9 @@ class OtlpHttpApp:
     async def _export(
         self, body: bytes, headers: dict[bytes, bytes], use_json: bool
     ) -> ExportTraceServiceResponse:
-        request = parse_json_request(body) if use_json else parse_protobuf_request(body)
+        payload = parse_json_request(body).SerializeToString() if use_json else body
         received = time.time_ns()
-        result = request_to_table(request, received)
-        payload = request.SerializeToString() if use_json else body
+        result = convert_protobuf_body(payload, received)
         await asyncio.wrap_future(self.ingestor.submit(payload, result, received))
         return export_response(result)
 

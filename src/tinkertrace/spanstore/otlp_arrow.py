@@ -16,11 +16,13 @@ from typing import Any
 import numpy as np
 import orjson
 import pyarrow as pa
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from tinkertrace import schemas, semconv
 from tinkertrace.spanstore.encoding import IDS_DTYPE, LOGPROBS_DTYPE
+from tinkertrace.spanstore.otlp_raw import RawExportTraceServiceRequest
 
 
 def _dumps(obj: Any) -> str:
@@ -140,7 +142,7 @@ def empty_table() -> pa.Table:
     return schemas.spans().empty_table()
 
 
-# Order of the per-span row tuple built by request_to_table (then transposed into columns).
+# Order of the per-span row tuple built by body_to_table (then transposed into columns).
 _ROW_COLUMNS = (
     "trace_id",
     "span_id",
@@ -163,15 +165,138 @@ _ROW_COLUMNS = (
 # attribute key -> (slot in the lifted list, coercion kind); token key -> (slot, dtype)
 _SCALAR_SLOTS = {key: (i, kind) for i, (key, (_, kind)) in enumerate(_SCALAR_COLUMNS.items())}
 _TOKEN_SLOTS = {key: (i, dtype) for i, (key, (_, dtype)) in enumerate(_TOKEN_COLUMNS.items())}
+_TOKEN_KEYS_UTF8 = {key.encode(): (i, dtype) for key, (i, dtype) in _TOKEN_SLOTS.items()}
+
+# A decoded attribute: (slot, key, value). slot >= 0: lifted scalar column, value its typed value;
+# slot == REST: value is the ``"key":value`` JSON fragment; slot <= TOKEN0: token column TOKEN0 - slot,
+# value its packed bytes.
+REST, TOKEN0 = -1, -2
+Decoded = tuple[int, str, Any]
+_MEMO_MAX_BYTES = 160  # attributes this short are cached by their raw bytes (they mostly repeat)
+_MEMO_MAX_ENTRIES = 100_000
+_span_memo: dict[bytes, Decoded] = {}
+_event_memo: dict[bytes, tuple[str, bytes]] = {}
+_ZERO_TRACE, _ZERO_SPAN = bytes(16), bytes(8)
+
+
+def _fragment(key: str, value: Any) -> bytes:
+    """``"key":value`` as orjson writes it inside an object."""
+    return orjson.dumps({key: value})[1:-1]
+
+
+def _decode_span_attribute(raw: bytes) -> Decoded:
+    """Decode one raw ``KeyValue`` of a span; ``ValueError`` names what is wrong."""
+    try:
+        kv = KeyValue.FromString(raw)
+    except DecodeError as exc:
+        raise ValueError(f"malformed attribute: {exc}") from None
+    key, value = kv.key, kv.value
+    which = value.WhichOneof("value")
+    token_slot = _TOKEN_SLOTS.get(key)
+    if token_slot is not None:
+        try:
+            return TOKEN0 - token_slot[0], key, _token_bytes(value, which, token_slot[1])
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise ValueError(f"attribute {key!r}: {exc}") from None
+    raw_value = any_value(value)
+    slot = _SCALAR_SLOTS.get(key)
+    if slot is not None and raw_value is not None:
+        try:
+            return slot[0], key, _coerce(raw_value, slot[1])
+        except (ValueError, TypeError, OverflowError):
+            pass  # keep the odd value in the JSON attributes instead
+    return REST, key, _fragment(key, raw_value)
+
+
+def _packed_token(raw: bytes) -> Decoded | None:
+    """Fast path for a packed token attribute in canonical encoding; ``None`` if it is anything else."""
+    n = raw[1]
+    if raw[0] != 0x0A or n >= 0x80:
+        return None
+    token_slot = _TOKEN_KEYS_UTF8.get(raw[2 : 2 + n])
+    if token_slot is None or raw[2 + n] != 0x12:
+        return None
+    length, pos = _varint(raw, 3 + n)
+    if pos + length != len(raw) or raw[pos] != 0x3A:
+        return None
+    size, start = _varint(raw, pos + 1)
+    if start + size != len(raw) or size % 4:
+        return None
+    return TOKEN0 - token_slot[0], "", raw[start:]
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _span_attribute(raw: bytes) -> Decoded:
+    """Decode (and cache, when short) one raw span attribute."""
+    if len(raw) > _MEMO_MAX_BYTES:
+        try:
+            fast = _packed_token(raw)
+        except (IndexError, ValueError):
+            fast = None
+        return fast or _decode_span_attribute(raw)
+    decoded = _decode_span_attribute(raw)
+    if len(_span_memo) >= _MEMO_MAX_ENTRIES:
+        _span_memo.clear()
+    _span_memo[raw] = decoded
+    return decoded
+
+
+def _event_attribute(raw: bytes) -> tuple[str, bytes]:
+    """``(key, JSON fragment)`` of one raw event/link attribute, cached when short."""
+    try:
+        kv = KeyValue.FromString(raw)
+    except DecodeError as exc:
+        raise ValueError(f"malformed event attribute: {exc}") from None
+    decoded = kv.key, _fragment(kv.key, any_value(kv.value))
+    if len(raw) <= _MEMO_MAX_BYTES:
+        if len(_event_memo) >= _MEMO_MAX_ENTRIES:
+            _event_memo.clear()
+        _event_memo[raw] = decoded
+    return decoded
+
+
+def _events_json(events: Any) -> str:
+    """The span's events as JSON text, built from cached attribute fragments."""
+    parts = []
+    memo_get = _event_memo.get
+    for event in events:
+        fragments: dict[str, bytes] = {}
+        for raw in event.attributes:
+            key, fragment = memo_get(raw) or _event_attribute(raw)
+            fragments[key] = fragment
+        parts.append(
+            b'{"name":%b,"time_unix_nano":%d,"attributes":{%b}}'
+            % (orjson.dumps(event.name), event.time_unix_nano, b",".join(fragments.values()))
+        )
+    return (b"[" + b",".join(parts) + b"]").decode()
 
 
 def request_to_table(request: ExportTraceServiceRequest, received_at_ns: int) -> ConversionResult:
     """Convert every valid span of ``request``; spans with missing/invalid ids are rejected and counted."""
+    return body_to_table(request.SerializeToString(), received_at_ns)
+
+
+def body_to_table(body: bytes, received_at_ns: int) -> ConversionResult:
+    """Like :func:`request_to_table` for serialized request bytes; ``DecodeError`` if malformed."""
+    request = RawExportTraceServiceRequest.FromString(body)
     rows: list[tuple[Any, ...]] = []
     errors: list[str] = []
     rejected = 0
-    scalar_slots, token_slots, n_scalar = _SCALAR_SLOTS, _TOKEN_SLOTS, len(_SCALAR_SLOTS)
+    n_scalar = len(_SCALAR_SLOTS)
     n_kinds, n_status = len(_KINDS), len(_STATUS)
+    memo_get = _span_memo.get
     for r_index, resource_spans in enumerate(request.resource_spans):
         resource_attrs = _attrs(resource_spans.resource.attributes)
         resource_json = _dumps(resource_attrs)
@@ -182,49 +307,32 @@ def request_to_table(request: ExportTraceServiceRequest, received_at_ns: int) ->
             for s_index, span in enumerate(scope_spans.spans):
                 trace_id, span_id, parent = span.trace_id, span.span_id, span.parent_span_id
                 problem = None
-                if len(trace_id) != 16 or not any(trace_id):
+                if len(trace_id) != 16 or trace_id == _ZERO_TRACE:
                     problem = f"trace_id must be 16 non-zero bytes, got {len(trace_id)} bytes"
-                elif len(span_id) != 8 or not any(span_id):
+                elif len(span_id) != 8 or span_id == _ZERO_SPAN:
                     problem = f"span_id must be 8 non-zero bytes, got {len(span_id)} bytes"
                 elif parent and len(parent) != 8:
                     problem = f"parent_span_id must be 8 bytes or empty, got {len(parent)} bytes"
                 lifted: list[Any] = [None] * n_scalar
-                tokens: list[bytes | None] = [None, None, None]
-                rest: dict[str, Any] = {}
+                tokens: list[Any] = [None, None, None]
+                rest: dict[str, bytes] = {}
+                events_json = links_json = "[]"
                 if problem is None:
-                    for kv in span.attributes:
-                        key = kv.key
-                        value = kv.value
-                        which = value.WhichOneof("value")
-                        token_slot = token_slots.get(key)
-                        if token_slot is not None:
-                            try:
-                                tokens[token_slot[0]] = _token_bytes(value, which, token_slot[1])
-                            except (ValueError, TypeError, OverflowError) as exc:
-                                problem = f"attribute {key!r}: {exc}"
-                                break
-                            continue
-                        if which == "string_value":
-                            raw: Any = value.string_value
-                        elif which == "int_value":
-                            raw = value.int_value
-                        elif which == "double_value":
-                            raw = value.double_value
-                        elif which == "bool_value":
-                            raw = value.bool_value
-                        else:
-                            raw = any_value(value)
-                        slot = scalar_slots.get(key)
-                        if slot is not None and raw is not None:
-                            if slot[1] == "str" and which == "string_value":
-                                lifted[slot[0]] = raw
-                                continue
-                            try:
-                                lifted[slot[0]] = _coerce(raw, slot[1])
-                                continue
-                            except (ValueError, TypeError, OverflowError):
-                                pass  # keep the odd value in the JSON attributes instead
-                        rest[key] = raw
+                    try:
+                        for raw in span.attributes:
+                            slot, key, value = memo_get(raw) or _span_attribute(raw)
+                            if slot >= 0:
+                                lifted[slot] = value
+                            elif slot == REST:
+                                rest[key] = value
+                            else:
+                                tokens[TOKEN0 - slot] = value
+                        if span.events:
+                            events_json = _events_json(span.events)
+                        if span.links:
+                            links_json = _links_json(span.links)
+                    except (ValueError, TypeError, OverflowError, IndexError) as exc:
+                        problem = str(exc)
                 if problem is not None:
                     rejected += 1
                     if len(errors) < MAX_ERRORS:
@@ -235,8 +343,6 @@ def request_to_table(request: ExportTraceServiceRequest, received_at_ns: int) ->
                 kind = span.kind
                 status = span.status
                 code = status.code
-                events = span.events
-                links = span.links
                 rows.append(
                     (
                         trace_id.hex(),
@@ -250,10 +356,10 @@ def request_to_table(request: ExportTraceServiceRequest, received_at_ns: int) ->
                         status.message or None,
                         service,
                         scope,
-                        _dumps(rest) if rest else "{}",
+                        b"{%b}" % b",".join(rest.values()) if rest else "{}",
                         resource_json,
-                        _events_json(events) if events else "[]",
-                        _links_json(links) if links else "[]",
+                        events_json,
+                        links_json,
                         *lifted,
                         *tokens,
                     )
@@ -265,17 +371,6 @@ def request_to_table(request: ExportTraceServiceRequest, received_at_ns: int) ->
         accepted=len(rows),
         rejected=rejected,
         errors=errors,
-    )
-
-
-def _events_json(events: Any) -> str:
-    if not events:
-        return "[]"
-    return _dumps(
-        [
-            {"name": e.name, "time_unix_nano": e.time_unix_nano, "attributes": _attrs(e.attributes)}
-            for e in events
-        ],
     )
 
 
