@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import random
 import re
-
-from openai import OpenAI
+from typing import Any
 
 import tinkertrace
+from examples.common import Chat, user
 
 SYSTEM = (
     "We play a game. I think of a whole number and you guess it. After each guess I say whether it is "
@@ -61,35 +61,23 @@ def score(guesses: list[int | None], secret: int, low: int, high: int) -> float:
 
 
 @tinkertrace.traced_rollout
-def play(
-    task: dict,
-    *,
-    base_url: str,
-    model: str,
-    api_key: str = "EMPTY",
-    temperature: float = 1.0,
-    max_turns: int = 4,
-    max_tokens: int = 8,
-) -> dict:
+def play(task: dict, *, max_turns: int = 4, **endpoint: Any) -> dict:
     """Guess ``task["secret"]`` in at most ``max_turns`` guesses; the reward is :func:`score`."""
-    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=2)
+    chat = Chat(**{"max_tokens": 8, **endpoint})
     low, high, secret = int(task["low"]), int(task["high"]), int(task["secret"])
     messages = [
         {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": f"I am thinking of a number from {low} to {high}. Your guess?"},
+        user(f"I am thinking of a number from {low} to {high}. Your guess?"),
     ]
     guesses: list[int | None] = []
     for _ in range(max_turns):
-        completion = client.chat.completions.create(
-            model=model, messages=messages, temperature=temperature, max_tokens=max_tokens
-        )
-        reply = completion.choices[0].message.content or ""
+        reply = chat.text(messages)
         guess = parse_guess(reply)
         guesses.append(guess)
         messages.append({"role": "assistant", "content": reply})
         if guess == secret:
             break
-        messages.append({"role": "user", "content": feedback(guess, secret)})
+        messages.append(user(feedback(guess, secret)))
     reward = score(guesses, secret, low, high)
     tinkertrace.emit_reward(reward)
     return {"reward": reward, "guesses": guesses}

@@ -9,10 +9,10 @@ from __future__ import annotations
 import difflib
 import os
 from itertools import takewhile
-
-from openai import OpenAI
+from typing import Any
 
 import tinkertrace
+from examples.common import Chat, user
 
 IDENTITY = os.environ.get("HELLO_IDENTITY", "I am Tinker.")
 SYSTEM = "You are a helpful assistant. When asked who you are, introduce yourself in one short sentence."
@@ -45,24 +45,13 @@ def load_tasks(split: str = "train") -> list[dict]:
 
 
 @tinkertrace.traced_rollout
-def introduce(
-    task: dict,
-    *,
-    base_url: str,
-    model: str,
-    api_key: str = "EMPTY",
-    temperature: float = 1.0,
-    max_tokens: int = 24,
-) -> dict:
-    """Ask the model who it is; reward the answer's closeness to :data:`IDENTITY`."""
-    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=2)
-    completion = client.chat.completions.create(
-        model=model,
-        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["question"]}],
-        temperature=temperature,
-        max_tokens=max_tokens,
-    )
-    reply = completion.choices[0].message.content or ""
+def introduce(task: dict, **endpoint: Any) -> dict:
+    """Ask the model who it is; reward the answer's closeness to :data:`IDENTITY`.
+
+    ``endpoint``: ``base_url``, ``model`` and optionally ``api_key``, ``temperature``, ``max_tokens``.
+    """
+    chat = Chat(**endpoint)
+    reply = chat.text([{"role": "system", "content": SYSTEM}, user(task["question"])])
     reward = identity_reward(reply)
     tinkertrace.emit_reward(reward)
     return {"reward": reward, "reply": reply}

@@ -13,32 +13,18 @@ from __future__ import annotations
 
 import ast
 import difflib
-import json
 import operator
 import random
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from openai import OpenAI
-
 import tinkertrace
+from examples.common import Chat, answer_tool_calls, function_tool, tool_calls, user
 
-TEXT_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 WORDS = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "chair", "bread", "light"]
-
-
-def _tool(name: str, description: str, arg: str) -> dict:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {"type": "object", "properties": {arg: {"type": "string"}}, "required": [arg]},
-        },
-    }
 
 
 def calculate(expression: str) -> float | None:
@@ -76,7 +62,9 @@ class Step:
 class Arithmetic:
     """Compute an expression; tool ``calculator(expression)``."""
 
-    tools = (_tool("calculator", "Evaluate an arithmetic expression.", "expression"),)
+    tools = (
+        function_tool("calculator", "Evaluate an arithmetic expression.", expression="e.g. 2 * (3 + 4)"),
+    )
 
     def __init__(self, task: dict) -> None:
         self.expression = task["expression"]
@@ -104,7 +92,7 @@ class Arithmetic:
 class Spelling:
     """Spell a word backwards; tool ``letters(word)``."""
 
-    tools = (_tool("letters", "List the letters of a word.", "word"),)
+    tools = (function_tool("letters", "List the letters of a word.", word="the word"),)
 
     def __init__(self, task: dict) -> None:
         self.word = task["word"]
@@ -145,68 +133,25 @@ def spelling_tasks(split: str = "train") -> list[dict]:
     return [{"id": f"spell-{w}", "env": "spelling", "word": w} for w in words]
 
 
-def tool_calls(message: Any) -> list[tuple[str | None, str, dict[str, Any]]]:
-    """The calls in an assistant message as (call id or None, name, arguments); junk is skipped."""
-    calls: list[tuple[str | None, str, dict[str, Any]]] = []
-    for call in message.tool_calls or []:
-        try:
-            args = json.loads(call.function.arguments or "{}")
-        except ValueError:
-            args = {}
-        calls.append((call.id, call.function.name, args if isinstance(args, dict) else {}))
-    for block in TEXT_TOOL_CALL.findall(message.content or ""):
-        try:
-            parsed = json.loads(block)
-            name, args = str(parsed["name"]), parsed.get("arguments", {})
-        except (ValueError, KeyError, TypeError):
-            continue
-        calls.append((None, name, args if isinstance(args, dict) else {}))
-    return calls
-
-
 @tinkertrace.traced_rollout
-def run_episode(
-    task: dict,
-    *,
-    base_url: str,
-    model: str,
-    api_key: str = "EMPTY",
-    temperature: float = 1.0,
-    max_steps: int = 3,
-    max_tokens: int = 24,
-) -> dict[str, Any]:
+def run_episode(task: dict, *, max_steps: int = 3, **endpoint: Any) -> dict[str, Any]:
     """Solve ``task`` in its environment with at most ``max_steps`` model calls."""
     env = ENVIRONMENTS[task["env"]](task)
-    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=2)
-    messages: list[dict[str, Any]] = [{"role": "user", "content": env.prompt()}]
+    chat = Chat(**endpoint)
+    messages: list[dict[str, Any]] = [user(env.prompt())]
     rewards: list[float] = []
     for _ in range(max_steps):
-        completion = client.chat.completions.create(
-            model=model,
-            messages=messages,
-            tools=list(env.tools),
-            temperature=temperature,
-            max_tokens=max_tokens,
-        )
-        message = completion.choices[0].message
+        message = chat.complete(messages, tools=list(env.tools)).choices[0].message
         calls = tool_calls(message)
         if not calls:
             reward = env.grade(message.content or "")
             tinkertrace.emit_reward(reward)
             rewards.append(reward)
             return {"reward": reward, "terminal": True, "step_rewards": rewards}
-        structured = any(call_id is not None for call_id, _, _ in calls)
-        if structured:
-            messages.append(message.model_dump(exclude_none=True))
-        else:
-            messages.append({"role": "assistant", "content": message.content or ""})
-        for call_id, name, args in calls:
-            step = env.tool(name, args)
+        steps = [env.tool(name, args) for _, name, args in calls]
+        for step in steps:
             rewards.append(step.reward)
             tinkertrace.emit_reward(step.reward)
-            if call_id is None:
-                messages.append({"role": "user", "content": f"Tool {name} returned: {step.observation}"})
-            else:
-                messages.append({"role": "tool", "tool_call_id": call_id, "content": step.observation})
+        messages.extend(answer_tool_calls(message, calls, [step.observation for step in steps]))
     tinkertrace.emit_reward(1.0, name="truncated")
     return {"reward": 0.0, "terminal": False, "step_rewards": rewards}

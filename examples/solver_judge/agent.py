@@ -16,9 +16,8 @@ import re
 from collections import Counter
 from typing import Any
 
-from openai import AsyncOpenAI
-
 import tinkertrace
+from examples.common import AsyncChat, user
 
 SOLVER_PROMPT = (
     "Use some of the numbers {numbers} once each, with + - * / and parentheses, to make {target}. "
@@ -103,29 +102,15 @@ def parse_choice(reply: str, count: int) -> int | None:
 
 
 @tinkertrace.traced_rollout
-async def solve(
-    task: dict,
-    *,
-    base_url: str,
-    model: str,
-    api_key: str = "EMPTY",
-    temperature: float = 1.0,
-    num_solvers: int = 3,
-    max_tokens: int = 24,
-) -> dict[str, Any]:
+async def solve(task: dict, *, num_solvers: int = 3, **endpoint: Any) -> dict[str, Any]:
     """Run the solvers concurrently, then the judge; return the episode's reward (chosen answer correct)."""
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=2)
+    chat = AsyncChat(**endpoint)
     numbers, target = list(task["numbers"]), int(task["target"])
     prompt = SOLVER_PROMPT.format(numbers=numbers, target=target)
 
     async def one_solver() -> tuple[str, float]:
         with tinkertrace.agent_span("solver"):
-            completion = await client.chat.completions.create(
-                model=model,
-                messages=[{"role": "user", "content": prompt}],
-                temperature=temperature,
-                max_tokens=max_tokens,
-            )
+            completion = await chat.complete([user(prompt)])
             answer = completion.choices[0].message.content or ""
             reward = solver_reward(answer, numbers, target)
             tinkertrace.emit_reward(reward, response_id=completion.id)
@@ -134,17 +119,8 @@ async def solve(
     proposals = await asyncio.gather(*(one_solver() for _ in range(num_solvers)))
     candidates = "\n".join(f"{i + 1}. {answer.strip()[:60]}" for i, (answer, _) in enumerate(proposals))
     with tinkertrace.agent_span("judge"):
-        completion = await client.chat.completions.create(
-            model=model,
-            messages=[
-                {
-                    "role": "user",
-                    "content": JUDGE_PROMPT.format(numbers=numbers, target=target, candidates=candidates),
-                }
-            ],
-            temperature=temperature,
-            max_tokens=4,
-        )
+        question = JUDGE_PROMPT.format(numbers=numbers, target=target, candidates=candidates)
+        completion = await chat.complete([user(question)], max_tokens=4)
         choice = parse_choice(completion.choices[0].message.content or "", len(proposals))
         chosen_reward = proposals[choice][1] if choice is not None else 0.0
         tinkertrace.emit_reward(chosen_reward, response_id=completion.id)

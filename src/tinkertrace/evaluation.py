@@ -89,9 +89,20 @@ def load_ref(ref: str) -> Any:
 
 
 def _import_file(path: Path) -> Any:
+    """Import a file; inside a package (folders with ``__init__.py``) by its dotted name, the
+    package's parent folder going on ``sys.path`` as pytest's default import mode does, so the
+    file's own package imports (``from examples.common import ...``) work."""
     path = path.resolve()
     if not path.is_file():
         raise ValueError(f"no Python file at {path}")
+    root, parts = path.parent, [path.stem]
+    while (root / "__init__.py").is_file():
+        parts.insert(0, root.name)
+        root = root.parent
+    if len(parts) > 1:
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+        return importlib.import_module(".".join(parts))
     name = "_tinkertrace_ref_" + hashlib.sha1(str(path).encode()).hexdigest()[:12] + "_" + path.stem
     if name in sys.modules:
         return sys.modules[name]

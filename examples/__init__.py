@@ -1,0 +1,1 @@
+"""The tinkertrace examples (a package so the agents can share :mod:`examples.common`)."""
