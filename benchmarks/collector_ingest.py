@@ -3,6 +3,9 @@
 The collector runs as its own process (``python -m tinkertrace.collector``); client processes post
 pre-encoded requests of realistic LLM spans (packed token ids and logprobs) as fast as they are
 acknowledged. "end-to-end" counts until every span is in Parquet (SIGTERM flush included).
+Besides wall-clock rates it reads the collector's CPU seconds (user + system, all its threads) from
+``/proc/<pid>/stat``, so "spans per collector CPU-second" (= spans/s on one fully used core) stays
+meaningful on a shared machine where the collector does not get a whole core.
 The overload run gives the collector a small queue and more clients than it can serve, and shows
 429 answers with memory staying bounded.
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import signal
 import subprocess
 import sys
@@ -64,6 +68,12 @@ def _peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (all threads), from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run(label: str, args: argparse.Namespace, clients: int, extra: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "spans"
@@ -79,17 +89,21 @@ def run(label: str, args: argparse.Namespace, clients: int, extra: list[str]) ->
             )
             for c in range(clients)
         ]
+        cpu_start = _cpu_seconds(collector.pid)
         started = time.perf_counter()
         for proc in procs:
             proc.start()
         results = [queue.get() for _ in procs]
         acked_at = time.perf_counter()
+        cpu_acked = _cpu_seconds(collector.pid) - cpu_start
         for proc in procs:
             proc.join()
         rss = _peak_rss_mb(collector.pid)
         collector.send_signal(signal.SIGTERM)
-        collector.communicate(timeout=300)
+        _, _, usage = os.wait4(collector.pid, 0)
         flushed_at = time.perf_counter()
+        cpu_total = usage.ru_utime + usage.ru_stime - cpu_start
+        collector.communicate(timeout=60)
         spans = sum(r[0] for r in results)
         refused = sum(r[1] for r in results)
         mbytes = sum(r[2] for r in results) / 1e6
@@ -108,6 +122,11 @@ def run(label: str, args: argparse.Namespace, clients: int, extra: list[str]) ->
         print(
             f"  end-to-end (incl. final flush): {spans / (flushed_at - started):,.0f} spans/s; "
             f"stored {stored:,} spans in {parquet_mb:.1f} MB of Parquet"
+        )
+        print(
+            f"  collector CPU: {cpu_acked:.1f}s while acknowledging = {spans / max(cpu_acked, 1e-9):,.0f} "
+            f"spans per CPU-second ({cpu_acked / max(spans, 1) * 1e6:.1f} µs/span); incl. final flush "
+            f"{cpu_total:.1f}s = {spans / max(cpu_total, 1e-9):,.0f} spans per CPU-second"
         )
         print(f"  refused (429/503): {refused} requests; collector peak RSS {rss:.0f} MB")
         if stored != spans:

@@ -76,3 +76,12 @@ def test_events_json_keeps_attribute_types_and_last_duplicate() -> None:
     event.attributes.add(key="n").value.string_value = "two"
     events = json.loads(request_to_table(request, T0).table.column("events")[0].as_py())
     assert events[1] == {"name": "tool", "time_unix_nano": 9, "attributes": {"n": "two", "x": 0.5}}
+
+
+@pytest.mark.parametrize("bad_event", [b"\x09\x01", b"\x12\x05ab"])
+def test_malformed_event_rejects_only_that_span(bad_event: bytes) -> None:
+    raw = RawExportTraceServiceRequest.FromString(llm_request(3, seed=9).SerializeToString())
+    raw.resource_spans[0].scope_spans[0].spans[2].events.append(bad_event)
+    result = body_to_table(raw.SerializeToString(), T0)
+    assert (result.accepted, result.rejected) == (2, 1)
+    assert "span[2]" in result.errors[0] and "malformed event" in result.errors[0]

@@ -22,7 +22,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from tinkertrace import schemas, semconv
 from tinkertrace.spanstore.encoding import IDS_DTYPE, LOGPROBS_DTYPE
-from tinkertrace.spanstore.otlp_raw import RawExportTraceServiceRequest
+from tinkertrace.spanstore.otlp_raw import RawEvent, RawExportTraceServiceRequest
 
 
 def _dumps(obj: Any) -> str:
@@ -175,7 +175,7 @@ Decoded = tuple[int, str, Any]
 _MEMO_MAX_BYTES = 160  # attributes this short are cached by their raw bytes (they mostly repeat)
 _MEMO_MAX_ENTRIES = 100_000
 _span_memo: dict[bytes, Decoded] = {}
-_event_memo: dict[bytes, tuple[str, bytes]] = {}
+_event_memo: dict[bytes, tuple[bytes, bytes]] = {}
 _ZERO_TRACE, _ZERO_SPAN = bytes(16), bytes(8)
 
 
@@ -211,41 +211,45 @@ def _decode_span_attribute(raw: bytes) -> Decoded:
 def _packed_token(raw: bytes) -> Decoded | None:
     """Fast path for a packed token attribute in canonical encoding; ``None`` if it is anything else."""
     n = raw[1]
-    if raw[0] != 0x0A or n >= 0x80:
+    token_slot = _TOKEN_KEYS_UTF8.get(raw[2 : 2 + n]) if n < 0x80 else None
+    if token_slot is None:
         return None
-    token_slot = _TOKEN_KEYS_UTF8.get(raw[2 : 2 + n])
-    if token_slot is None or raw[2 + n] != 0x12:
+    header = _token_headers.get((n, len(raw)))
+    if header is None:
+        header = _token_headers[(n, len(raw))] = _token_header(n, len(raw))
+    if header is None or not raw.startswith(header[0], 0) or not raw.startswith(header[1], 2 + n):
         return None
-    length, pos = _varint(raw, 3 + n)
-    if pos + length != len(raw) or raw[pos] != 0x3A:
-        return None
-    size, start = _varint(raw, pos + 1)
-    if start + size != len(raw) or size % 4:
-        return None
-    return TOKEN0 - token_slot[0], "", raw[start:]
+    return TOKEN0 - token_slot[0], "", raw[len(header[0]) + n + len(header[1]) :]
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
+def _token_header(key_len: int, total: int) -> tuple[bytes, bytes] | None:
+    """The canonical bytes around the key of a ``bytes_value`` KeyValue of ``total`` bytes."""
+    for size in range(total, -1, -1):
+        inner = b"\x3a" + _encode_varint(size)
+        outer = b"\x12" + _encode_varint(len(inner) + size)
+        if 2 + key_len + len(outer) + len(inner) + size == total:
+            return (b"\x0a" + bytes([key_len]), outer + inner) if size % 4 == 0 else None
+        if 2 + key_len + len(outer) + len(inner) + size < total:
+            return None
+    return None
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_token_headers: dict[tuple[int, int], tuple[bytes, bytes] | None] = {}
 
 
 def _span_attribute(raw: bytes) -> Decoded:
     """Decode (and cache, when short) one raw span attribute."""
     if len(raw) > _MEMO_MAX_BYTES:
-        try:
-            fast = _packed_token(raw)
-        except (IndexError, ValueError):
-            fast = None
-        return fast or _decode_span_attribute(raw)
+        return _packed_token(raw) or _decode_span_attribute(raw)
     decoded = _decode_span_attribute(raw)
     if len(_span_memo) >= _MEMO_MAX_ENTRIES:
         _span_memo.clear()
@@ -253,34 +257,32 @@ def _span_attribute(raw: bytes) -> Decoded:
     return decoded
 
 
-def _event_attribute(raw: bytes) -> tuple[str, bytes]:
-    """``(key, JSON fragment)`` of one raw event/link attribute, cached when short."""
-    try:
-        kv = KeyValue.FromString(raw)
-    except DecodeError as exc:
-        raise ValueError(f"malformed event attribute: {exc}") from None
-    decoded = kv.key, _fragment(kv.key, any_value(kv.value))
-    if len(raw) <= _MEMO_MAX_BYTES:
-        if len(_event_memo) >= _MEMO_MAX_ENTRIES:
-            _event_memo.clear()
-        _event_memo[raw] = decoded
-    return decoded
+def _event_json(raw: bytes) -> bytes:
+    """One raw ``Span.Event`` as JSON; the part after the timestamp is cached by its bytes."""
+    if 9 <= len(raw) <= _MEMO_MAX_BYTES and raw[0] == 0x09:  # canonical: fixed64 time first
+        template = _event_memo.get(raw[9:])
+        if template is None:
+            template = _event_template(RawEvent.FromString(raw))
+            if len(_event_memo) >= _MEMO_MAX_ENTRIES:
+                _event_memo.clear()
+            _event_memo[raw[9:]] = template
+        return template[0] + b"%d" % int.from_bytes(raw[1:9], "little") + template[1]
+    event = RawEvent.FromString(raw)
+    head, tail = _event_template(event)
+    return head + b"%d" % event.time_unix_nano + tail
 
 
-def _events_json(events: Any) -> str:
-    """The span's events as JSON text, built from cached attribute fragments."""
-    parts = []
-    memo_get = _event_memo.get
-    for event in events:
-        fragments: dict[str, bytes] = {}
-        for raw in event.attributes:
-            key, fragment = memo_get(raw) or _event_attribute(raw)
-            fragments[key] = fragment
-        parts.append(
-            b'{"name":%b,"time_unix_nano":%d,"attributes":{%b}}'
-            % (orjson.dumps(event.name), event.time_unix_nano, b",".join(fragments.values()))
-        )
-    return (b"[" + b",".join(parts) + b"]").decode()
+def _event_template(event: Any) -> tuple[bytes, bytes]:
+    """JSON of an event before and after its ``time_unix_nano`` value."""
+    fragments: dict[str, bytes] = {}
+    for raw in event.attributes:
+        try:
+            kv = KeyValue.FromString(raw)
+        except DecodeError as exc:
+            raise ValueError(f"malformed event attribute: {exc}") from None
+        fragments[kv.key] = _fragment(kv.key, any_value(kv.value))
+    head = b'{"name":%b,"time_unix_nano":' % orjson.dumps(event.name)
+    return head, b',"attributes":{%b}}' % b",".join(fragments.values())
 
 
 def request_to_table(request: ExportTraceServiceRequest, received_at_ns: int) -> ConversionResult:
@@ -327,10 +329,13 @@ def body_to_table(body: bytes, received_at_ns: int) -> ConversionResult:
                                 rest[key] = value
                             else:
                                 tokens[TOKEN0 - slot] = value
-                        if span.events:
-                            events_json = _events_json(span.events)
+                        events = span.events
+                        if events:
+                            events_json = (b"[%b]" % b",".join([_event_json(e) for e in events])).decode()
                         if span.links:
                             links_json = _links_json(span.links)
+                    except DecodeError as exc:
+                        problem = f"malformed event: {exc}"
                     except (ValueError, TypeError, OverflowError, IndexError) as exc:
                         problem = str(exc)
                 if problem is not None:
