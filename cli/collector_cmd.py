@@ -11,6 +11,11 @@ import typer
 TOKEN_ENV = "TINKERTRACE_COLLECTOR_TOKEN"
 
 
+def mib_bytes(mib: float) -> int:
+    """A size option given in MiB, in bytes."""
+    return int(mib * 1024 * 1024)
+
+
 def collector(
     out: Annotated[
         Path, typer.Option("--out", "-o", help="Folder the span Parquet files go to (hive date=/hour=).")
@@ -53,7 +58,6 @@ def collector(
     """Receive OTLP traces (HTTP and gRPC) and write them durably to hive-partitioned Parquet."""
     from tinkertrace.collector.server import CollectorConfig, run_collector
 
-    mib = 1024 * 1024
     config = CollectorConfig(
         out=out,
         host=host,
@@ -62,9 +66,9 @@ def collector(
         token=token or os.environ.get(TOKEN_ENV) or None,
         instance=instance,
         wal_dir=wal_dir,
-        max_request_bytes=int(max_request_mb * mib),
-        max_queue_bytes=int(max_queue_mb * mib),
-        max_file_bytes=int(max_file_mb * mib),
+        max_request_bytes=mib_bytes(max_request_mb),
+        max_queue_bytes=mib_bytes(max_queue_mb),
+        max_file_bytes=mib_bytes(max_file_mb),
         roll_seconds=roll_seconds,
     )
     raise typer.Exit(run_collector(config))

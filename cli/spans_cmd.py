@@ -26,13 +26,13 @@ def compact(
     """Merge small files of closed partitions (atomic, no duplicates, safe while a collector runs)."""
     from rich.console import Console
 
+    from tinkertrace.cli.collector_cmd import mib_bytes
     from tinkertrace.spanstore.compact import compact as run_compact
 
-    mib = 1024 * 1024
     report = run_compact(
         spans_dir,
-        small_file_bytes=int(small_mb * mib),
-        target_file_bytes=int(target_mb * mib),
+        small_file_bytes=mib_bytes(small_mb),
+        target_file_bytes=mib_bytes(target_mb),
         grace_s=grace_seconds,
     )
     console = Console()
