@@ -131,3 +131,38 @@ def test_content_capture_switch_and_redaction(openai_server, trace_init, capture
         assert json.loads(attrs[semconv.GENAI_OUTPUT_MESSAGES])[0]["content"] == "[redacted]"
     else:
         assert semconv.GENAI_INPUT_MESSAGES not in attrs and semconv.GENAI_OUTPUT_MESSAGES not in attrs
+
+
+def test_failed_calls_give_error_spans_in_the_rollout(openai_server, traced) -> None:
+    """An HTTP error and a refused connection each end as an ERROR span (built on the export thread)
+    with the rollout's ids and parent; the agent sees its own outcome unchanged."""
+    from tinkertrace.netutil import free_port
+
+    openai_server.options.fail_status, openai_server.options.fail_times = 503, 1
+    dead = f"http://127.0.0.1:{free_port()}/v1/chat/completions"
+    body = {"model": "m", "messages": MESSAGES}
+
+    @tinkertrace.traced_rollout
+    def agent(task: str) -> tuple[int, str]:
+        status = httpx.post(openai_server.base_url + "/chat/completions", json=body).status_code
+        try:
+            httpx.post(dead, json=body)
+        except httpx.ConnectError as exc:
+            return status, type(exc).__name__
+        return status, "connected"
+
+    assert agent("q") == (503, "ConnectError")
+    (root,) = traced.rows("span_type = 'rollout'")
+    http_error, refused = traced.rows("span_type = 'llm'")
+    for row in (http_error, refused):
+        assert row["status_code"] == "ERROR" and row["kind"] == "CLIENT"
+        assert (row["rollout_id"], row["parent_span_id"]) == (root["rollout_id"], root["span_id"])
+        assert row["trace_id"] == root["trace_id"] and row["name"] == "chat m"
+        assert row["start_time"] <= row["end_time"]
+    assert "HTTP 503" in http_error["status_message"]
+    assert json.loads(http_error["attributes"])["error.type"] == "503"
+    (event,) = json.loads(refused["events"])
+    assert event["name"] == "exception"
+    assert event["attributes"]["exception.type"] == "httpx.ConnectError"
+    assert json.loads(refused["attributes"])["error.type"] == "ConnectError"
+    assert json.loads(root["attributes"])[semconv.ROLLOUT_LLM_CALLS] == 2

@@ -18,19 +18,23 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import time
+import traceback
 import zlib
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import orjson
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry import trace
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from tinkertrace import semconv
 from tinkertrace.sdk import runtime
 from tinkertrace.sdk.context import ROLLOUT
 from tinkertrace.sdk.response_parse import ResponseRecord, parse_json, parse_sse
-from tinkertrace.sdk.spans import start_span
+from tinkertrace.sdk.spans import context_attributes
 from tinkertrace.sdk.tokens import token_attributes
 
 log = logging.getLogger("tinkertrace")
@@ -42,9 +46,10 @@ _originals: dict[tuple[type, str], Callable[..., Any]] = {}
 class LlmCall:
     """One captured call: the span, the request it was made from, the response bytes seen so far.
 
-    The agent's thread does only what must happen in line: start the span, extend the request, tee
-    the response bytes, end the span. Everything else (request parameters, messages, the parsed
-    response, packed token ids) is computed by :meth:`export_attributes` on the export thread.
+    The agent's thread does only what must happen in line: take the span's ids and start time, extend
+    the request, tee the response bytes, queue the call when it ends. The span itself (a leaf: nothing
+    runs inside it) is built by :meth:`build_span` on the export thread, with the request parameters,
+    messages, the parsed response and packed token ids.
     """
 
     def __init__(
@@ -61,12 +66,13 @@ class LlmCall:
         self._closed_early = False
         self.status = 0
         self.headers: Any = {}
-        model = body.get("model")
-        operation = "chat" if kind == "chat" else "text_completion"
-        name = f"{operation} {model}" if isinstance(model, str) else operation
-        self.span = start_span(
-            rt, name, semconv.TYPE_LLM, {semconv.GENAI_OPERATION: operation}, SpanKind.CLIENT
-        )
+        self.start_ns = time.time_ns()
+        self.end_ns = 0
+        self.context_attributes = context_attributes(semconv.TYPE_LLM)
+        self.error_attributes: dict[str, Any] = {}
+        self.events: list[Event] = []
+        self.span_status = Status(StatusCode.UNSET)
+        self.parent, self.context = _span_context(rt)
 
     # --- request side ------------------------------------------------------------------------------
     def input_messages(self) -> list[dict[str, Any]]:
@@ -136,7 +142,7 @@ class LlmCall:
         """The server refused the extended request: restore the agent's body, stop extending."""
         self.rt.no_inject_hosts.add(self.url.netloc)
         _set_body(lib, request, self.raw)
-        self.span.add_event("tinkertrace.injection_refused", {"fields": self.injected})
+        self.events.append(Event("tinkertrace.injection_refused", {"fields": tuple(self.injected)}))
         self.injected = []
 
     # --- response side -----------------------------------------------------------------------------
@@ -159,14 +165,14 @@ class LlmCall:
             return
         self._done = True
         try:
-            self.span.record_exception(exc)
-            self.span.set_attribute("error.type", type(exc).__qualname__)
-            self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            self.events.append(_exception_event(exc))
+            self.error_attributes["error.type"] = type(exc).__qualname__
+            self.span_status = Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
         finally:
             self._end()
 
     def finish(self, closed_early: bool = False) -> None:
-        """End the span (once); its response is recorded on the export thread. Never raises."""
+        """End the span (once); it is built and the response recorded on the export thread."""
         if self._done:
             return
         self._done = True
@@ -174,17 +180,41 @@ class LlmCall:
         try:
             if self.status >= 400:
                 body = self._body()
-                self.span.set_attribute("error.type", str(self.status))
+                self.error_attributes["error.type"] = str(self.status)
                 message = f"HTTP {self.status}: {body[:300].decode(errors='replace')}"
-                self.span.set_status(Status(StatusCode.ERROR, message))
+                self.span_status = Status(StatusCode.ERROR, message)
         except Exception as exc:
-            self.span.set_attribute(semconv.LLM_CAPTURE_ERROR, f"{type(exc).__name__}: {exc}")
+            self.error_attributes[semconv.LLM_CAPTURE_ERROR] = f"{type(exc).__name__}: {exc}"
         finally:
             self._end()
 
     def _end(self) -> None:
-        self.rt.processor.defer(self.span, self.export_attributes)
-        self.span.end()
+        self.end_ns = time.time_ns()
+        self.rt.processor.submit(self.build_span)
+
+    def build_span(self) -> ReadableSpan:
+        """The finished span (on the export thread)."""
+        model = self.body.get("model")
+        operation = "chat" if self.kind == "chat" else "text_completion"
+        attributes = {
+            **self.context_attributes,
+            semconv.GENAI_OPERATION: operation,
+            **self.export_attributes(),
+            **self.error_attributes,
+        }
+        return ReadableSpan(
+            name=f"{operation} {model}" if isinstance(model, str) else operation,
+            context=self.context,
+            parent=self.parent,
+            resource=self.rt.provider.resource,
+            attributes=attributes,
+            events=tuple(self.events),
+            kind=SpanKind.CLIENT,
+            status=self.span_status,
+            start_time=self.start_ns,
+            end_time=self.end_ns,
+            instrumentation_scope=self.rt.scope,
+        )
 
     def _body(self) -> bytes:
         body = b"".join(self._chunks)
@@ -237,6 +267,32 @@ class LlmCall:
         if self.rt.config.capture_content:
             attrs[semconv.GENAI_OUTPUT_MESSAGES] = self._messages_json([c.message() for c in choices])
         return attrs
+
+
+def _span_context(rt: runtime.Runtime) -> tuple[SpanContext | None, SpanContext]:
+    """``(parent, own)`` span contexts of a new span under the current span, as OTel would make them."""
+    parent = trace.get_current_span().get_span_context()
+    ids = rt.provider.id_generator
+    if parent.is_valid:
+        flags = TraceFlags(parent.trace_flags | TraceFlags.SAMPLED)
+        own = SpanContext(parent.trace_id, ids.generate_span_id(), False, flags, parent.trace_state)
+        return parent, own
+    flags = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
+    return None, SpanContext(ids.generate_trace_id(), ids.generate_span_id(), False, flags)
+
+
+def _exception_event(exc: BaseException) -> Event:
+    """The ``exception`` event OTel's ``record_exception`` would add."""
+    module, qualname = type(exc).__module__, type(exc).__qualname__
+    return Event(
+        "exception",
+        {
+            "exception.type": f"{module}.{qualname}" if module and module != "builtins" else qualname,
+            "exception.message": str(exc),
+            "exception.stacktrace": "".join(traceback.format_exception(exc)),
+            "exception.escaped": "False",
+        },
+    )
 
 
 def _set_body(lib: ModuleType, request: Any, content: bytes) -> None:

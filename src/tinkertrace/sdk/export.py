@@ -3,8 +3,8 @@ batch encoded once to OTLP protobuf and handed to every target (embedded sink, O
 
 The agent's thread only appends to the queue; it never waits for an export. When the queue is full
 the span is dropped and counted (``tinkertrace.stats()``). Work that can wait until a span has ended
-(parsing an LLM response, packing token ids, serialising messages) is handed over with
-:meth:`QueueExportProcessor.defer` and done on the export thread, off the agent's path.
+(an LLM call's span: parsing the response, packing token ids, serialising messages) is queued as
+a builder with :meth:`QueueExportProcessor.submit` and built on the export thread.
 """
 
 from __future__ import annotations
@@ -13,19 +13,18 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
-from opentelemetry.trace import Span
 
 from tinkertrace.sdk.stats import ExportStats
 
 log = logging.getLogger("tinkertrace")
 
-DeferredAttributes = Callable[[], Mapping[str, Any]]
+SpanBuilder = Callable[[], ReadableSpan]
 
 
 class Target(Protocol):
@@ -53,28 +52,28 @@ class QueueExportProcessor(SpanProcessor):
         self._max_queue = max_queue
         self._batch_size = batch_size
         self._delay = schedule_delay_s
-        self._queue: collections.deque[ReadableSpan] = collections.deque()
-        self._deferred: dict[int, DeferredAttributes] = {}
+        self._queue: collections.deque[ReadableSpan | SpanBuilder] = collections.deque()
         self._cond = threading.Condition()
         self._export_lock = threading.Lock()
         self._stopped = False
         self._worker = threading.Thread(target=self._run, name="tinkertrace-export", daemon=True)
         self._worker.start()
 
-    def defer(self, span: Span, attributes: DeferredAttributes) -> None:
-        """Add ``attributes()`` to ``span`` on the export thread, after it has ended (call before
-        ``span.end()``; whatever ``attributes`` reads must no longer change)."""
-        self._deferred[span.get_span_context().span_id] = attributes
+    def submit(self, build: SpanBuilder) -> None:
+        """Queue a finished span that ``build()`` makes on the export thread (whatever it reads
+        must no longer change)."""
+        self._enqueue(build)
 
     def on_end(self, span: ReadableSpan) -> None:
+        self._enqueue(span)
+
+    def _enqueue(self, item: ReadableSpan | SpanBuilder) -> None:
         with self._cond:
             if self._stopped or len(self._queue) >= self._max_queue:
                 dropped = True
-                if span.context is not None:
-                    self._deferred.pop(span.context.span_id, None)
             else:
                 dropped = False
-                self._queue.append(span)
+                self._queue.append(item)
                 if len(self._queue) >= self._batch_size:
                     self._cond.notify()
         self._stats.add("spans_dropped" if dropped else "spans_queued")
@@ -88,7 +87,7 @@ class QueueExportProcessor(SpanProcessor):
                     return
             self._export_pending()
 
-    def _take(self) -> list[ReadableSpan]:
+    def _take(self) -> list[ReadableSpan | SpanBuilder]:
         with self._cond:
             n = min(len(self._queue), self._batch_size)
             return [self._queue.popleft() for _ in range(n)]
@@ -98,34 +97,22 @@ class QueueExportProcessor(SpanProcessor):
             while batch := self._take():
                 self._export(batch)
 
-    def _complete(self, span: ReadableSpan) -> ReadableSpan:
-        """``span`` with its deferred attributes added (a new immutable span), or as it is."""
-        work = self._deferred.pop(span.context.span_id, None) if span.context is not None else None
-        if work is None:
-            return span
+    @staticmethod
+    def _built(item: ReadableSpan | SpanBuilder) -> ReadableSpan | None:
+        if isinstance(item, ReadableSpan):
+            return item
         try:
-            extra = work()
+            return item()
         except Exception:
-            log.exception("tinkertrace: deferred attributes of span %r failed", span.name)
-            return span
-        return ReadableSpan(
-            name=span.name,
-            context=span.context,
-            parent=span.parent,
-            resource=span.resource,
-            attributes={**(span.attributes or {}), **extra},
-            events=span.events,
-            links=span.links,
-            kind=span.kind,
-            status=span.status,
-            start_time=span.start_time,
-            end_time=span.end_time,
-            instrumentation_scope=span.instrumentation_scope,
-        )
+            log.exception("tinkertrace: building a deferred span failed; it is lost")
+            return None
 
-    def _export(self, batch: list[ReadableSpan]) -> None:
+    def _export(self, items: list[ReadableSpan | SpanBuilder]) -> None:
+        batch = [span for span in map(self._built, items) if span is not None]
+        if len(batch) < len(items):
+            self._stats.add("spans_rejected", len(items) - len(batch))
         try:
-            request = encode_spans([self._complete(span) for span in batch])
+            request = encode_spans(batch)
         except Exception:
             log.exception("tinkertrace: could not encode %d spans; they are lost", len(batch))
             self._stats.add("spans_rejected", len(batch))

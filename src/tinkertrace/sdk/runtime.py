@@ -17,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from tinkertrace.sdk import config as cfg
 from tinkertrace.sdk import context
@@ -35,6 +36,7 @@ class Runtime:
     tracer: trace.Tracer
     processor: QueueExportProcessor
     stats: ExportStats
+    scope: InstrumentationScope
     no_inject_hosts: set[bytes] = field(default_factory=set)  # URL netlocs
     _tokenizer: Any = None
     _tokenizer_failed: bool = False
@@ -148,7 +150,9 @@ def _build(config: cfg.TraceConfig) -> Runtime:
         shutdown_on_exit=False,
     )
     provider.add_span_processor(processor)
-    runtime = Runtime(config, provider, provider.get_tracer("tinkertrace.sdk", __version__), processor, stats)
+    scope = InstrumentationScope("tinkertrace.sdk", __version__)
+    tracer = provider.get_tracer(scope.name, scope.version)
+    runtime = Runtime(config, provider, tracer, processor, stats, scope)
     if config.capture_http:
         from tinkertrace.sdk import capture
 
