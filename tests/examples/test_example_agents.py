@@ -143,8 +143,8 @@ def test_solver_judge_rewards_per_agent(openai_server, tmp_path: Path) -> None:
         tmp_path, openai_server, "solver_judge/agent.py:solve", [task], respond, num_solvers=3
     )
     assert results[0].reward == 1.0 and sorted(results[0].info["solver_rewards"])[-1] == 1.0
-    env_trajectories = load_ref(f"{EXAMPLES / 'train.py'}:env_trajectories")
-    env = load_ref(f"{EXAMPLES / 'train.py'}:load_config")(
+    env_trajectories = load_ref(f"{EXAMPLES / 'runconfig.py'}:env_trajectories")
+    env = load_ref(f"{EXAMPLES / 'runconfig.py'}:load_config")(
         EXAMPLES / "solver_judge/config.yaml"
     ).environments[0]
     table, stats = env_trajectories(spans, env, ["cd-0"])
@@ -154,6 +154,39 @@ def test_solver_judge_rewards_per_agent(openai_server, tmp_path: Path) -> None:
     assert {r["group_key"] for r in rows} == {"cd-0::judge", "cd-0::solver"}
     assert rows[0]["reward"] == 1.0
     assert sorted(r["reward"] for r in rows[1:]) == sorted(results[0].info["solver_rewards"])
+
+
+def test_multi_env_reward_settings_per_environment(openai_server, tmp_path: Path) -> None:
+    def respond(req: ReplyRequest) -> str:
+        if "backwards" in req.messages[0]["content"]:  # spelling: one good tool call, then a near miss
+            asked = sum(m["role"] == "assistant" for m in req.messages)
+            return (
+                '<tool_call>{"name": "letters", "arguments": {"word": "apple"}}</tool_call>'
+                if asked == 0
+                else "elpp"
+            )
+        return '<tool_call>{"name": "calculator", "arguments": {"expression": "1 + 2"}}</tool_call>'
+
+    tasks = [
+        {"id": "arithmetic/a1/r0", "env": "arithmetic", "expression": "1 + 2"},
+        {"id": "spelling/s1/r0", "env": "spelling", "word": "apple"},
+    ]
+    spans, results = _run(
+        tmp_path, openai_server, "multi_env/agent.py:run_episode", tasks, respond, max_steps=2
+    )
+    by_task = {r.task_id: r for r in results}
+    assert by_task["arithmetic/a1/r0"].info["terminal"] is False  # only tool calls: truncated
+    assert by_task["spelling/s1/r0"].info["step_rewards"][0] == 0.1
+    runconfig = EXAMPLES / "multi_env" / "config.yaml"
+    envs = {e.name: e for e in load_ref(f"{EXAMPLES / 'runconfig.py'}:load_config")(runconfig).environments}
+    env_trajectories = load_ref(f"{EXAMPLES / 'runconfig.py'}:env_trajectories")
+    arith, stats = env_trajectories(spans, envs["arithmetic"], ["arithmetic/a1/r0"])
+    assert stats["truncated"] == 1 and arith["reward"].to_pylist() == [-0.2]  # nonterminal_reward
+    spell, stats = env_trajectories(spans, envs["spelling"], ["spelling/s1/r0"])
+    final = by_task["spelling/s1/r0"].reward
+    assert stats["truncated"] == 0 and 0.1 < final < 1.0
+    assert spell["reward"].to_pylist() == [pytest.approx(max(0.1, final))]  # reward_reduction: max
+    assert spell["num_turns"].to_pylist() == [2]
 
 
 @pytest.mark.parametrize("garbage", ["", "}{ <tool_call>not json</tool_call>", "\ufffd\x00 9/0 ((("])

@@ -57,7 +57,7 @@ def test_example_trains_online(name: str, agents: set, max_turns: int, tmp_path:
     assert traj.num_rows >= 2
     assert set(traj["agent_name"].to_pylist()) == agents
     turns = traj["num_turns"].to_pylist()
-    assert 1 <= min(turns) and max(turns) <= max_turns
+    assert min(turns) >= 1 and max(turns) <= max_turns
     assert all(r is not None and 0.0 <= r <= 1.0 for r in traj["reward"].to_pylist())
     (env,) = summary["envs"].values()
     assert env["rollouts"] >= 2 and env["failed"] == 0
@@ -78,5 +78,7 @@ def test_multi_env_runs_both_environments_and_resumes(tmp_path: Path) -> None:
         _train("multi_env", tmp_path)
     again = _train("multi_env", tmp_path, resume=True, steps=2, workers=2, groups_per_step=2)
     _check_trained(again, tmp_path, start=1)
-    records = [json.loads(line) for line in (tmp_path / "train" / "checkpoints.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (tmp_path / "train" / "checkpoints.jsonl").read_text().splitlines()
+    ]
     assert not trained & set(records[-1]["trained_rollout_ids"])  # nothing trained twice
