@@ -1,23 +1,32 @@
 """Tracing overhead of the SDK per LLM call and per rollout, against untraced calls.
 
-Runs the deterministic OpenAI-compatible test server in a subprocess on loopback and drives it with
-the real OpenAI client and plain httpx, alternating traced and untraced batches so both see the same
-machine load. Traced calls run inside ``@traced_rollout`` with the embedded Parquet sink (the export
-happens on the SDK's background thread). Prints, per call, the median wall time and the CPU time of
-the calling thread (steadier on a busy machine), and the overhead of tracing in µs and %.
+Runs the deterministic OpenAI-compatible test server in a subprocess on loopback (a 100-token reply
+with logprobs and token ids, ~330 prompt tokens) and drives it with the real OpenAI client and plain
+httpx, alternating untraced and traced batches so both see the same machine load. Traced calls run
+inside ``@traced_rollout`` with the embedded Parquet sink; the untraced baseline asks for the same
+extra fields the SDK adds, so both get equal-sized answers. Every call is timed on its own: wall time
+and CPU time of the calling thread (``time.thread_time_ns``, steadier on a shared machine); the table
+gives medians and p90 and the overhead of tracing (difference of medians) in µs and %.
 
-    .venv/bin/python benchmarks/sdk_overhead.py [--calls 300] [--rounds 5]
+Then, with no network: the capture pipeline on recorded responses (JSON and SSE), split into the
+part on the agent's thread and the part done later on the export thread; a bare OTel span for
+reference; and an empty rollout.
+
+    .venv/bin/python benchmarks/sdk_overhead.py [--calls 200] [--rounds 5] [--pipeline 3000]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import openai
@@ -25,109 +34,165 @@ import openai
 import tinkertrace
 from tinkertrace.netutil import free_port, wait_for_port
 
-MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "x" * 400}]
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Solve: " + "x" * 300},
+]
+REPLY = "y" * 100  # 100 byte tokens, each with a logprob
+EXTRAS = {"return_token_ids": True, "logprobs": True}
 
 
-def _per_call_us(fn: Callable[[], object], calls: int) -> tuple[float, float]:
-    """(wall µs, calling-thread CPU µs) per call."""
-    wall, cpu = time.perf_counter(), time.thread_time()
+@dataclass
+class Samples:
+    """Per-call wall and calling-thread CPU times, in ns."""
+
+    wall: list[int] = field(default_factory=list)
+    cpu: list[int] = field(default_factory=list)
+
+    def add(self, other: Samples) -> None:
+        self.wall += other.wall
+        self.cpu += other.cpu
+
+    def stat(self, what: str) -> tuple[float, float]:
+        """(median µs, p90 µs) of ``wall`` or ``cpu``."""
+        values = sorted(getattr(self, what))
+        return statistics.median(values) / 1e3, values[int(len(values) * 0.9)] / 1e3
+
+
+def measure(fn: Callable[[], object], calls: int) -> Samples:
+    out = Samples()
+    perf, cpu = time.perf_counter_ns, time.thread_time_ns
     for _ in range(calls):
+        w0, c0 = perf(), cpu()
         fn()
-    return (time.perf_counter() - wall) / calls * 1e6, (time.thread_time() - cpu) / calls * 1e6
+        c1, w1 = cpu(), perf()
+        out.wall.append(w1 - w0)
+        out.cpu.append(c1 - c0)
+    return out
 
 
 def _start_server(port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tinkertrace.testing.openai_server", "--port", str(port)]
-    proc = subprocess.Popen([*cmd, "--reply", "y" * 100, "--chunk-chars", "10"])
+    proc = subprocess.Popen([*cmd, "--reply", REPLY, "--chunk-chars", "10"])
     wait_for_port(port)
     return proc
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=300, help="calls per timed batch")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating traced/untraced batches")
-    args = parser.parse_args()
+def _row(name: str, base: Samples, traced: Samples) -> None:
+    for what in ("wall", "cpu"):
+        (bm, b90), (tm, t90) = base.stat(what), traced.stat(what)
+        print(
+            f"{name:<20}{what:>5}{bm:>10.0f}{b90:>8.0f}{tm:>10.0f}{t90:>8.0f}"
+            f"{tm - bm:>10.0f}{(tm - bm) / bm * 100:>8.1f}%"
+        )
 
-    # a 100-byte reply (100 response token ids and logprobs per call), streamed in 10 chunks
-    port = free_port()
-    server_proc = _start_server(port)
-    base_url = f"http://127.0.0.1:{port}/v1"
-    spans = tempfile.mkdtemp(prefix="tt-bench-spans-")
-    tinkertrace.init(spans_dir=spans)
+
+def network_cases(base_url: str, calls: int, rounds: int) -> None:
+    """Untraced vs traced calls through the OpenAI client and httpx, sync, JSON and SSE."""
     oa = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
     hx = httpx.Client()
-    chat_body = {"model": "m", "messages": MESSAGES}
-    # untraced baselines ask for the same extras the SDK injects, so both get equal-sized answers
-    extras = {"return_token_ids": True, "logprobs": True}
-
+    chat = {"model": "m", "messages": MESSAGES}
     cases: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
         "openai chat": (
-            lambda: oa.chat.completions.create(model="m", messages=MESSAGES, extra_body=extras),
+            lambda: oa.chat.completions.create(model="m", messages=MESSAGES, extra_body=EXTRAS),
             lambda: oa.chat.completions.create(model="m", messages=MESSAGES),
         ),
         "openai chat stream": (
             lambda: list(
-                oa.chat.completions.create(model="m", messages=MESSAGES, stream=True, extra_body=extras)
+                oa.chat.completions.create(model="m", messages=MESSAGES, stream=True, extra_body=EXTRAS)
             ),
             lambda: list(oa.chat.completions.create(model="m", messages=MESSAGES, stream=True)),
         ),
         "httpx chat": (
-            lambda: hx.post(base_url + "/chat/completions", json={**chat_body, **extras}).json(),
-            lambda: hx.post(base_url + "/chat/completions", json=chat_body).json(),
+            lambda: hx.post(base_url + "/chat/completions", json={**chat, **EXTRAS}).json(),
+            lambda: hx.post(base_url + "/chat/completions", json=chat).json(),
         ),
     }
 
     @tinkertrace.traced_rollout
-    def traced_batch(task: str, fn: Callable[[], object], calls: int) -> tuple[float, float]:
-        return _per_call_us(fn, calls)
+    def traced_batch(task: str, fn: Callable[[], object], n: int) -> Samples:
+        return measure(fn, n)
 
-    head = f"{'case':<20}{'':>7}{'untraced µs':>13}{'traced µs':>11}{'overhead µs':>13}{'overhead %':>12}"
-    print(head)
+    print(f"\nper LLM call, {rounds} rounds x {calls} calls each way (µs; overhead = difference of medians)")
+    print(f"{'case':<20}{'':>5}{'base med':>10}{'p90':>8}{'traced':>10}{'p90':>8}{'overhead':>10}{'%':>9}")
     for name, (untraced, traced) in cases.items():
-        base, with_tracing = [], []
-        _per_call_us(untraced, 20)  # warm up both paths
-        traced_batch(name, traced, 20)
-        for _ in range(args.rounds):
-            base.append(_per_call_us(untraced, args.calls))
-            with_tracing.append(traced_batch(name, traced, args.calls))
+        measure(untraced, 30)  # warm up both paths
+        traced_batch(name, traced, 30)
+        tinkertrace.flush()
+        base, with_tracing = Samples(), Samples()
+        for _ in range(rounds):
+            base.add(measure(untraced, calls))
+            with_tracing.add(traced_batch(name, traced, calls))
             tinkertrace.flush()  # keep the export thread's work out of the next batch
-        for i, what in enumerate(("wall", "cpu")):
-            b = statistics.median(x[i] for x in base)
-            t = statistics.median(x[i] for x in with_tracing)
-            print(f"{name:<20}{what:>7}{b:>13.0f}{t:>11.0f}{t - b:>13.0f}{(t - b) / b * 100:>11.1f}%")
+        _row(name, base, with_tracing)
 
-    # the capture pipeline alone (no network): request parse + span + response parse + packing
+
+def _recorded(hx: httpx.Client, base_url: str, stream: bool) -> tuple[httpx.Headers, list[bytes]]:
+    body = {"model": "m", "messages": MESSAGES, "stream": stream, **EXTRAS}
+    with hx.stream("POST", base_url + "/chat/completions", json=body) as response:
+        return response.headers, list(response.iter_raw())
+
+
+class _Recorded:
+    """A response as the patched send sees it: status, headers, a body stream."""
+
+    def __init__(self, headers: httpx.Headers) -> None:
+        self.status_code, self.headers, self.stream = 200, headers, None
+
+
+def _pipeline_case(url: str, headers: httpx.Headers, chunks: list[bytes], n: int) -> tuple[float, ...]:
+    """(agent-thread median, p90, export-thread median, p90) CPU µs of one recorded response."""
     from tinkertrace.sdk import capture
 
-    answer = hx.post(base_url + "/chat/completions", json={**chat_body, **extras})
-
-    class Recorded:
-        status_code, headers = 200, answer.headers
+    tee = capture._tee_types(httpx)[0]
+    ended: list[Any] = []
 
     def build() -> httpx.Request:
-        return httpx.Request("POST", base_url + "/chat/completions", json=chat_body)
+        return httpx.Request("POST", url, json={"model": "m", "messages": MESSAGES})
 
-    def lifecycle() -> None:
+    def agent_side() -> None:
         call = capture.begin(httpx, build())
         assert call is not None
-        call.on_response(Recorded)
-        call.feed(answer.content)
+        call.attach(_Recorded(headers), tee)
+        for chunk in chunks:
+            call.feed(chunk)
         call.finish()
+        ended.append(call)
 
     @tinkertrace.traced_rollout
-    def pipeline(task: str) -> tuple[float, float]:
-        n = args.calls * 5
-        full = min(_per_call_us(lifecycle, n)[1] for _ in range(args.rounds))
-        only_build = min(_per_call_us(build, n)[1] for _ in range(args.rounds))
-        return full, only_build
+    def run(task: str) -> tuple[Samples, Samples, Samples]:
+        measure(agent_side, 200)
+        only_build = measure(build, n)
+        ended.clear()
+        agent = measure(agent_side, n)
+        calls = iter(list(ended))
+        export = measure(lambda: next(calls).build_span(), n)
+        return only_build, agent, export
 
-    full, only_build = pipeline("pipeline")
-    print(
-        f"capture pipeline alone, CPU: {full - only_build:.0f} µs per call ({len(answer.content)} B response)"
-    )
+    only_build, agent, export = run("pipeline")
+    tinkertrace.flush()
+    (bm, b90), (am, a90) = only_build.stat("cpu"), agent.stat("cpu")
+    return (am - bm, a90 - b90, *export.stat("cpu"))
 
-    # per rollout: an empty traced rollout (root span + final reward span) against a plain call
+
+def pipeline(base_url: str, n: int) -> None:
+    """The capture pipeline on recorded responses, agent thread and export thread apart."""
+    hx = httpx.Client()
+    print(f"\ncapture pipeline on recorded responses, {n} calls (CPU µs, median / p90)")
+    for label, stream in (("JSON", False), ("SSE", True)):
+        headers, chunks = _recorded(hx, base_url, stream)
+        size = sum(len(c) for c in chunks)
+        am, a90, em, e90 = _pipeline_case(base_url + "/chat/completions", headers, chunks, n)
+        print(
+            f"  {label:<4} {size:>6} B in {len(chunks):>2} chunk(s): agent thread {am:4.0f} / {a90:4.0f};"
+            f" export thread (span build: parse, pack, messages) {em:4.0f} / {e90:4.0f}"
+        )
+
+
+def rollout_and_span(n: int) -> None:
+    """An empty rollout against a plain call, and a bare span of the SDK's tracer."""
+    from tinkertrace.sdk import runtime
+
     @tinkertrace.traced_rollout
     def empty_rollout(task: dict) -> float:
         return 1.0
@@ -136,17 +201,44 @@ def main() -> None:
         return 1.0
 
     task = {"id": "t1", "question": "q" * 200}
-    n = args.calls * 10
-    rollout_us = statistics.median(
-        _per_call_us(lambda: empty_rollout(task), n)[1] for _ in range(args.rounds)
+    tracer = runtime.get().tracer
+    for fn in (lambda: empty_rollout(task), lambda: plain(task), lambda: tracer.start_span("x").end()):
+        measure(fn, 200)
+    rollout = measure(lambda: empty_rollout(task), n).stat("cpu")
+    base = measure(lambda: plain(task), n).stat("cpu")
+    span = measure(lambda: tracer.start_span("x").end(), n).stat("cpu")
+    tinkertrace.flush()
+    print(f"\nbare OTel span start+end (reference), CPU: {span[0]:.0f} µs median, {span[1]:.0f} p90")
+    print(
+        "per rollout (root span + final reward span, no LLM call), CPU:"
+        f" {rollout[0] - base[0]:.0f} µs median, {rollout[1] - base[1]:.0f} p90"
     )
-    plain_us = statistics.median(_per_call_us(lambda: plain(task), n)[1] for _ in range(args.rounds))
-    print(f"per rollout (root span + final reward span, no LLM call), CPU: {rollout_us - plain_us:.0f} µs")
-    assert tinkertrace.flush()
-    print("stats:", tinkertrace.stats())
-    tinkertrace.shutdown()
-    server_proc.terminate()
-    server_proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200, help="calls per timed batch")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating untraced/traced batches")
+    parser.add_argument("--pipeline", type=int, default=3000, help="calls in the no-network benchmarks")
+    args = parser.parse_args()
+
+    load = os.getloadavg()[0]
+    print(f"machine: {os.cpu_count()} cores, load average {load:.1f} at start")
+    port = free_port()
+    server = _start_server(port)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    tinkertrace.init(spans_dir=tempfile.mkdtemp(prefix="tt-bench-spans-"))
+    try:
+        network_cases(base_url, args.calls, args.rounds)
+        pipeline(base_url, args.pipeline)
+        rollout_and_span(args.pipeline)
+        assert tinkertrace.flush()
+        print("\nstats:", tinkertrace.stats())
+        print(f"load average {os.getloadavg()[0]:.1f} at end")
+    finally:
+        tinkertrace.shutdown()
+        server.terminate()
+        server.wait()
 
 
 if __name__ == "__main__":

@@ -185,6 +185,17 @@ class OpenAITestServer:
             out.append(_Choice(i, text, ids, finish))
         return out
 
+    def _answer(
+        self, req: ReplyRequest, n: int, max_tokens: int, prompt_tokens: int, id_prefix: str
+    ) -> tuple[list[_Choice], str, dict[str, int], dict[str, Any]]:
+        """``(choices, response id, usage, extra top-level fields)`` of one request."""
+        choices = self._choices(req, n, max_tokens)
+        usage = _usage(prompt_tokens, sum(len(c.ids) for c in choices))
+        extra: dict[str, Any] = {}
+        if self.options.policy_version is not None:
+            extra[semconv.RESPONSE_POLICY_VERSION] = self.options.policy_version
+        return choices, self._next_id(id_prefix), usage, extra
+
     def _common(self, body: dict[str, Any]) -> tuple[int, int, bool, bool, bool] | Response:
         """``(n, max_tokens, want_ids, stream, usage_in_stream)`` of a request, or a 400 answer."""
         try:
@@ -222,12 +233,7 @@ class OpenAITestServer:
         model = str(body.get("model") or self.options.model)
         prompt_ids = list(render_chat(messages).encode())
         req = ReplyRequest("chat", model, body, messages, None, 0)
-        choices = self._choices(req, n, max_tokens)
-        rid = self._next_id("chatcmpl")
-        usage = _usage(len(prompt_ids), sum(len(c.ids) for c in choices))
-        extra: dict[str, Any] = {}
-        if self.options.policy_version is not None:
-            extra[semconv.RESPONSE_POLICY_VERSION] = self.options.policy_version
+        choices, rid, usage, extra = self._answer(req, n, max_tokens, len(prompt_ids), "chatcmpl")
         if not stream:
             out_choices = []
             for c in choices:
@@ -308,12 +314,7 @@ class OpenAITestServer:
         top_n = int(logprobs_n or 0) if want_logprobs else 0
         model = str(body.get("model") or self.options.model)
         req = ReplyRequest("completion", model, body, None, prompt, 0)
-        choices = self._choices(req, n, max_tokens)
-        rid = self._next_id("cmpl")
-        usage = _usage(len(prompt_ids), sum(len(c.ids) for c in choices))
-        extra: dict[str, Any] = {}
-        if self.options.policy_version is not None:
-            extra[semconv.RESPONSE_POLICY_VERSION] = self.options.policy_version
+        choices, rid, usage, extra = self._answer(req, n, max_tokens, len(prompt_ids), "cmpl")
         if not stream:
             out_choices = []
             for c in choices:
