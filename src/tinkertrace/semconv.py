@@ -14,7 +14,7 @@ TYPE_LLM: Final = "llm"
 TYPE_REWARD: Final = "reward"
 TYPE_AGENT: Final = "agent"
 
-# --- copied from context onto every span at start (see sdk.processor) ----------------------------
+# --- copied from context onto every span at start (see sdk.spans) ----------------------------
 ROLLOUT_ID: Final = "tinkertrace.rollout.id"
 TASK_ID: Final = "tinkertrace.task.id"
 ATTEMPT: Final = "tinkertrace.rollout.attempt"
