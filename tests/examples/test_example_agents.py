@@ -172,7 +172,7 @@ def test_multi_env_reward_settings_per_environment(openai_server, tmp_path: Path
         {"id": "spelling/s1/r0", "env": "spelling", "word": "apple"},
     ]
     spans, results = _run(
-        tmp_path, openai_server, "multi_env/agent.py:run_episode", tasks, respond, max_steps=2
+        tmp_path, openai_server, "multi_env/agent.py:run_episode", tasks, respond, max_steps=2, max_tokens=128
     )
     by_task = {r.task_id: r for r in results}
     assert by_task["arithmetic/a1/r0"].info["terminal"] is False  # only tool calls: truncated
