@@ -4,7 +4,7 @@ Each poll builds only new complete rollouts (:class:`~tinkertrace.online.tail.Sp
 buffer. A group (the GRPO group key) is ready once it holds ``group_size`` rollouts, or at least
 two after waiting ``group_timeout_s``. When ``groups_per_batch`` groups are ready (or the oldest
 ready one waited ``group_timeout_s``) one step runs: advantages and Datums as in batch mode
-(``training.dataset.prepare``, ``training.loop.train_step``), then a checkpoint whose record lists
+(the shared step of ``training.step``), then a checkpoint whose record lists
 the rollouts trained (and dropped), then the new weights are published as policy version = steps.
 
 Staleness: a rollout sampled by policy version ``v`` is ``step - v`` versions old at training time;
@@ -36,17 +36,18 @@ from tinkertrace.online.tail import SpanTail
 from tinkertrace.training.backends import make_service_client
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig
-from tinkertrace.training.dataset import _group_keys, prepare
+from tinkertrace.training.dataset import group_keys
 from tinkertrace.training.errors import ConfigError, DataError
-from tinkertrace.training.loop import (
-    _adam,
-    _batch_datums,
-    _data_metrics,
-    _open_training_client,
+from tinkertrace.training.step import (
+    adam_params,
+    batch_metrics,
+    build_batch,
+    open_metrics_logger,
+    open_training_client,
+    prepare_data,
     save_checkpoint,
     train_step,
 )
-from tinkertrace.training.metrics import MetricsLogger
 
 FOLLOW_MODE = "follow"
 StepCallback = Callable[[int, dict[str, Any]], None]
@@ -186,7 +187,7 @@ class FollowTrainer:
         if self.buffer.num_rows == 0:
             return None
         o, now = self.options, time.monotonic()
-        keys = _group_keys(self.buffer, self.config.group_by)
+        keys = group_keys(self.buffer, self.config.group_by)
         arrived = pa.array([self._arrived[r] for r in self.buffer["rollout_id"].to_pylist()], pa.float64())
         frame = pa.table({"key": keys, "rollout_id": self.buffer["rollout_id"], "arrived": arrived})
         groups = frame.group_by("key").aggregate([("rollout_id", "count_distinct"), ("arrived", "min")])
@@ -235,21 +236,15 @@ class FollowTrainer:
             json.dumps({**config.to_dict(), "follow": dict(vars(o), publish_token=None)}, indent=2)
         )
         service = self.service or make_service_client(config.backend, engine_dir=config.engine_dir)
-        training_client = _open_training_client(service, config, resume_from)
+        training_client = open_training_client(service, config, resume_from)
         if resume_from is not None and self.publish is not None:
             self.publish(resume_from)
-        adam = _adam(config)
+        adam = adam_params(config)
         tail = SpanTail(Path(config.source), resolved=set(done), group_by=config.group_by)  # type: ignore[arg-type]
         result = FollowResult(log_dir=log_dir, start_step=step, steps=step)
         dropped_since_save: list[str] = []
         started = last_activity = time.monotonic()
-        logger = MetricsLogger(
-            log_dir,
-            start_step=step,
-            wandb_project=config.wandb_project,
-            run_name=config.wandb_run_name,
-            config=config.to_dict(),
-        )
+        logger = open_metrics_logger(config, log_dir, step)
         result.notes.extend(logger.notes)
         bar = _follow_progress(progress, console)
         with logger, bar if bar is not None else nullcontext():
@@ -326,12 +321,7 @@ class FollowTrainer:
         """One step on ``table``; None when nothing in it could be trained (constant-reward groups)."""
         config, o = self.config, self.options
         try:
-            data = prepare(
-                table,
-                group_by=config.group_by,
-                advantage=config.advantage,
-                remove_constant_reward_groups=config.remove_constant_reward_groups,
-            )
+            data = prepare_data(table, config)
         except DataError:
             ids = pc.unique(table["rollout_id"]).to_pylist()
             result.rollouts_dropped_constant += len(ids)
@@ -347,12 +337,12 @@ class FollowTrainer:
             over = np.clip(age - o.max_staleness, 0, None)
             data.advantage_of_row = data.advantage_of_row * o.staleness_decay**over
         rows = np.arange(data.table.num_rows)
-        batch = _batch_datums(data, rows, config)
+        batch = build_batch(data, rows, config)
         metrics: dict[str, Any] = {
             "progress/batch": step,
             "progress/epoch": 0,
             "optim/lr": config.learning_rate,
-            **_data_metrics(data, rows, batch),
+            **batch_metrics(data, rows, batch),
         }
         if batch.data:
             metrics.update(train_step(client, batch, config, adam))

@@ -131,7 +131,9 @@ def load_source(source: Path, build_dir: Path) -> tuple[pa.Table, DataReport]:
     return table, report
 
 
-def _group_keys(table: pa.Table, group_by: str) -> pa.ChunkedArray:
+def group_keys(table: pa.Table, group_by: str) -> pa.ChunkedArray:
+    """The GRPO group key of each row: the task id (or the rollout id when it has none), with
+    ``group_by="task+agent"`` joined with the agent name."""
     task = pc.coalesce(table["task_id"], table["rollout_id"])
     if group_by == "task":
         return task
@@ -173,7 +175,7 @@ def prepare(
             f"no usable trajectories in {report.source or 'the source'}: " + "; ".join(report.notes())
         )
 
-    table = table.append_column("train_group", _group_keys(table, group_by))
+    table = table.append_column("train_group", group_keys(table, group_by))
     table = table.append_column(
         "trajectory",
         pc.binary_join_element_wise(
