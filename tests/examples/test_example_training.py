@@ -72,7 +72,11 @@ def test_multi_env_runs_both_environments_and_resumes(tmp_path: Path) -> None:
     assert set(envs) == {"arithmetic", "spelling"}
     traj = pq.read_table(tmp_path / "trajectories.parquet")
     prefixes = {t.split("/")[0] for t in traj["task_id"].to_pylist()}
-    assert prefixes == {"arithmetic", "spelling"}
+    assert prefixes and prefixes <= {"arithmetic", "spelling"}
+    logged = [
+        json.loads(line) for f in (tmp_path / "agents").glob("*.jsonl") for line in f.read_text().splitlines()
+    ]
+    assert {row["env"] for row in logged} == {"arithmetic", "spelling"}  # workers ran both environments
     trained = set(json.loads((tmp_path / "train" / "checkpoints.jsonl").read_text())["trained_rollout_ids"])
     with pytest.raises(FileExistsError):
         _train("multi_env", tmp_path)
