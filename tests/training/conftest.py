@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,6 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tinkertrace import schemas
+from tinkertrace.training import loop
+from tinkertrace.training.checkpoints import read_checkpoints
+from tinkertrace.training.metrics import read_metrics
 
 
 def _row(rollout: str, task: str, prompt: bytes, response: bytes, reward: float, segment: int = 0) -> dict:
@@ -67,3 +71,46 @@ def make_trajectories() -> Callable[..., pa.Table]:
 def trajectories_file(tmp_path: Path) -> Path:
     """The default table written to ``<tmp>/out/trajectories.parquet``."""
     return write_trajectories(tmp_path / "out" / "trajectories.parquet")
+
+
+@pytest.fixture
+def interrupted_at_step(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], AbstractContextManager[None]]:
+    """``with interrupted_at_step(n): run_training(...)``: the loop's ``n``-th ``train_step`` raises
+    KeyboardInterrupt (as Ctrl-C would) and the block expects it; the real step is restored after."""
+    return lambda call: _interrupted_at_step(monkeypatch, call)
+
+
+@pytest.fixture
+def same_run() -> Callable[[Path, Path], None]:
+    """``same_run(expected_dir, got_dir)`` asserts the two runs logged the same results."""
+    return assert_same_run
+
+
+@contextmanager
+def _interrupted_at_step(monkeypatch: pytest.MonkeyPatch, call: int) -> Iterator[None]:
+    real_step, calls = loop.train_step, []
+
+    def interrupted(*args: object, **kwargs: object) -> dict[str, float]:
+        calls.append(1)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield
+    finally:
+        monkeypatch.setattr(loop, "train_step", real_step)
+
+
+def assert_same_run(expected_dir: Path, got_dir: Path) -> None:
+    """Two log folders hold the same steps, per-step losses/KL/rewards and trained rollouts."""
+    expected, got = read_metrics(expected_dir), read_metrics(got_dir)
+    assert [r["step"] for r in got] == [r["step"] for r in expected]  # repeated steps rewritten, once
+    for a, b in zip(expected, got, strict=True):
+        for name in ("loss:sum", "optim/kl_sample_train_v1", "env/all/reward/total"):
+            assert b[name] == pytest.approx(a[name], rel=1e-5, abs=1e-6), (a["step"], name)
+    assert [c["trained_rollout_ids"] for c in read_checkpoints(got_dir)] == [
+        c["trained_rollout_ids"] for c in read_checkpoints(expected_dir)
+    ]

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from tinker import types
 
+from tinkertrace import schemas
 from tinkertrace.engine import ServiceClient
 from tinkertrace.training import loop
 from tinkertrace.training.checkpoints import read_checkpoints, trained_rollouts
@@ -82,40 +86,23 @@ def test_local_run_logs_metrics_records_checkpoints_and_changes_weights(
 
 
 def test_resume_after_an_interrupt_gives_the_uninterrupted_results(
-    tmp_path: Path, trajectories_file: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, trajectories_file: Path, interrupted_at_step: Any, same_run: Any
 ) -> None:
     straight = loop.run_training(_config(tmp_path, trajectories_file, "straight"), progress=False)
     assert straight.steps == 4
 
-    real_step, calls = loop.train_step, []
-
-    def interrupted(*args: object, **kwargs: object) -> dict[str, float]:
-        calls.append(1)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return real_step(*args, **kwargs)
-
-    monkeypatch.setattr(loop, "train_step", interrupted)
     config = _config(tmp_path, trajectories_file, "resumed")
-    with pytest.raises(KeyboardInterrupt):
+    with interrupted_at_step(4):
         loop.run_training(config, progress=False)
     assert [c["step"] for c in read_checkpoints(config.log_dir)] == [2]
-    monkeypatch.setattr(loop, "train_step", real_step)
 
     with pytest.raises(ConfigError, match="pass --resume"):
         loop.run_training(config, progress=False)
     config.resume = True
     resumed = loop.run_training(config, progress=False)
     assert (resumed.start_step, resumed.steps) == (2, 4)
-
-    expected, got = read_metrics(tmp_path / "straight"), read_metrics(config.log_dir)
-    assert [r["step"] for r in got] == [0, 1, 2, 3]  # the repeated step 2 was rewritten, not duplicated
-    for a, b in zip(expected, got, strict=True):
-        for name in ("loss:sum", "optim/kl_sample_train_v1", "env/all/reward/total"):
-            assert b[name] == pytest.approx(a[name], rel=1e-5, abs=1e-6), (a["step"], name)
-    assert [c["trained_rollout_ids"] for c in read_checkpoints(config.log_dir)] == [
-        c["trained_rollout_ids"] for c in read_checkpoints(tmp_path / "straight")
-    ]
+    assert [r["step"] for r in read_metrics(config.log_dir)] == [0, 1, 2, 3]
+    same_run(tmp_path / "straight", config.log_dir)
 
     config.seed = 1
     with pytest.raises(ConfigError, match="seed changed"):
@@ -126,3 +113,23 @@ def test_unknown_model_is_one_clear_error(tmp_path: Path, trajectories_file: Pat
     config = _config(tmp_path, trajectories_file, "bad", model=str(tmp_path / "no-such-model"))
     with pytest.raises(BackendError, match="no-such-model"):
         loop.run_training(config, progress=False)
+
+
+def test_bad_rows_are_reported_and_the_rest_is_trained(tmp_path: Path, make_trajectories: Any) -> None:
+    rows = make_trajectories(num_tasks=2, per_task=4).to_pylist()[:8]
+    rows[0].update(tokens=[], logprobs=[], action_mask=[])  # an empty trajectory
+    rows[1]["reward"] = float("nan")
+    rows[4]["tokens"] = rows[4]["tokens"] + list(b" and more")  # over the limit below
+    rows[4]["logprobs"] = rows[4]["logprobs"] + [-5.5] * 9
+    rows[4]["action_mask"] = rows[4]["action_mask"] + [1] * 9
+    source = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=schemas.trajectories()), source)
+
+    config = _config(tmp_path, source, "run", epochs=1, max_tokens_per_datum=8)
+    result = loop.run_training(config, progress=False)
+    notes = " ".join(result.notes)
+    assert "1 trajectory rows with a missing or NaN reward" in notes
+    assert "1 sequences were longer than max_tokens_per_datum=8" in notes
+    assert "1 sequences had no sampled token" in notes
+    trained = trained_rollouts(config.log_dir)
+    assert trained == {r["rollout_id"] for r in rows} - {rows[0]["rollout_id"], rows[1]["rollout_id"]}

@@ -33,6 +33,7 @@ from tinkertrace.tokenizer import load_tokenizer
 TRAINABLE_FILE = "trainable.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 MICROBATCH_TOKENS = 32768
+LossConfig = Mapping[str, float | str] | None
 """Padded tokens per forward pass; larger batches run as several passes (gradients add up)."""
 
 
@@ -143,24 +144,22 @@ class TrainingClient:
     # -- forward / backward ------------------------------------------------------------------
 
     def forward(
-        self,
-        data: list[types.Datum],
-        loss_fn: types.LossFnType,
-        loss_fn_config: Mapping[str, float | str] | None = None,
+        self, data: list[types.Datum], loss_fn: types.LossFnType, loss_fn_config: LossConfig = None
     ) -> APIFuture[types.ForwardBackwardOutput]:
         """Loss and per-token logprobs without gradients."""
-        spec, config = get_loss(loss_fn, loss_fn_config)
-        return self._worker.submit(self._run, list(data), loss_fn, spec, config, False)
+        return self._submit_run(data, loss_fn, loss_fn_config, backward=False)
 
     def forward_backward(
-        self,
-        data: list[types.Datum],
-        loss_fn: types.LossFnType,
-        loss_fn_config: Mapping[str, float | str] | None = None,
+        self, data: list[types.Datum], loss_fn: types.LossFnType, loss_fn_config: LossConfig = None
     ) -> APIFuture[types.ForwardBackwardOutput]:
         """Loss, per-token logprobs, and gradients (accumulated until `optim_step`)."""
+        return self._submit_run(data, loss_fn, loss_fn_config, backward=True)
+
+    def _submit_run(
+        self, data: list[types.Datum], loss_fn: types.LossFnType, loss_fn_config: LossConfig, backward: bool
+    ) -> APIFuture[types.ForwardBackwardOutput]:
         spec, config = get_loss(loss_fn, loss_fn_config)
-        return self._worker.submit(self._run, list(data), loss_fn, spec, config, True)
+        return self._worker.submit(self._run, list(data), loss_fn, spec, config, backward)
 
     def _run(
         self,

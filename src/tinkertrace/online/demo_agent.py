@@ -44,13 +44,17 @@ def identity_reward(reply: str, target: str = TARGET) -> float:
 
 
 @tinkertrace.traced_rollout
-def introduce(task: dict, *, client: OpenAI, model: str, max_tokens: int) -> dict[str, Any]:
-    """Ask the model who it is; emit and return the reward of its answer."""
+def introduce(
+    task: dict, *, client: OpenAI, model: str, max_tokens: int, seed: int | None = None
+) -> dict[str, Any]:
+    """Ask the model who it is (sampling seeded by ``seed`` when given); emit and return the reward
+    of its answer."""
     completion = client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": task["question"]}],
         temperature=1.0,
         max_tokens=max_tokens,
+        seed=seed,
     )
     reply = completion.choices[0].message.content or ""
     reward = identity_reward(reply)

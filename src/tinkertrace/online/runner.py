@@ -21,6 +21,24 @@ from typing import Any
 from tinkertrace.netutil import BackgroundServer, free_port, wait_for_port
 
 
+def serve_policy(service: Any, model: str, max_tokens: int) -> tuple[Any, BackgroundServer]:
+    """Serve ``model`` from ``service`` (a local-engine ``ServiceClient``): a ``PolicyHolder`` whose
+    loader opens ``tinker://`` sampler paths, behind the OpenAI-compatible app in a started
+    background uvicorn thread. Stop the returned server when done."""
+    from tinkertrace.serving.app import create_app
+    from tinkertrace.serving.policy import PolicyHolder
+    from tinkertrace.tokenizer import load_tokenizer
+
+    holder = PolicyHolder(
+        service.create_sampling_client(base_model=model),
+        load_tokenizer(model),
+        model,
+        loader=lambda path: service.create_sampling_client(model_path=path),
+    )
+    server = BackgroundServer(create_app(holder, default_max_tokens=max_tokens)).start()
+    return holder, server
+
+
 @dataclass
 class StackSettings:
     """Where things go and how the pieces are started."""
@@ -94,19 +112,10 @@ class OnlineStack:
 
     def _start_endpoint(self) -> None:
         from tinkertrace.engine import ServiceClient
-        from tinkertrace.serving.app import create_app
-        from tinkertrace.serving.policy import PolicyHolder
-        from tinkertrace.tokenizer import load_tokenizer
 
         s = self.settings
         self.service = self.service or ServiceClient(base_dir=s.engine_dir)
-        self.holder = PolicyHolder(
-            self.service.create_sampling_client(base_model=s.model),
-            load_tokenizer(s.model),
-            s.model,
-            loader=lambda path: self.service.create_sampling_client(model_path=path),
-        )
-        self._server = BackgroundServer(create_app(self.holder, default_max_tokens=s.max_tokens)).start()
+        self.holder, self._server = serve_policy(self.service, s.model, s.max_tokens)
         self.base_url = self._server.url + "/v1"
 
     def start_workers(self, count: int) -> None:
