@@ -12,8 +12,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tinkertrace import schemas
+from tinkertrace.builder import stream, views
 from tinkertrace.builder import triplets as trip
-from tinkertrace.builder import views
 from tinkertrace.builder.options import BuildOptions
 from tinkertrace.builder.output import AtomicParquetWriter
 from tinkertrace.builder.summary import BuildSummary
@@ -57,6 +57,7 @@ def connect(options: BuildOptions, temp_dir: Path) -> duckdb.DuckDBPyConnection:
         }
     )
     con.execute("SET enable_progress_bar = false")  # it would print into our stdout
+    con.execute("SET allocator_flush_threshold = '16MB'")  # give freed memory back to the OS early
     if options.threads:
         con.execute(f"SET threads = {int(options.threads)}")
     return con
@@ -64,7 +65,7 @@ def connect(options: BuildOptions, temp_dir: Path) -> duckdb.DuckDBPyConnection:
 
 def _stream_rows(
     con: duckdb.DuckDBPyConnection, options: BuildOptions, trip_out: AtomicParquetWriter,
-    traj_tmp: AtomicParquetWriter, summary: BuildSummary,
+    traj_tmp: AtomicParquetWriter, summary: BuildSummary, work: Path,
 ) -> None:  # fmt: skip
     """Write triplets as they stream; merge turns of whole rollouts (carrying a rollout cut by a
     batch boundary over to the next batch) into ``traj_tmp``."""
@@ -78,7 +79,10 @@ def _stream_rows(
         missing_logprobs += missing
         traj_tmp.write(rows)
 
-    for batch in trip.triplet_stream(con, options.batch_rows, by_group=options.group_by == "task"):
+    batches = stream.triplet_stream(
+        con, options.batch_rows, options.group_by == "task", summary.buckets, work
+    )
+    for batch in batches:
         table = pa.Table.from_batches([batch])
         trip_out.write(table.select(list(range(n_trip))))
         table = table if carry is None else pa.concat_tables([carry, table])
@@ -111,6 +115,9 @@ def _build_into(spans_dir: Path, out_dir: Path, options: BuildOptions, work: Pat
         summary.files = len(report.files)
         summary.corrupt_files = list(report.skipped)
         trip.prepare(con, options, summary)
+        summary.buckets = options.buckets or stream.choose_buckets(
+            stream.token_bytes(con, report.files), stream.memory_limit_bytes(con)
+        )
         out_dir.mkdir(parents=True, exist_ok=True)
         trip_path, traj_path = out_dir / TRIPLETS_FILE, out_dir / TRAJECTORIES_FILE
         if options.group_by == "task":
@@ -119,7 +126,7 @@ def _build_into(spans_dir: Path, out_dir: Path, options: BuildOptions, work: Pat
                 AtomicParquetWriter(trip_path, schemas.triplets()) as trip_out,
                 AtomicParquetWriter(traj_path, schemas.trajectories()) as traj_out,
             ):
-                _stream_rows(con, options, trip_out, traj_out, summary)
+                _stream_rows(con, options, trip_out, traj_out, summary, work)
                 summary.triplets, summary.trajectories = trip_out.rows, traj_out.rows
                 traj_out.commit()
                 trip_out.commit()
@@ -129,7 +136,7 @@ def _build_into(spans_dir: Path, out_dir: Path, options: BuildOptions, work: Pat
                 AtomicParquetWriter(trip_path, schemas.triplets()) as trip_out,
                 AtomicParquetWriter(unsorted, schemas.trajectories()) as traj_tmp,
             ):
-                _stream_rows(con, options, trip_out, traj_tmp, summary)
+                _stream_rows(con, options, trip_out, traj_tmp, summary, work)
                 traj_tmp.commit()
                 with AtomicParquetWriter(traj_path, schemas.trajectories()) as traj_out:
                     _sort_trajectories(con, unsorted, traj_out, options.batch_rows)

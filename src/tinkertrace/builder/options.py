@@ -12,6 +12,7 @@ GroupBy = Literal["task", "task+agent"]
 
 REWARD_POLICIES: tuple[str, ...] = ("nearest", "sibling", "link", "final")
 GROUP_BYS: tuple[str, ...] = ("task", "task+agent")
+MAX_BUCKETS = 256
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class BuildOptions:
     memory_limit: str = "1GB"
     threads: int | None = None
     batch_rows: int = 4096
+    buckets: int | None = None  # token-join slices; None: from the data size and memory_limit
 
     def __post_init__(self) -> None:
         if self.reward_policy not in REWARD_POLICIES:
@@ -51,6 +53,8 @@ class BuildOptions:
             raise ValueError(f"group_by must be one of {GROUP_BYS}, got {self.group_by!r}")
         if self.batch_rows < 1:
             raise ValueError(f"batch_rows must be positive, got {self.batch_rows}")
+        if self.buckets is not None and not 1 <= self.buckets <= MAX_BUCKETS:
+            raise ValueError(f"buckets must be between 1 and {MAX_BUCKETS}, got {self.buckets}")
         # Accept any iterable for the collection fields, store them immutably.
         object.__setattr__(self, "splits", tuple(self.splits))
         object.__setattr__(self, "tasks", tuple(self.tasks))

@@ -47,15 +47,16 @@ class AtomicParquetWriter:
         if self._pending_rows >= self._group:
             data = pa.concat_tables(self._pending)
             cut = (data.num_rows // self._group) * self._group
-            self._writer.write_table(data.slice(0, cut), row_group_size=self._group)
+            # one chunk per row group: the pages then do not depend on how the rows arrived
+            for start in range(0, cut, self._group):
+                self._writer.write_table(data.slice(start, self._group).combine_chunks())
             rest = data.slice(cut)
             self._pending, self._pending_rows = [rest], rest.num_rows
 
     def commit(self) -> Path:
         if self._pending_rows or self.rows == 0:
-            self._writer.write_table(
-                pa.concat_tables(self._pending) if self._pending else self.schema.empty_table()
-            )
+            rest = pa.concat_tables(self._pending) if self._pending else self.schema.empty_table()
+            self._writer.write_table(rest.combine_chunks())
         self._writer.close()
         with open(self._tmp, "rb") as fh:
             os.fsync(fh.fileno())

@@ -37,6 +37,7 @@ class BuildSummary:
     unmatched_rewards: list[tuple[str, str]] = field(default_factory=list)  # (rollout_id, span_id)
     rollout_ids: list[str] = field(default_factory=list)  # built rollouts, sorted
     incomplete_rollout_ids: list[str] = field(default_factory=list)  # left out as incomplete, sorted
+    buckets: int = 1  # slices the token data was joined and sorted in (memory bound)
 
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) pairs for printing."""
@@ -69,6 +70,7 @@ class BuildSummary:
             ("rewards unmatched", str(self.rewards_unmatched)),
             ("rewards superseded (final policy)", str(self.rewards_superseded)),
             ("rewards missing the named dimension", str(self.rewards_missing_dimension)),
+            ("token buckets (memory bound)", str(self.buckets)),
         ]
 
     def __str__(self) -> str:

@@ -1,9 +1,8 @@
 """From the views to the table of LLM calls to emit, then the ordered triplet stream (SQL).
 
 :func:`prepare` materialises small, token-free tables (rollouts, calls, rewards, assignments) and
-fills the summary's counts; :func:`triplet_stream` then joins the chosen calls with their token
-columns and returns them ordered by (rollout_id, turn) as Arrow record batches, so token data is
-read once and never held whole in memory (DuckDB's sort spills to disk past its memory limit).
+fills the summary's counts; :func:`tinkertrace.builder.stream.triplet_stream` then joins the
+chosen calls (``_out``) with their token columns, bucket by bucket.
 """
 
 from __future__ import annotations
@@ -183,7 +182,12 @@ def _output_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
         group_key = "COALESCE(c.task_id, c.rollout_id) || '::' || COALESCE(c.agent_name, '')"
     # Trajectory reward: the rollout's final reward under `final`, else the sum of the rewards
     # assigned to the (rollout, agent)'s calls (null when none was assigned).
-    agg = "max" if options.reward_policy == "final" else "sum"  # under final all calls hold the same value
+    # Sums add the values in sorted order, so float rounding never depends on DuckDB's scheduling.
+    window = "OVER (PARTITION BY c.rollout_id, c.agent_name)"
+    if options.reward_policy == "final":  # all calls hold the same value
+        traj_reward = f"max(cr.reward) {window}"
+    else:
+        traj_reward = f"list_sum(list_sort(list(cr.reward) {window}))"
     where = ["true"]
     params: dict[str, object] = {}
     if options.agent is not None:
@@ -197,11 +201,12 @@ def _output_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
             f"""
             CREATE OR REPLACE TEMP TABLE _out AS
             WITH call_reward AS (
-                SELECT call_trace_id AS trace_id, call_span_id AS span_id, sum(v) AS reward
+                SELECT call_trace_id AS trace_id, call_span_id AS span_id,
+                       list_sum(list_sort(list(v))) AS reward
                 FROM _assign GROUP BY ALL
             ), scored AS (
                 SELECT c.*, cr.reward,
-                       {agg}(cr.reward) OVER (PARTITION BY c.rollout_id, c.agent_name) AS traj_reward,
+                       {traj_reward} AS traj_reward,
                        {group_key} AS group_key
                 FROM _calls c LEFT JOIN call_reward cr USING (trace_id, span_id)
             )
@@ -245,20 +250,3 @@ TRIPLET_COLUMNS = (
     "rollout_id", "task_id", "attempt", "agent_name", "turn", "span_id", "response_id", "model",
     "policy_version", *TOKEN_COLUMNS, "token_source", "reward",
 )  # fmt: skip
-
-
-def triplet_stream(con: duckdb.DuckDBPyConnection, batch_rows: int, by_group: bool) -> pa.RecordBatchReader:
-    """The chosen calls with their token ids, ordered by (rollout_id, turn) — by (group_key,
-    rollout_id, turn) with ``by_group``, which keeps rollouts whole only when the group key does not
-    depend on the agent — triplet columns first,
-    then :data:`EXTRA_COLUMNS`. Calls without prompt or response ids are not in it. The join is on
-    (trace_id, span_id, source file), so a span delivered twice contributes one row."""
-    cols = ", ".join(f"t.{c}" if c in TOKEN_COLUMNS else f"c.{c}" for c in TRIPLET_COLUMNS)
-    extra = ", ".join(f"c.{c}" for c in EXTRA_COLUMNS)
-    sql = f"""
-        SELECT {cols}, {extra}
-        FROM _out c JOIN ({views.span_tokens_sql()}) t
-          ON t.trace_id = c.trace_id AND t.span_id = c.span_id AND t.filename = c.filename
-        WHERE t.prompt_token_ids IS NOT NULL AND t.response_token_ids IS NOT NULL
-        ORDER BY {"c.group_key, " if by_group else ""}c.rollout_id, c.turn"""
-    return con.sql(sql).to_arrow_reader(batch_rows)

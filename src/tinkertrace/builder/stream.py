@@ -1,0 +1,132 @@
+"""The ordered triplet stream, produced bucket by bucket so its memory is bounded.
+
+Each chosen call gets ``call_no``, its position in the output order ((group_key,) rollout_id,
+turn). The calls are cut into K buckets of consecutive ``call_no`` ranges (equal call counts), so
+streaming bucket 0, then 1, ... gives exactly the globally sorted stream while DuckDB only ever
+holds one bucket's token lists. One scan of the span files joins the calls with their token columns
+(DuckDB) and appends each row to its bucket's temporary Arrow IPC file; each bucket is then
+read back, put in ``call_no`` order with one Arrow ``take`` and streamed as record batches.
+K comes from the token data's size in the span files' Parquet metadata and the DuckDB memory limit
+(or ``BuildOptions.buckets``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from tinkertrace.builder import views
+from tinkertrace.builder.options import MAX_BUCKETS
+from tinkertrace.builder.triplets import EXTRA_COLUMNS, TOKEN_COLUMNS, TRIPLET_COLUMNS
+
+# A bucket's token data may take this share of the memory limit (the sort needs room to work).
+BUCKET_SHARE = 0.25
+_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
+
+
+def memory_limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
+    """DuckDB's effective memory limit in bytes (``current_setting`` prints e.g. ``244.1 MiB``)."""
+    text = str(con.execute("SELECT current_setting('memory_limit')").fetchone()[0])  # type: ignore[index]
+    match = re.fullmatch(r"\s*([\d.]+)\s*(\w+)\s*", text)
+    if match is None or match.group(2) not in _UNITS:
+        raise ValueError(f"cannot read DuckDB memory limit {text!r}")
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def token_bytes(con: duckdb.DuckDBPyConnection, files: list[Path]) -> int:
+    """Estimated in-memory size of the token columns of ``files``: 4 bytes a value (int32/float32),
+    from the Parquet footers only."""
+    if not files:
+        return 0
+    cols = " OR ".join(f"path_in_schema LIKE '{c},%'" for c in TOKEN_COLUMNS)
+    row = con.execute(
+        f"SELECT sum(num_values) FROM parquet_metadata($files) WHERE {cols}",
+        {"files": [str(f) for f in files]},
+    ).fetchone()
+    return 4 * int(row[0] or 0) if row else 0
+
+
+def choose_buckets(data_bytes: int, limit_bytes: int) -> int:
+    """How many buckets keep one bucket's token data within :data:`BUCKET_SHARE` of the limit."""
+    return max(1, min(MAX_BUCKETS, math.ceil(data_bytes / max(1.0, limit_bytes * BUCKET_SHARE))))
+
+
+def _number_calls(con: duckdb.DuckDBPyConnection, by_group: bool, buckets: int) -> None:
+    """Add ``call_no`` (output position) and ``bucket`` (equal-count ranges of it) to ``_out``."""
+    order = ("group_key, " if by_group else "") + "rollout_id, turn"
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _out AS
+        SELECT *, CAST((call_no * {buckets}) // count(*) OVER () AS INTEGER) AS bucket
+        FROM (SELECT *, row_number() OVER (ORDER BY {order}) - 1 AS call_no FROM _out)""")
+
+
+def _tokens_sql() -> str:
+    """``bucket``, ``call_no`` and the token columns of the chosen calls, in no particular order.
+    Joined on (trace_id, span_id, source file), so a span delivered twice contributes one row;
+    calls without prompt or response ids are dropped."""
+    tokens = ", ".join(f"t.{c}" for c in TOKEN_COLUMNS)
+    return f"""
+        SELECT c.bucket, c.call_no, {tokens}
+        FROM (SELECT bucket, call_no, trace_id, span_id, filename FROM _out) c
+        JOIN ({views.span_tokens_sql()}) t
+          ON t.trace_id = c.trace_id AND t.span_id = c.span_id AND t.filename = c.filename
+        WHERE t.prompt_token_ids IS NOT NULL AND t.response_token_ids IS NOT NULL"""
+
+
+def _spill(con: duckdb.DuckDBPyConnection, buckets: int, batch_rows: int, work: Path) -> list[Path]:
+    """One scan: each joined token row goes to its bucket's Arrow IPC file; returns the files."""
+    paths = [work / f"tokens-{b:03d}.arrow" for b in range(buckets)]
+    reader = con.sql(_tokens_sql()).to_arrow_reader(batch_rows)
+    schema = reader.schema.remove(0)  # without `bucket`
+    writers = [pa.ipc.new_file(p, schema) for p in paths]
+    try:
+        for batch in reader:
+            bucket = batch.column(0).to_numpy()
+            order = np.argsort(bucket, kind="stable")
+            bounds = np.searchsorted(bucket[order], np.arange(buckets + 1))
+            rows = batch.drop_columns(["bucket"]).take(pa.array(order))  # type: ignore[attr-defined]
+            for b in np.flatnonzero(np.diff(bounds)):
+                writers[b].write_batch(rows.slice(bounds[b], bounds[b + 1] - bounds[b]))
+    finally:
+        for writer in writers:
+            writer.close()
+    return paths
+
+
+def _bucket_rows(con: duckdb.DuckDBPyConnection, bucket: int, path: Path) -> pa.Table:
+    """Bucket ``bucket``'s triplet rows (+ extra columns) sorted by ``call_no``."""
+    with pa.OSFile(str(path)) as source:  # read, not mapped: the file's pages would count as ours
+        tokens = pa.ipc.open_file(source).read_all()
+    call_no = tokens.column("call_no").to_numpy()
+    order = np.argsort(call_no, kind="stable")
+    tokens = tokens.take(pa.array(order))
+    other = [c for c in (*TRIPLET_COLUMNS, *EXTRA_COLUMNS) if c not in TOKEN_COLUMNS]
+    calls = con.sql(
+        f"SELECT call_no, {', '.join(other)} FROM _out WHERE bucket = $b ORDER BY call_no",
+        params={"b": bucket},
+    ).to_arrow_table()
+    at = np.searchsorted(calls.column("call_no").to_numpy(), call_no[order])
+    calls = calls.take(pa.array(at))
+    columns = {name: (tokens if name in TOKEN_COLUMNS else calls).column(name) for name in TRIPLET_COLUMNS}
+    columns.update({name: calls.column(name) for name in EXTRA_COLUMNS})
+    return pa.table(columns)
+
+
+def triplet_stream(
+    con: duckdb.DuckDBPyConnection, batch_rows: int, by_group: bool, buckets: int, work: Path
+) -> Iterator[pa.RecordBatch]:
+    """The chosen calls with their token ids in output order — (group_key, rollout_id, turn) with
+    ``by_group``, else (rollout_id, turn) — triplet columns first, then :data:`EXTRA_COLUMNS`,
+    computed in ``buckets`` slices (temporary Arrow files under ``work``)."""
+    _number_calls(con, by_group, buckets)
+    for bucket, path in enumerate(_spill(con, buckets, batch_rows, work)):
+        table = _bucket_rows(con, bucket, path)
+        path.unlink()
+        yield from table.to_batches(batch_rows)
+        del table
