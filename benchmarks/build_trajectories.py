@@ -2,6 +2,7 @@
 spans/s and peak memory.
 
     .venv/bin/python benchmarks/build_trajectories.py [--rollouts 100000] [--turns 4] [--keep DIR]
+        [--memory-limit 1GB] [--buckets K]
 
 Each rollout has a root span, an agent span, ``turns`` LLM calls and as many rewards
 (2 + 2 * turns spans; 100,000 rollouts x 4 turns = 1,000,000 spans). Turn k's prompt is the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -147,10 +149,13 @@ import sys, time, json
 from pathlib import Path
 from tinkertrace.builder import BuildOptions, build_trajectories
 t = time.perf_counter()
-r = build_trajectories(Path(sys.argv[1]), Path(sys.argv[2]), BuildOptions(memory_limit=sys.argv[3]))
+buckets = int(sys.argv[4]) or None
+options = BuildOptions(memory_limit=sys.argv[3], buckets=buckets)
+r = build_trajectories(Path(sys.argv[1]), Path(sys.argv[2]), options)
 s = r.summary
 print(json.dumps({"seconds": time.perf_counter() - t, "spans": s.spans, "triplets": s.triplets,
-                  "trajectories": s.trajectories, "rewards_matched": s.rewards_matched}))
+                  "trajectories": s.trajectories, "rewards_matched": s.rewards_matched,
+                  "buckets": s.buckets}))
 """
 
 
@@ -160,6 +165,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--files", type=int, default=20)
     parser.add_argument("--memory-limit", default="1GB", help="DuckDB memory limit for the build")
+    parser.add_argument("--buckets", type=int, default=0, help="token buckets (default: automatic)")
     parser.add_argument("--keep", type=Path, help="generate into (and keep, and reuse) this folder")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tt-bench-build-") as tmp:
@@ -174,8 +180,9 @@ def main() -> None:
             took = time.perf_counter() - t
             print(f"generated {n_spans:,} spans, {size / 2**20:,.0f} MiB Parquet in {took:.1f} s")
         shutil.rmtree(out, ignore_errors=True)
+        load_before = os.getloadavg()[0]
         run = subprocess.run(
-            [sys.executable, "-c", BUILD, str(spans_dir), str(out), args.memory_limit],
+            [sys.executable, "-c", BUILD, str(spans_dir), str(out), args.memory_limit, str(args.buckets)],
             check=True, capture_output=True, text=True,
         )  # fmt: skip
         stats = json.loads(run.stdout.strip().splitlines()[-1])
@@ -187,6 +194,10 @@ def main() -> None:
             f"build-trajectories: {stats['spans']:,} spans in {stats['seconds']:.1f} s = "
             f"{stats['spans'] / stats['seconds']:,.0f} spans/s; {stats['triplets']:,} triplets, "
             f"{stats['trajectories']:,} trajectories, {stats['rewards_matched']:,} rewards matched"
+        )
+        print(
+            f"memory limit {args.memory_limit}, {stats['buckets']} token buckets; load average "
+            f"(1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores"
         )
         print(f"CPU time of the build (all threads): {cpu:.1f} s")
         print(f"peak RSS of the build: {peak:,.0f} MiB (input {size / 2**20:,.0f} MiB Parquet, "

@@ -71,9 +71,27 @@ def build_trajectories_cmd(
         ),
     ] = False,
     memory_limit: Annotated[
-        str, typer.Option(help="DuckDB memory limit; larger sorts spill to a temporary folder.")
+        str,
+        typer.Option(
+            help=(
+                "DuckDB memory limit (e.g. 512MB, 2GB); DuckDB spills past it to a temporary folder "
+                "and the token data is processed in buckets sized from it. Peak memory is about "
+                "this limit + 1/4 of it + ~200 MB."
+            )
+        ),
     ] = "1GB",
     threads: Annotated[int | None, typer.Option(help="DuckDB threads (default: all cores).")] = None,
+    buckets: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=256,
+            help=(
+                "Process the token data in this many slices (1-256); default: from the token data's "
+                "size and --memory-limit. Output is identical whatever the count."
+            ),
+        ),
+    ] = None,
 ) -> None:
     """Rebuild token-level triplets (one row per LLM call) and trajectories (one row per rollout and
     agent, turns merged while each prompt extends the previous prompt + response) from spans."""
@@ -99,6 +117,7 @@ def build_trajectories_cmd(
             include_incomplete=include_incomplete,
             memory_limit=memory_limit,
             threads=threads,
+            buckets=buckets,
         )
         with console.status("building trajectories"):
             result = build_trajectories(spans_dir, out, options)

@@ -8,7 +8,9 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import duckdb
 import pyarrow.parquet as pq
+import pytest
 
 from tinkertrace import schemas
 from tinkertrace import semconv as sc
@@ -144,3 +146,65 @@ def test_rebuild_gives_identical_files(tmp_path: Path, rows: SpanRows) -> None:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     assert pq.read_table(a.triplets_path).equals(b.triplets)
     assert not list((tmp_path / "a").glob(".*"))  # no temporary files left behind
+
+
+def _many_rollouts(rows: SpanRows, n: int) -> None:
+    """``n`` rollouts over 3 tasks, two agents taking turns (multi-turn, prefix-extending), one
+    reward per call; rollout ids are not in task order, so group order differs from rollout order."""
+    for i in range(n):
+        rid = f"r{(i * 7) % n:02d}"
+        root = rows.rollout(rid, start=i * 100, end=i * 100 + 90, task=f"t{i % 3}", llm_calls=4)
+        prompt: dict[str, list[int]] = {"a": [i, 1], "b": [i, 2]}
+        for turn in range(4):
+            who = "ab"[turn % 2]
+            response = [100 + turn, i]
+            at = i * 100 + 10 * turn
+            rows.llm(rid, root, prompt[who], response, start=at + 1, end=at + 2, agent=who, task=f"t{i % 3}")
+            rows.reward(rid, root, 0.1 * turn + 0.01 * i, at=at + 3)
+            prompt[who] = prompt[who] + response + [7]
+
+
+def test_buckets_give_the_same_files_as_one_pass(tmp_path: Path, rows: SpanRows) -> None:
+    _many_rollouts(rows, 10)
+    rows.write(tmp_path / "spans")
+    for group_by in ("task", "task+agent"):
+        outs = []
+        for buckets in (1, 3, 7, 40):
+            out = tmp_path / f"{group_by}-{buckets}"
+            result = build_trajectories(
+                tmp_path / "spans", out, BuildOptions(group_by=group_by, buckets=buckets)
+            )
+            assert result.summary.buckets == buckets
+            assert result.summary.triplets == 40
+            outs.append([(out / n).read_bytes() for n in ("triplets.parquet", "trajectories.parquet")])
+        assert all(o == outs[0] for o in outs[1:]), group_by
+    trajs = pq.read_table(tmp_path / "task-3" / "trajectories.parquet")
+    assert trajs.num_rows == 20 and set(trajs.column("num_turns").to_pylist()) == {2}
+    keys = list(
+        zip(*(trajs.column(c).to_pylist() for c in ("group_key", "rollout_id", "agent_name")), strict=True)
+    )
+    assert keys == sorted(keys)
+    trips = pq.read_table(tmp_path / "task-7" / "triplets.parquet")
+    keys = list(zip(*(trips.column(c).to_pylist() for c in ("task_id", "rollout_id", "turn")), strict=True))
+    assert keys == sorted(keys)
+
+
+def test_bucket_count_follows_data_size_and_memory_limit(
+    tmp_path: Path, rows: SpanRows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tinkertrace.builder import stream
+    from tinkertrace.builder.stream import BUCKET_SHARE, choose_buckets
+
+    assert choose_buckets(0, 2**30) == 1
+    assert choose_buckets(int(2**30 * BUCKET_SHARE) * 5, 2**30) == 5
+    assert choose_buckets(2**50, 2**20) == 256
+    _many_rollouts(rows, 3)
+    rows.write(tmp_path)
+    assert build(tmp_path).summary.buckets == 1
+    # values in the footers: prompts 3 * (2 + 2 + 5 + 5), responses and logprobs 2 * 12 each,
+    # one null value per column on the 15 other spans; 4 bytes each
+    files = list(tmp_path.rglob("*.parquet"))
+    assert stream.token_bytes(duckdb.connect(), files) == 4 * (42 + 24 + 24 + 45)
+    monkeypatch.setattr(stream, "BUCKET_SHARE", 100 / 2**30)  # 100 bytes a bucket at 1GB
+    tiny = build(tmp_path, memory_limit="1GB")
+    assert tiny.summary.buckets == 6 and tiny.summary.triplets == 12

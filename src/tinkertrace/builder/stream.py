@@ -25,8 +25,9 @@ from tinkertrace.builder import views
 from tinkertrace.builder.options import MAX_BUCKETS
 from tinkertrace.builder.triplets import EXTRA_COLUMNS, TOKEN_COLUMNS, TRIPLET_COLUMNS
 
-# A bucket's token data may take this share of the memory limit (the sort needs room to work).
-BUCKET_SHARE = 0.25
+# A bucket's token data may take this share of the memory limit (reading, reordering and
+# merging it in Python costs about four times its size on top of DuckDB's limit).
+BUCKET_SHARE = 1 / 16
 _UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
 
 
@@ -130,3 +131,4 @@ def triplet_stream(
         path.unlink()
         yield from table.to_batches(batch_rows)
         del table
+        pa.default_memory_pool().release_unused()  # the next bucket's peak starts from here
