@@ -14,16 +14,26 @@ def demo(
         Path | None,
         typer.Option(help="Output folder (default: a new ./tinkertrace-demo-<timestamp>/)."),
     ] = None,
-    steps: Annotated[int, typer.Option(help="Training steps to run (each publishes a new policy).")] = 40,
-    workers: Annotated[int, typer.Option(help="Concurrent agent worker processes.")] = 2,
+    steps: Annotated[
+        int | None, typer.Option(help="Training steps to run, each publishes a new policy (default 60).")
+    ] = None,
+    workers: Annotated[int | None, typer.Option(help="Concurrent agent worker processes (2).")] = None,
     max_seconds: Annotated[
-        float, typer.Option(help="Stop training after this many seconds even if --steps is not reached.")
-    ] = 170.0,
-    group_size: Annotated[int, typer.Option(help="Rollouts per question (one GRPO group).")] = 8,
-    learning_rate: Annotated[float, typer.Option(help="Adam learning rate of the LoRA weights.")] = 5e-3,
+        float | None,
+        typer.Option(help="Stop training after this many seconds even if --steps is not reached (150)."),
+    ] = None,
+    group_size: Annotated[int | None, typer.Option(help="Rollouts per question, one GRPO group (8).")] = None,
+    learning_rate: Annotated[
+        float | None, typer.Option(help="Adam learning rate of the LoRA weights (default 3e-3).")
+    ] = None,
+    loss: Annotated[
+        str | None,
+        typer.Option(help="Policy-gradient loss: ppo (default, clipped ratio) or importance_sampling."),
+    ] = None,
     model: Annotated[
-        str, typer.Option(help="Built-in model size to train: tinkertrace/tiny-chat:nano|small|base.")
-    ] = "tinkertrace/tiny-chat:small",
+        str | None,
+        typer.Option(help="Built-in model to train: tinkertrace/tiny-chat:nano|small|base (default small)."),
+    ] = None,
 ) -> None:
     """Run the online RL loop on this machine (no keys, no network) and show the reward rising.
 
@@ -34,20 +44,24 @@ def demo(
     """
     from tinkertrace.online.demo import DemoSettings, run_demo
 
-    if steps < 1 or workers < 1 or group_size < 2 or max_seconds <= 0:
-        raise typer.BadParameter("--steps and --workers must be ≥ 1, --group-size ≥ 2, --max-seconds > 0")
-    folder = out or Path(f"tinkertrace-demo-{datetime.now():%Y%m%d-%H%M%S}")
-    run_demo(
-        DemoSettings(
-            out=folder,
-            steps=steps,
-            workers=workers,
-            max_seconds=max_seconds,
-            group_size=group_size,
-            learning_rate=learning_rate,
-            model=model,
-        )
+    given = {
+        "steps": steps,
+        "workers": workers,
+        "max_seconds": max_seconds,
+        "group_size": group_size,
+        "learning_rate": learning_rate,
+        "loss": loss,
+        "model": model,
+    }
+    settings = DemoSettings(
+        out=out or Path(f"tinkertrace-demo-{datetime.now():%Y%m%d-%H%M%S}"),
+        **{k: v for k, v in given.items() if v is not None},
     )
+    if settings.steps < 1 or settings.workers < 1 or settings.group_size < 2 or settings.max_seconds <= 0:
+        raise typer.BadParameter("--steps and --workers must be ≥ 1, --group-size ≥ 2, --max-seconds > 0")
+    if settings.loss not in ("ppo", "importance_sampling"):
+        raise typer.BadParameter("--loss must be ppo or importance_sampling")
+    run_demo(settings)
 
 
 def register(app: typer.Typer) -> None:

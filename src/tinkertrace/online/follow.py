@@ -33,21 +33,12 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from tinkertrace.online.tail import SpanTail
+from tinkertrace.training import step as shared_step
 from tinkertrace.training.backends import make_service_client
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.dataset import group_keys
-from tinkertrace.training.errors import ConfigError, DataError
-from tinkertrace.training.step import (
-    adam_params,
-    batch_metrics,
-    build_batch,
-    open_metrics_logger,
-    open_training_client,
-    prepare_data,
-    save_checkpoint,
-    train_step,
-)
+from tinkertrace.training.errors import ConfigError, DataError, raise_problems
 
 FOLLOW_MODE = "follow"
 StepCallback = Callable[[int, dict[str, Any]], None]
@@ -80,9 +71,7 @@ class FollowOptions:
             (self.poll_s > 0, "poll_s must be positive"),
             (self.max_steps is None or self.max_steps >= 1, "max_steps must be at least 1"),
         ]
-        problems = [message for ok, message in checks if not ok]
-        if problems:
-            raise ConfigError("invalid follow settings: " + "; ".join(problems))
+        raise_problems(checks, "invalid follow settings")
         return self
 
 
@@ -236,15 +225,15 @@ class FollowTrainer:
             json.dumps({**config.to_dict(), "follow": dict(vars(o), publish_token=None)}, indent=2)
         )
         service = self.service or make_service_client(config.backend, engine_dir=config.engine_dir)
-        training_client = open_training_client(service, config, resume_from)
+        training_client = shared_step.open_training_client(service, config, resume_from)
         if resume_from is not None and self.publish is not None:
             self.publish(resume_from)
-        adam = adam_params(config)
+        adam = shared_step.adam_params(config)
         tail = SpanTail(Path(config.source), resolved=set(done), group_by=config.group_by)  # type: ignore[arg-type]
         result = FollowResult(log_dir=log_dir, start_step=step, steps=step)
         dropped_since_save: list[str] = []
         started = last_activity = time.monotonic()
-        logger = open_metrics_logger(config, log_dir, step)
+        logger = shared_step.open_metrics_logger(config, log_dir, step)
         result.notes.extend(logger.notes)
         bar = _follow_progress(progress, console)
         with logger, bar if bar is not None else nullcontext():
@@ -283,7 +272,7 @@ class FollowTrainer:
                     "seed": config.seed,
                     "groups_per_batch": config.groups_per_batch,
                 }
-                saved = save_checkpoint(training_client, log_dir, step + 1, record)
+                saved = shared_step.save_checkpoint(training_client, log_dir, step + 1, record)
                 dropped_since_save.clear()
                 published = time.monotonic()
                 if self.publish is not None:
@@ -321,7 +310,7 @@ class FollowTrainer:
         """One step on ``table``; None when nothing in it could be trained (constant-reward groups)."""
         config, o = self.config, self.options
         try:
-            data = prepare_data(table, config)
+            data = shared_step.prepare_data(table, config)
         except DataError:
             ids = pc.unique(table["rollout_id"]).to_pylist()
             result.rollouts_dropped_constant += len(ids)
@@ -337,15 +326,15 @@ class FollowTrainer:
             over = np.clip(age - o.max_staleness, 0, None)
             data.advantage_of_row = data.advantage_of_row * o.staleness_decay**over
         rows = np.arange(data.table.num_rows)
-        batch = build_batch(data, rows, config)
+        batch = shared_step.build_batch(data, rows, config)
         metrics: dict[str, Any] = {
             "progress/batch": step,
             "progress/epoch": 0,
             "optim/lr": config.learning_rate,
-            **batch_metrics(data, rows, batch),
+            **shared_step.batch_metrics(data, rows, batch),
         }
         if batch.data:
-            metrics.update(train_step(client, batch, config, adam))
+            metrics.update(shared_step.train_step(client, batch, config, adam))
         lags = self._lags(table, kept)
         result.lags_s.extend(lags)
         result.rollouts_trained += len(kept)

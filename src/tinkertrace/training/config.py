@@ -20,7 +20,7 @@ import yaml
 from tinkertrace.tokenizer import BUILTIN_MODEL
 from tinkertrace.training.advantages import ADVANTAGE_MODES
 from tinkertrace.training.datums import LOSS_FUNCTIONS
-from tinkertrace.training.errors import ConfigError
+from tinkertrace.training.errors import ConfigError, raise_problems
 
 
 @dataclass
@@ -68,9 +68,7 @@ class TrainConfig:
             (self.group_by in ("task", "task+agent"), "group_by must be 'task' or 'task+agent'"),
             (self.backend in ("local", "tinker"), "backend must be 'local' or 'tinker'"),
         ]
-        problems = [message for ok, message in checks if not ok]
-        if problems:
-            raise ConfigError("invalid training config: " + "; ".join(problems))
+        raise_problems(checks, "invalid training config")
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class TrainingError(Exception):
     """Base class: a problem the user can fix, reported by the CLI as a single message."""
@@ -17,3 +19,10 @@ class DataError(TrainingError):
 
 class BackendError(TrainingError):
     """The training backend cannot be used: missing API key, unreachable service, unknown model."""
+
+
+def raise_problems(checks: Iterable[tuple[bool, str]], what: str) -> None:
+    """Raise one :class:`ConfigError` ``"<what>: <problem>; <problem>"`` naming every failed check."""
+    problems = [message for ok, message in checks if not ok]
+    if problems:
+        raise ConfigError(f"{what}: " + "; ".join(problems))
