@@ -8,7 +8,6 @@ new policy swapped into the endpoint, shows the reward live, and ends with a sum
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,15 +136,12 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
             service=stack.service,
             on_step=display.on_step,
         )
-        stop = threading.Event()
-        timer = threading.Timer(settings.max_seconds, stop.set)
-        timer.daemon = True
-        stack.start_workers(settings.workers)
-        timer.start()
-        with Live(display, console=console, refresh_per_second=4, transient=False):
-            result = trainer.run(stop=stop, progress=False)
-        timer.cancel()
-        stack.stop_workers()
+        result = stack.run_trainer(
+            trainer,
+            workers=settings.workers,
+            max_seconds=settings.max_seconds,
+            around=Live(display, console=console, refresh_per_second=4, transient=False),
+        )
         served = stack.holder.version
         agent_rows = stack.agent_results()
     summary = summarize(

@@ -14,6 +14,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,6 +153,30 @@ class OnlineStack:
                     env=env,
                 )
             )
+
+    def run_trainer(
+        self,
+        trainer: Any,
+        *,
+        workers: int,
+        max_seconds: float,
+        progress: bool = False,
+        around: AbstractContextManager[Any] | None = None,
+    ) -> Any:
+        """Start ``workers`` agent workers, run ``trainer`` (a ``FollowTrainer``) until its step limit or
+        ``max_seconds``, then stop the workers; returns the trainer's result. ``around`` (e.g. a rich
+        ``Live`` display) is entered for the duration of the training."""
+        stop = threading.Event()
+        timer = threading.Timer(max_seconds, stop.set)
+        timer.daemon = True
+        self.start_workers(workers)
+        timer.start()
+        try:
+            with around if around is not None else nullcontext():
+                return trainer.run(stop=stop, progress=progress)
+        finally:
+            timer.cancel()
+            self.stop_workers()
 
     def stop_workers(self, timeout: float = 20.0) -> None:
         """Ask every worker to finish its round (SIGTERM), then kill any that linger."""
