@@ -79,9 +79,7 @@ def _stream_rows(
         missing_logprobs += missing
         traj_tmp.write(rows)
 
-    batches = stream.triplet_stream(
-        con, options.batch_rows, options.group_by == "task", summary.buckets, work
-    )
+    batches = stream.triplet_stream(con, options.batch_rows, summary.buckets, work)
     for batch in batches:
         table = pa.Table.from_batches([batch])
         trip_out.write(table.select(list(range(n_trip))))
@@ -114,10 +112,10 @@ def _build_into(spans_dir: Path, out_dir: Path, options: BuildOptions, work: Pat
         report = views.open_views(con, spans_dir, options.files)
         summary.files = len(report.files)
         summary.corrupt_files = list(report.skipped)
-        trip.prepare(con, options, summary)
         summary.buckets = options.buckets or stream.choose_buckets(
             stream.token_bytes(con, report.files), stream.memory_limit_bytes(con)
         )
+        trip.prepare(con, options, summary)
         out_dir.mkdir(parents=True, exist_ok=True)
         trip_path, traj_path = out_dir / TRIPLETS_FILE, out_dir / TRAJECTORIES_FILE
         if options.group_by == "task":

@@ -28,6 +28,8 @@ from tinkertrace.builder.triplets import EXTRA_COLUMNS, TOKEN_COLUMNS, TRIPLET_C
 # A bucket's token data may take this share of the memory limit (reading, reordering and
 # merging it in Python costs about four times its size on top of DuckDB's limit).
 BUCKET_SHARE = 1 / 16
+# DuckDB's share of the memory limit while the buckets are processed.
+DUCKDB_SHARE = 3 / 4
 _UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
 
 
@@ -56,15 +58,6 @@ def token_bytes(con: duckdb.DuckDBPyConnection, files: list[Path]) -> int:
 def choose_buckets(data_bytes: int, limit_bytes: int) -> int:
     """How many buckets keep one bucket's token data within :data:`BUCKET_SHARE` of the limit."""
     return max(1, min(MAX_BUCKETS, math.ceil(data_bytes / max(1.0, limit_bytes * BUCKET_SHARE))))
-
-
-def _number_calls(con: duckdb.DuckDBPyConnection, by_group: bool, buckets: int) -> None:
-    """Add ``call_no`` (output position) and ``bucket`` (equal-count ranges of it) to ``_out``."""
-    order = ("group_key, " if by_group else "") + "rollout_id, turn"
-    con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE _out AS
-        SELECT *, CAST((call_no * {buckets}) // count(*) OVER () AS INTEGER) AS bucket
-        FROM (SELECT *, row_number() OVER (ORDER BY {order}) - 1 AS call_no FROM _out)""")
 
 
 def _tokens_sql() -> str:
@@ -120,12 +113,15 @@ def _bucket_rows(con: duckdb.DuckDBPyConnection, bucket: int, path: Path) -> pa.
 
 
 def triplet_stream(
-    con: duckdb.DuckDBPyConnection, batch_rows: int, by_group: bool, buckets: int, work: Path
+    con: duckdb.DuckDBPyConnection, batch_rows: int, buckets: int, work: Path
 ) -> Iterator[pa.RecordBatch]:
-    """The chosen calls with their token ids in output order — (group_key, rollout_id, turn) with
-    ``by_group``, else (rollout_id, turn) — triplet columns first, then :data:`EXTRA_COLUMNS`,
-    computed in ``buckets`` slices (temporary Arrow files under ``work``)."""
-    _number_calls(con, by_group, buckets)
+    """The chosen calls (``_out``, with ``call_no`` and ``bucket`` < ``buckets``) with their token
+    ids in ``call_no`` order, triplet columns first, then :data:`EXTRA_COLUMNS`; computed bucket by
+    bucket (temporary Arrow files under ``work``)."""
+    # DuckDB needs less from here on (the token-free `_out` and the join's keys); lowering its limit
+    # also returns what the first pass left in its allocator, so the buckets' Python side fits.
+    limit = memory_limit_bytes(con)
+    con.execute(f"SET memory_limit = '{int(limit * DUCKDB_SHARE) // 1024}KiB'")
     for bucket, path in enumerate(_spill(con, buckets, batch_rows, work)):
         table = _bucket_rows(con, bucket, path)
         path.unlink()

@@ -188,6 +188,8 @@ def _output_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
         traj_reward = f"max(cr.reward) {window}"
     else:
         traj_reward = f"list_sum(list_sort(list(cr.reward) {window}))"
+    # call_no: position in the output order; bucket: equal-count ranges of it (builder.stream)
+    order = ("group_key, " if options.group_by == "task" else "") + "rollout_id, turn"
     where = ["true"]
     params: dict[str, object] = {}
     if options.agent is not None:
@@ -210,7 +212,9 @@ def _output_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
                        {group_key} AS group_key
                 FROM _calls c LEFT JOIN call_reward cr USING (trace_id, span_id)
             )
-            SELECT * FROM scored c WHERE {" AND ".join(where)}""",
+            SELECT *, CAST((call_no * {summary.buckets}) // count(*) OVER () AS INTEGER) AS bucket
+            FROM (SELECT *, row_number() OVER (ORDER BY {order}) - 1 AS call_no
+                  FROM scored c WHERE {" AND ".join(where)})""",
             params,
         )
     except duckdb.InvalidInputException as exc:
@@ -220,7 +224,8 @@ def _output_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
 
 def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
     """Materialise the token-free build tables (``_meta``, ``_sel``, ``_calls``, ``_rewards``,
-    ``_assign``, ``_out``) and fill the summary's rollout, call and reward counts."""
+    ``_assign``, ``_out`` numbered into ``summary.buckets`` buckets) and fill the summary's rollout,
+    call and reward counts."""
     keep_attrs = f"span_type IN ('{sc.TYPE_ROLLOUT}', '{sc.TYPE_REWARD}') OR from_agentlightning"
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _meta AS
