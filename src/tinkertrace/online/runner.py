@@ -9,7 +9,6 @@ their spans to the collector. The follow trainer publishes into ``stack.holder``
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -191,11 +190,11 @@ class OnlineStack:
                 proc.wait()
 
     def agent_results(self) -> list[dict[str, Any]]:
-        """Every rollout line the workers logged."""
-        rows = []
-        for path in sorted(self.settings.agents_dir.glob("worker-*.jsonl")):
-            rows.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
-        return rows
+        """Every rollout line the workers logged (a line cut short by a killed worker is left out)."""
+        from tinkertrace.training.jsonl import read_jsonl
+
+        paths = sorted(self.settings.agents_dir.glob("worker-*.jsonl"))
+        return [row for path in paths for row in read_jsonl(path, skip_bad=True)]
 
     def stop(self) -> None:
         """Stop workers, then the endpoint, then the collector (SIGTERM: it flushes its files)."""

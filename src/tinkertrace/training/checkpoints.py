@@ -8,39 +8,22 @@ trained since the previous checkpoint: the union over the file is everything tra
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
-from tinkertrace.training.errors import DataError
+from tinkertrace.training.jsonl import append_jsonl, read_jsonl
 
 CHECKPOINTS_FILE = "checkpoints.jsonl"
 
 
 def read_checkpoints(log_dir: Path) -> list[dict[str, Any]]:
     """All checkpoint records in ``log_dir`` (oldest first; empty when none)."""
-    path = Path(log_dir) / CHECKPOINTS_FILE
-    if not path.exists():
-        return []
-    records = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise DataError(f"{path} line {number} is not valid JSON; fix or remove that line") from None
-    return records
+    return read_jsonl(Path(log_dir) / CHECKPOINTS_FILE)
 
 
 def append_checkpoint(log_dir: Path, record: dict[str, Any]) -> None:
     """Append one record (flushed and fsynced, so a crash right after keeps it)."""
-    path = Path(log_dir) / CHECKPOINTS_FILE
-    with path.open("a") as fh:
-        fh.write(json.dumps(record) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    append_jsonl(Path(log_dir) / CHECKPOINTS_FILE, [record], fsync=True)
 
 
 def trained_rollouts(log_dir: Path) -> set[str]:

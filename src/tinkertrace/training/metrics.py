@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from tinkertrace.training.jsonl import append_jsonl, read_jsonl
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -55,10 +57,7 @@ def _jsonable(value: Any) -> Any:
 
 def read_metrics(log_dir: Path) -> list[dict[str, Any]]:
     """All records of ``<log_dir>/metrics.jsonl`` (empty when the file does not exist)."""
-    path = Path(log_dir) / METRICS_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(Path(log_dir) / METRICS_FILE)
 
 
 class MetricsLogger:
@@ -81,7 +80,8 @@ class MetricsLogger:
         self.path = Path(log_dir) / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = [r for r in read_metrics(self.path.parent) if int(r.get("step", -1)) < start_step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self.path.write_text("")
+        append_jsonl(self.path, kept)
         self._file = self.path.open("a")
         self.notes: list[str] = []
         self._wandb: Any = None
