@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,7 @@ class ExampleTrainer(FollowTrainer):
         self.released: list[pa.Table] = []
         self.stats = {name: dict.fromkeys((*STAT_KEYS, "reward_sum"), 0.0) for name in self.envs}
 
-    def _add(self, table: pa.Table) -> None:
+    def add(self, table: pa.Table) -> None:
         if table.num_rows:
             self._stage(table)
         now, timeout = time.monotonic(), self.options.group_timeout_s
@@ -65,7 +64,7 @@ class ExampleTrainer(FollowTrainer):
                 if ready:
                     rows = pa.concat_tables(ready)
                     self.released.append(rows)
-                    super()._add(rows)
+                    super().add(rows)
 
     def _stage(self, table: pa.Table) -> None:
         """Rebuild the new rollouts' groups under their environment's settings and stage them."""
@@ -161,14 +160,9 @@ def train(
                 publish=None if publish_url else holder_publisher(stack.holder),
                 service=stack.service,
             )
-            stop = threading.Event()
-            timer = threading.Timer(run.max_seconds, stop.set)
-            timer.daemon = True
-            stack.start_workers(run.workers)
-            timer.start()
-            result = trainer.run(stop=stop, progress=progress)
-            timer.cancel()
-            stack.stop_workers()
+            result = stack.run_trainer(
+                trainer, workers=run.workers, max_seconds=run.max_seconds, progress=progress
+            )
             served = stack.holder.version
             agent_rows = stack.agent_results()
     finally:

@@ -151,7 +151,13 @@ class FollowTrainer:
         self._arrived: dict[str, float] = {}
 
     # --- data ----------------------------------------------------------------------------------------
-    def _add(self, table: pa.Table) -> None:
+    def add(self, table: pa.Table) -> None:
+        """Buffer newly built trajectories for training.
+
+        This is the hook for subclasses that hold back or rebuild rows first (the examples stage
+        each environment's groups until complete): override it and call ``super().add(rows)``.
+        It is also called with an empty table on polls that found nothing new.
+        """
         if table.num_rows == 0:
             return
         now = time.monotonic()
@@ -245,7 +251,7 @@ class FollowTrainer:
             while not stop.is_set() and (o.max_steps is None or step < o.max_steps):
                 polled = tail.poll()
                 result.notes.extend(f"skipped span file {s}" for s in polled.skipped_files)
-                self._add(polled.trajectories)
+                self.add(polled.trajectories)
                 stale = self._drop_stale(step)
                 result.rollouts_dropped_stale += len(stale)
                 dropped_since_save.extend(stale)
