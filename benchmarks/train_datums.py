@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from tinkertrace import schemas
-from tinkertrace.training.dataset import prepare
+from tinkertrace.training.dataset import REQUIRED_COLUMNS, prepare
 from tinkertrace.training.datums import build_datums
 
 
@@ -40,23 +40,7 @@ def synthetic(rows: int, tokens: int, per_group: int, seed: int = 0) -> pa.Table
             "action_mask": pa.ListArray.from_arrays(offsets, mask),
             "reward": rng.integers(0, 2, rows).astype(np.float64),
         }
-    ).cast(
-        pa.schema(
-            [
-                schemas.trajectories().field(n)
-                for n in (
-                    "rollout_id",
-                    "task_id",
-                    "agent_name",
-                    "segment",
-                    "tokens",
-                    "logprobs",
-                    "action_mask",
-                    "reward",
-                )
-            ]
-        )
-    )
+    ).cast(pa.schema([schemas.trajectories().field(n) for n in REQUIRED_COLUMNS]))
 
 
 def main() -> None:
