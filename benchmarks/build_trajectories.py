@@ -2,7 +2,7 @@
 spans/s and peak memory.
 
     .venv/bin/python benchmarks/build_trajectories.py [--rollouts 100000] [--turns 4] [--keep DIR]
-        [--memory-limit 1GB] [--buckets K]
+        [--memory-limit 512MB] [--buckets K]
 
 Each rollout has a root span, an agent span, ``turns`` LLM calls and as many rewards
 (2 + 2 * turns spans; 100,000 rollouts x 4 turns = 1,000,000 spans). Turn k's prompt is the
@@ -164,7 +164,7 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=100_000)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--files", type=int, default=20)
-    parser.add_argument("--memory-limit", default="1GB", help="DuckDB memory limit for the build")
+    parser.add_argument("--memory-limit", default="512MB", help="DuckDB memory limit for the build")
     parser.add_argument("--buckets", type=int, default=0, help="token buckets (default: automatic)")
     parser.add_argument("--keep", type=Path, help="generate into (and keep, and reuse) this folder")
     args = parser.parse_args()

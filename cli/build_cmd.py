@@ -76,10 +76,10 @@ def build_trajectories_cmd(
             help=(
                 "DuckDB memory limit (e.g. 512MB, 2GB); DuckDB spills past it to a temporary folder "
                 "and the token data is processed in buckets sized from it. Peak memory is about "
-                "this limit + 1/4 of it + ~200 MB."
+                "this limit + ~200 MB, whatever the data size."
             )
         ),
-    ] = "1GB",
+    ] = "512MB",
     threads: Annotated[int | None, typer.Option(help="DuckDB threads (default: all cores).")] = None,
     buckets: Annotated[
         int | None,

@@ -41,7 +41,7 @@ class BuildOptions:
     include_incomplete: bool = False
     exclude_rollouts: frozenset[str] = field(default_factory=frozenset)
     files: tuple[Path, ...] | None = None
-    memory_limit: str = "1GB"
+    memory_limit: str = "512MB"
     threads: int | None = None
     batch_rows: int = 4096
     buckets: int | None = None  # token-join slices; None: from the data size and memory_limit
