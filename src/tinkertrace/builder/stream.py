@@ -67,8 +67,8 @@ def _tokens_sql() -> str:
     tokens = ", ".join(f"t.{c}" for c in TOKEN_COLUMNS)
     return f"""
         SELECT c.bucket, c.call_no, {tokens}
-        FROM (SELECT bucket, call_no, trace_id, span_id, filename FROM _out) c
-        JOIN ({views.span_tokens_sql()}) t
+        FROM ({views.span_tokens_sql()}) t
+        JOIN (SELECT bucket, call_no, trace_id, span_id, filename FROM _out) c
           ON t.trace_id = c.trace_id AND t.span_id = c.span_id AND t.filename = c.filename
         WHERE t.prompt_token_ids IS NOT NULL AND t.response_token_ids IS NOT NULL"""
 
@@ -76,18 +76,26 @@ def _tokens_sql() -> str:
 def _spill(con: duckdb.DuckDBPyConnection, buckets: int, batch_rows: int, work: Path) -> list[Path]:
     """One scan: each joined token row goes to its bucket's Arrow IPC file; returns the files."""
     paths = [work / f"tokens-{b:03d}.arrow" for b in range(buckets)]
+    # The hash table must hold the token-free `_out` (the join's right side) while the span files
+    # stream past it in file order; DuckDB would otherwise build on the side with fewer estimated
+    # rows, the token lists, and emit them in no useful order.
+    con.execute("SET disabled_optimizers = 'build_side_probe_side'")
     reader = con.sql(_tokens_sql()).to_arrow_reader(batch_rows)
     schema = reader.schema.remove(0)  # without `bucket`
     writers = [pa.ipc.new_file(p, schema) for p in paths]
     try:
         for batch in reader:
             bucket = batch.column(0).to_numpy()
-            order = np.argsort(bucket, kind="stable")
-            bounds = np.searchsorted(bucket[order], np.arange(buckets + 1))
-            rows = batch.drop_columns(["bucket"]).take(pa.array(order))  # type: ignore[attr-defined]
+            rows = batch.drop_columns(["bucket"])  # type: ignore[attr-defined]
+            if np.any(bucket[1:] < bucket[:-1]):  # usually already in order (files follow time)
+                order = np.argsort(bucket, kind="stable")
+                bucket, rows = bucket[order], rows.take(pa.array(order))
+            bounds = np.searchsorted(bucket, np.arange(buckets + 1))
             for b in np.flatnonzero(np.diff(bounds)):
                 writers[b].write_batch(rows.slice(bounds[b], bounds[b + 1] - bounds[b]))
     finally:
+        reader.close()
+        con.execute("RESET disabled_optimizers")
         for writer in writers:
             writer.close()
     return paths
@@ -98,14 +106,15 @@ def _bucket_rows(con: duckdb.DuckDBPyConnection, bucket: int, path: Path) -> pa.
     with pa.OSFile(str(path)) as source:  # read, not mapped: the file's pages would count as ours
         tokens = pa.ipc.open_file(source).read_all()
     call_no = tokens.column("call_no").to_numpy()
-    order = np.argsort(call_no, kind="stable")
-    tokens = tokens.take(pa.array(order))
+    if np.any(call_no[1:] < call_no[:-1]):
+        order = np.argsort(call_no, kind="stable")
+        call_no, tokens = call_no[order], tokens.take(pa.array(order))
     other = [c for c in (*TRIPLET_COLUMNS, *EXTRA_COLUMNS) if c not in TOKEN_COLUMNS]
     calls = con.sql(
         f"SELECT call_no, {', '.join(other)} FROM _out WHERE bucket = $b ORDER BY call_no",
         params={"b": bucket},
     ).to_arrow_table()
-    at = np.searchsorted(calls.column("call_no").to_numpy(), call_no[order])
+    at = np.searchsorted(calls.column("call_no").to_numpy(), call_no)
     calls = calls.take(pa.array(at))
     columns = {name: (tokens if name in TOKEN_COLUMNS else calls).column(name) for name in TRIPLET_COLUMNS}
     columns.update({name: calls.column(name) for name in EXTRA_COLUMNS})

@@ -70,26 +70,49 @@ def _group_codes(table: pa.Table) -> np.ndarray:
     return rollout_code * (len(agent.dictionary) + 1) + agent_code
 
 
+def _mismatches(
+    va: np.ndarray, sa: np.ndarray, vb: np.ndarray, sb: np.ndarray, m: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Compare ``va[sa[i]:sa[i] + m[i]]`` with ``vb[sb[i]:sb[i] + m[i]]`` for every i at once;
+    returns (i, position) of the first difference of each pair that has one."""
+    total = int(m.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    dtype = np.int32 if max(len(va), len(vb)) < 2**31 else np.int64
+    ends = np.cumsum(m)
+    off = ends - m
+    idx = np.arange(total, dtype=dtype)
+    idx += np.repeat((sa - off).astype(dtype), m)
+    a = va[idx]
+    idx += np.repeat((sb - sa).astype(dtype), m)
+    diff = np.flatnonzero(a != vb[idx])
+    if len(diff) == 0:
+        return diff, diff
+    pair = np.searchsorted(ends, diff, side="right")
+    pairs_with, first_at = np.unique(pair, return_index=True)
+    return pairs_with, diff[first_at] - off[pairs_with]
+
+
 def _first_mismatch(prompts: _Lists, responses: _Lists, prev: np.ndarray, cur: np.ndarray) -> np.ndarray:
     """For each pair, the first index where prompt[cur] differs from prompt[prev] + response[prev]
-    (or the shorter length when one is a prefix of the other)."""
-    a_len = prompts.lengths[prev] + responses.lengths[prev]
-    n = np.minimum(a_len, prompts.lengths[cur])
-    first = n.copy()
-    if int(n.sum()) == 0:
-        return first
-    pair = np.repeat(np.arange(len(prev)), n)
-    pos = _ranges(np.zeros(len(prev), dtype=np.int64), n)
-    in_prompt = pos < prompts.lengths[prev][pair]
-    p_idx = np.minimum(prompts.starts[prev][pair] + pos, max(len(prompts.values) - 1, 0))
-    r_idx = responses.starts[prev][pair] + pos - prompts.lengths[prev][pair]
-    r_idx = np.clip(r_idx, 0, max(len(responses.values) - 1, 0))
-    a = np.where(in_prompt, prompts.values[p_idx], responses.values[r_idx] if len(responses.values) else 0)
-    b = prompts.values[prompts.starts[cur][pair] + pos]
-    mism = np.flatnonzero(a != b)
-    if len(mism):
-        pairs_with, first_at = np.unique(pair[mism], return_index=True)
-        first[pairs_with] = pos[mism[first_at]]
+    (or the shorter length when one is a prefix of the other). Compared in two contiguous parts:
+    prompt[prev] with the start of prompt[cur], then response[prev] with what follows."""
+    p_len, r_len, c_len = prompts.lengths[prev], responses.lengths[prev], prompts.lengths[cur]
+    first = np.minimum(p_len + r_len, c_len)
+    c_start = prompts.starts[cur]
+    # the response part first: a difference inside the prompt part comes earlier and overrides it
+    pairs, at = _mismatches(
+        responses.values,
+        responses.starts[prev],
+        prompts.values,
+        c_start + p_len,
+        np.clip(c_len - p_len, 0, r_len),
+    )
+    first[pairs] = p_len[pairs] + at
+    pairs, at = _mismatches(
+        prompts.values, prompts.starts[prev], prompts.values, c_start, np.minimum(p_len, c_len)
+    )
+    first[pairs] = at
     return first
 
 
