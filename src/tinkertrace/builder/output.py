@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 ROW_GROUP_ROWS = 4096
 # Row groups waiting for the writer thread at most (bounds the memory the overlap costs).
-QUEUE_GROUPS = 2
+QUEUE_GROUPS = 1
 
 
 class AtomicParquetWriter:

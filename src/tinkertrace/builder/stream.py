@@ -27,7 +27,7 @@ from tinkertrace.builder.triplets import EXTRA_COLUMNS, TOKEN_COLUMNS, TRIPLET_C
 
 # A bucket's token data may take this share of the memory limit (reading, reordering and
 # merging it in Python costs about four times its size on top of DuckDB's limit).
-BUCKET_SHARE = 1 / 16
+BUCKET_SHARE = 1 / 32
 # DuckDB's share of the memory limit while the buckets are processed.
 DUCKDB_SHARE = 3 / 4
 _UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}

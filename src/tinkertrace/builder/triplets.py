@@ -230,9 +230,11 @@ def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: Buil
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _meta AS
         SELECT * EXCLUDE ({", ".join(TOKEN_COLUMNS)}, attributes, resource_attributes, events, links,
-                          kind, status_code, status_message, service_name, scope_name, date, hour),
+                          kind, status_code, status_message, service_name, scope_name, date, hour)
+                 REPLACE (CASE WHEN span_type = '{sc.TYPE_LLM}' THEN filename END AS filename,
+                          CASE WHEN span_type = '{sc.TYPE_REWARD}' THEN name END AS name),
                CASE WHEN {keep_attrs} THEN attributes END AS attributes
-        FROM spans""")
+        FROM spans""")  # only LLM calls need their file (the token join) and rewards their name
     summary.spans = _scalar(con, "SELECT count(*) FROM _meta")
     summary.spans_without_rollout = _scalar(con, "SELECT count(*) FROM _meta WHERE rollout_id IS NULL")
     views.create_derived_views(con, source="_meta")
@@ -240,14 +242,18 @@ def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: Buil
     _repair_parents(con, options, summary)
     _select_calls(con, options, summary)
     _select_rewards(con, options, summary)
+    # The query views stay defined over the full `spans` view afterwards. Each working table is
+    # dropped once read for the last time, so the later steps (and the token phase) have its memory.
+    views.create_derived_views(con, source="spans")
+    _drop(con, "_meta", "_all_rollouts", "_candidates", "_orphans", "_parent")
     assign_rewards(con, options.reward_policy)
     _reward_counts(con, options, summary)
     _output_calls(con, options, summary)
-    # The query views stay defined over the full `spans` view afterwards; the working tables but
-    # `_out` are dropped so the token sort that follows has their memory.
-    views.create_derived_views(con, source="spans")
-    for table in ("_meta", "_all_rollouts", "_candidates", "_orphans", "_parent", "_calls", "_rewards",
-                  "_linked", "_assign", "_reward_state"):  # fmt: skip
+    _drop(con, "_calls", "_rewards", "_linked", "_assign", "_reward_state")
+
+
+def _drop(con: duckdb.DuckDBPyConnection, *tables: str) -> None:
+    for table in tables:
         con.execute(f"DROP TABLE IF EXISTS {table}")
 
 
