@@ -80,7 +80,11 @@ def _spill(con: duckdb.DuckDBPyConnection, buckets: int, batch_rows: int, work: 
     # stream past it in file order; DuckDB would otherwise build on the side with fewer estimated
     # rows, the token lists, and emit them in no useful order.
     con.execute("SET disabled_optimizers = 'build_side_probe_side'")
-    reader = con.sql(_tokens_sql()).to_arrow_reader(batch_rows)
+    try:
+        reader = con.sql(_tokens_sql()).to_arrow_reader(batch_rows)
+    except BaseException:
+        con.execute("RESET disabled_optimizers")
+        raise
     schema = reader.schema.remove(0)  # without `bucket`
     writers = [pa.ipc.new_file(p, schema) for p in paths]
     try:
