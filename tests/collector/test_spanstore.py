@@ -9,6 +9,7 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -17,7 +18,7 @@ from tinkertrace import schemas, semconv
 from tinkertrace.spanstore.otlp_arrow import request_to_table
 from tinkertrace.spanstore.reader import open_spans
 from tinkertrace.spanstore.samples import llm_request
-from tinkertrace.spanstore.writer import PartitionedParquetWriter
+from tinkertrace.spanstore.writer import PartitionedParquetWriter, take_rows, write_parquet_atomic
 
 HOUR_NS = 3_600_000_000_000
 T0 = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
@@ -130,6 +131,46 @@ def test_writer_partitions_sorts_and_reads_back(tmp_path: Path) -> None:
     ]
     ids = con.execute("SELECT prompt_token_ids FROM spans WHERE span_id = ?", [first["span_id"][0].as_py()])
     assert ids.fetchone()[0] == first["prompt_token_ids"][0].as_py()
+
+
+def test_written_file_equals_arrows_own_sort_with_split_token_streams(tmp_path: Path) -> None:
+    """The packed-bytes sort is exact (nulls, several chunks); token values are BYTE_STREAM_SPLIT."""
+    tables = [request_to_table(llm_request(40, seed=s), T0).table for s in range(3)]
+    untraced = llm_request(6, seed=9)
+    for span in untraced.resource_spans[0].scope_spans[0].spans[::2]:
+        del span.attributes[:]  # no token arrays: null lists
+    table = pa.concat_tables([*tables, request_to_table(untraced, T0).table])
+    assert table.column("prompt_token_ids").null_count == 3
+    path = tmp_path / "x.parquet"
+    write_parquet_atomic(table, path)
+    expected = table.sort_by([(k, "ascending") for k in schemas.sort_keys("spans")])
+    assert pq.read_table(path).equals(expected)
+    column = pq.read_metadata(path).row_group(0).column(table.schema.get_field_index("prompt_token_ids"))
+    assert "BYTE_STREAM_SPLIT" in column.encodings
+
+
+def test_take_rows_matches_take_on_sliced_lists_with_nulls() -> None:
+    rng = np.random.default_rng(0)
+    lists = [
+        None if rng.random() < 0.2 else rng.integers(0, 9, rng.integers(0, 4)).tolist() for _ in range(200)
+    ]
+    table = pa.table(
+        {
+            "ids": pa.array(lists, pa.list_(pa.int32())),
+            "probs": pa.array(
+                [None if x is None else [v / 2 for v in x] for x in lists], pa.list_(pa.float32())
+            ),
+            "name": pa.array([str(i) for i in range(200)]),
+        }
+    )
+    chunked = pa.concat_tables([table.slice(5, 50), table.slice(70, 100)])  # offsets into shared buffers
+    indices = pa.array(rng.permutation(chunked.num_rows))
+    taken = take_rows(chunked, indices)
+    taken.validate(full=True)
+    assert taken.equals(chunked.take(indices))
+    sliced = pa.table({"ids": table.column("ids").combine_chunks().slice(3, 40)})
+    indices = pa.array(rng.permutation(40))
+    assert take_rows(sliced, indices).equals(sliced.take(indices))
 
 
 def test_writer_rolls_by_size_and_age(tmp_path: Path) -> None:

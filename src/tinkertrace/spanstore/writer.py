@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tinkertrace import schemas
@@ -46,6 +47,10 @@ DICTIONARY_COLUMNS = [
 ZSTD_LEVEL = 1
 # min/max statistics of token arrays are never used for pruning and cost ~1 µs per span to compute
 NO_STATISTICS_COLUMNS = ("prompt_token_ids", "response_token_ids", "response_logprobs")
+# BYTE_STREAM_SPLIT values of the token arrays: the high bytes of token ids (and of logprobs' exponents)
+# form near-constant streams, so zstd(1) packs them 17% smaller and ~2 µs per span faster
+# (benchmarks/collector_convert.py); readable by DuckDB >= 1.2 and pyarrow.
+BYTE_STREAM_SPLIT_COLUMNS = NO_STATISTICS_COLUMNS
 
 Partition = tuple[str, str]  # ("2026-01-31", "07")
 
@@ -67,25 +72,95 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sort_spans(table: pa.Table) -> pa.Table:
+    """``table`` with its rows in ``schemas.sort_keys("spans")`` order (the keys it has)."""
+    keys = [(k, "ascending") for k in schemas.sort_keys("spans") if k in table.column_names]
+    if not keys or table.num_rows < 2:
+        return table
+    return take_rows(table, pc.sort_indices(table, sort_keys=keys))
+
+
+def take_rows(table: pa.Table, indices: pa.Array) -> pa.Table:
+    """``table.take(indices)``, moving lists of fixed-width values as single binary blobs.
+
+    Arrow's ``take`` on a list column copies element by element (~3 µs per span for the token
+    arrays); taking each list's packed bytes as one binary value and re-wrapping them is exact and
+    ~6x cheaper.
+    """
+    columns = []
+    for field_, column in zip(table.schema, table.columns, strict=True):
+        packed = _lists_as_binary(column) if pa.types.is_list(field_.type) else None
+        if packed is None:
+            columns.append(column.take(indices))
+        else:
+            columns.append(_binary_as_lists(packed.take(indices), field_.type))
+    return pa.Table.from_arrays(columns, schema=table.schema)
+
+
+def _lists_as_binary(column: pa.ChunkedArray) -> pa.Array | None:
+    """Each list's values as one large_binary value (``None`` if the values are not all valid fixed-width)."""
+    value_type = column.type.value_type
+    if not pa.types.is_primitive(value_type) or pa.types.is_boolean(value_type):
+        return None
+    width = value_type.bit_width // 8
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    values = array.values
+    if values.null_count:
+        return None
+    offsets = np.frombuffer(array.buffers()[1], np.int32, array.offset + len(array) + 1)
+    byte_offsets = (offsets.astype(np.int64) + values.offset) * width
+    return pa.Array.from_buffers(
+        pa.large_binary(),
+        len(array),
+        [array.buffers()[0], pa.py_buffer(byte_offsets), values.buffers()[1]],
+        array.null_count,
+        array.offset,
+    )
+
+
+def _binary_as_lists(packed: pa.Array, list_type: pa.DataType) -> pa.Array:
+    width = list_type.value_type.bit_width // 8
+    byte_offsets = np.frombuffer(packed.buffers()[1], np.int64, packed.offset + len(packed) + 1)
+    start = int(byte_offsets[packed.offset])
+    offsets = ((byte_offsets[packed.offset :] - start) // width).astype(np.int32)
+    data = packed.buffers()[2]
+    data = data.slice(start) if data is not None else pa.py_buffer(b"")
+    values = pa.Array.from_buffers(list_type.value_type, int(offsets[-1]), [None, data])
+    validity = packed.buffers()[0]
+    if validity is not None and packed.offset:
+        validity = pc.is_valid(packed).buffers()[1]
+    return pa.Array.from_buffers(
+        list_type, len(packed), [validity, pa.py_buffer(offsets)], packed.null_count, children=[values]
+    )
+
+
 def write_parquet_atomic(table: pa.Table, path: Path, compression_level: int | None = None) -> None:
     """Write ``table`` (sorted by the spans sort keys) to ``path`` via temp file + fsync + rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    keys = [k for k in schemas.sort_keys("spans") if k in table.column_names]
-    if keys and table.num_rows > 1:
-        table = table.sort_by([(k, "ascending") for k in keys])
+    table = sort_spans(table)
     tmp = path.with_name(f"{TEMP_PREFIX}{path.name}.tmp")
-    with open(tmp, "wb") as sink:
-        pq.write_table(
-            table,
-            sink,
-            compression="zstd",
-            compression_level=ZSTD_LEVEL if compression_level is None else compression_level,
-            use_dictionary=[c for c in DICTIONARY_COLUMNS if c in table.column_names],
-            write_statistics=[c for c in table.column_names if c not in NO_STATISTICS_COLUMNS],
-            row_group_size=256 * 1024,
-        )
-        sink.flush()
-        os.fsync(sink.fileno())
+    # a path (not a Python file object): Arrow's own buffered file stream, no GIL round trips
+    pq.write_table(
+        table,
+        str(tmp),
+        compression="zstd",
+        compression_level=ZSTD_LEVEL if compression_level is None else compression_level,
+        use_dictionary=[c for c in DICTIONARY_COLUMNS if c in table.column_names],
+        write_statistics=[c for c in table.column_names if c not in NO_STATISTICS_COLUMNS],
+        use_byte_stream_split=[
+            f"{c}.list.element" for c in BYTE_STREAM_SPLIT_COLUMNS if c in table.column_names
+        ],
+        row_group_size=256 * 1024,
+    )
+    fsync_file(tmp)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
