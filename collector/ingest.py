@@ -141,7 +141,7 @@ class Ingestor:
     def submit(self, payload: bytes, result: ConversionResult, received_at_ns: int) -> Future[None]:
         """Queue one converted request; the future resolves once its bytes are fsynced in the WAL."""
         future: Future[None] = Future()
-        cost = len(payload) + result.table.nbytes
+        cost = len(payload) + result.table.get_total_buffer_size()
         with self._lock:
             self.stats["requests"] += 1
             self.stats["rejected_spans"] += result.rejected

@@ -103,7 +103,8 @@ def run_collector(config: CollectorConfig) -> int:
             access_log=False,
             lifespan="off",
             timeout_keep_alive=30,
-            h11_max_incomplete_event_size=config.max_request_bytes,
+            http="httptools",  # C parser: h11 cost ~5 µs per span of a 1.4 MB request
+            loop="uvloop",
         )
         http_server = uvicorn.Server(uv_config)
         http_server.install_signal_handlers = lambda: None  # type: ignore[method-assign]

@@ -176,10 +176,10 @@ def test_take_rows_matches_take_on_sliced_lists_with_nulls() -> None:
 def test_writer_rolls_by_size_and_age(tmp_path: Path) -> None:
     table = request_to_table(llm_request(10, seed=1), T0).table
     by_size = PartitionedParquetWriter(
-        tmp_path / "size", max_file_bytes=table.nbytes * 2, max_file_age_s=3600
+        tmp_path / "size", max_file_bytes=table.get_total_buffer_size() * 2, max_file_age_s=3600
     )
     written = [f for _ in range(5) for f in by_size.write(table)]
-    assert len(written) == 2 and by_size.buffered_bytes == table.nbytes
+    assert len(written) == 2 and by_size.buffered_bytes == table.get_total_buffer_size()
     by_age = PartitionedParquetWriter(tmp_path / "age", max_file_age_s=0.0)
     assert len(by_age.write(table)) == 1
 

@@ -224,7 +224,9 @@ class PartitionedParquetWriter:
             for partition, part in _split_by_partition(table):
                 buffer = self._buffers.setdefault(partition, _Buffer(since=now))
                 buffer.tables.append(part)
-                buffer.nbytes += part.nbytes
+                buffer.nbytes += (
+                    part.get_total_buffer_size()
+                )  # O(buffers); .nbytes walks every value (~0.3 µs/span)
             full = [p for p, b in self._buffers.items() if b.nbytes >= self.max_file_bytes]
             written = [self._write_partition(p) for p in full]
             return written + self.flush_expired()
