@@ -1,8 +1,11 @@
 """A segmented write-ahead log of raw OTLP request bytes.
 
-Each record is ``<u32 length><u32 crc32><i64 received_at_ns><payload>``. Segments are named by their
-creation time in nanoseconds (``<20 digits>.wal``) so names grow across restarts. A torn record at
-the end of a segment (a crash mid-append, never acknowledged) ends that segment's replay.
+A segment starts with :data:`MAGIC`, then records ``<u32 length><u32 crc32c><i64 received_at_ns><payload>``
+(CRC-32C in hardware: ~18 GB/s against zlib's crc32 at ~3.5 GB/s, i.e. 0.15 instead of 0.75 µs per
+span). Segments without the magic were written by earlier versions with zlib's crc32 and are still
+replayed. Segments are named by their creation time in nanoseconds (``<20 digits>.wal``) so names grow
+across restarts. A torn record at the end of a segment (a crash mid-append, never acknowledged) ends
+that segment's replay.
 """
 
 from __future__ import annotations
@@ -11,12 +14,15 @@ import os
 import struct
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import google_crc32c
+
 _HEADER = struct.Struct("<IIq")
 SUFFIX = ".wal"
+MAGIC = b"TTWAL\x00\x02\n"  # format 2: CRC-32C records
 
 
 @dataclass(frozen=True)
@@ -40,14 +46,19 @@ def read_segment(path: Path) -> tuple[list[WalRecord], str | None]:
     """All intact records of a segment, and a note if a torn/corrupt tail was dropped."""
     data = path.read_bytes()
     records: list[WalRecord] = []
+    checksum: Callable[[bytes], int] = zlib.crc32  # format 1, before the magic
     offset = 0
+    if data.startswith(MAGIC):
+        checksum, offset = google_crc32c.value, len(MAGIC)
+    elif MAGIC.startswith(data):  # empty, or a crash while the magic was written: nothing acknowledged
+        return records, f"{path.name}: torn segment header dropped" if data else None
     while offset < len(data):
         if offset + _HEADER.size > len(data):
             return records, f"{path.name}: torn header at byte {offset} dropped"
         length, crc, received = _HEADER.unpack_from(data, offset)
         start = offset + _HEADER.size
         payload = data[start : start + length]
-        if len(payload) != length or zlib.crc32(payload) != crc:
+        if len(payload) != length or checksum(payload) != crc:
             return records, f"{path.name}: torn or corrupt record at byte {offset} dropped"
         records.append(WalRecord(received, payload))
         offset = start + length
@@ -76,6 +87,7 @@ class WriteAheadLog:
         newest = max(segment_ids(self.dir), default=0)
         self.segment = max(time.time_ns(), newest + 1, self.segment + 1)
         self._fd = os.open(segment_path(self.dir, self.segment), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._write_all(MAGIC)  # made durable by the first batch's sync, before any acknowledgement
         self.segment_bytes = 0
         self.segment_started = time.monotonic()
         fd = os.open(self.dir, os.O_RDONLY)
@@ -86,13 +98,15 @@ class WriteAheadLog:
         return self.segment
 
     def append(self, payload: bytes, received_at_ns: int) -> None:
-        header = _HEADER.pack(len(payload), zlib.crc32(payload), received_at_ns)
+        header = _HEADER.pack(len(payload), google_crc32c.value(payload), received_at_ns)
         written = os.writev(self._fd, [header, payload])
         if written != len(header) + len(payload):  # short write: finish it
-            rest = (header + payload)[written:]
-            while rest:
-                rest = rest[os.write(self._fd, rest) :]
+            self._write_all((header + payload)[written:])
         self.segment_bytes += len(header) + len(payload)
+
+    def _write_all(self, data: bytes) -> None:
+        while data:
+            data = data[os.write(self._fd, data) :]
 
     def sync(self) -> None:
         os.fdatasync(self._fd)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import struct
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -17,7 +19,7 @@ from google.rpc import status_pb2
 
 from tinkertrace.collector.ingest import IngestConfig, Ingestor, file_tag
 from tinkertrace.collector.otlp_http import OtlpHttpApp
-from tinkertrace.collector.wal import WriteAheadLog, segment_ids
+from tinkertrace.collector.wal import MAGIC, WriteAheadLog, read_segment, segment_ids
 from tinkertrace.netutil import BackgroundServer
 from tinkertrace.spanstore.otlp_arrow import request_to_table
 from tinkertrace.spanstore.samples import llm_request
@@ -81,6 +83,31 @@ def test_recovery_replaces_partial_files_of_a_segment(tmp_path: Path) -> None:
     open_spans(con, out)
     assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (60, 60)
     assert segment_ids(wal_dir) == []
+
+
+def test_wal_reads_its_crc32c_records_and_legacy_crc32_segments(tmp_path: Path) -> None:
+    wal = WriteAheadLog(tmp_path)
+    segment = wal.open_segment()
+    wal.append(b"first", 1)
+    wal.append(b"second", 2)
+    wal.sync()
+    wal.close_segment()
+    path = tmp_path / f"{segment:020d}.wal"
+    data = path.read_bytes()
+    assert data.startswith(MAGIC)
+    records, note = read_segment(path)
+    assert [(r.received_at_ns, r.payload) for r in records] == [
+        (1, b"first"),
+        (2, b"second"),
+    ] and note is None
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # one flipped bit in the last payload
+    records, note = read_segment(path)
+    assert [r.payload for r in records] == [b"first"] and "corrupt record" in str(note)
+    path.write_bytes(MAGIC[:3])  # crash while the segment header was written: nothing was acknowledged
+    assert read_segment(path) == ([], f"{path.name}: torn segment header dropped")
+    legacy = tmp_path / "legacy.wal"  # written before the magic: <len><zlib crc32><ns><payload>
+    legacy.write_bytes(b"".join(struct.pack("<IIq", len(p), zlib.crc32(p), 7) + p for p in (b"a", b"bc")))
+    assert [r.payload for r in read_segment(legacy)[0]] == [b"a", b"bc"]
 
 
 @pytest.mark.slow
