@@ -45,12 +45,16 @@ DICTIONARY_COLUMNS = [
 # zstd level 1: ~30% less CPU than the default (3) for the same size on token arrays (measured by
 # benchmarks/collector_convert.py); compaction may rewrite with a higher level.
 ZSTD_LEVEL = 1
-# min/max statistics of token arrays are never used for pruning and cost ~1 µs per span to compute
-NO_STATISTICS_COLUMNS = ("prompt_token_ids", "response_token_ids", "response_logprobs")
+TOKEN_COLUMNS = ("prompt_token_ids", "response_token_ids", "response_logprobs")
+# min/max statistics of token arrays (~1 µs per span) and of the JSON columns are never used for pruning
+NO_STATISTICS_COLUMNS = (*TOKEN_COLUMNS, "attributes", "resource_attributes", "events", "links")
 # BYTE_STREAM_SPLIT values of the token arrays: the high bytes of token ids (and of logprobs' exponents)
 # form near-constant streams, so zstd(1) packs them 17% smaller and ~2 µs per span faster
 # (benchmarks/collector_convert.py); readable by DuckDB >= 1.2 and pyarrow.
-BYTE_STREAM_SPLIT_COLUMNS = NO_STATISTICS_COLUMNS
+BYTE_STREAM_SPLIT_COLUMNS = TOKEN_COLUMNS
+# the Parquet writer builds repetition/definition levels per chunk: chunks of this many rows keep
+# those buffers small (one 50k-row chunk grows them by reallocation to ~50 MB each)
+WRITE_CHUNK_ROWS = 4096
 
 Partition = tuple[str, str]  # ("2026-01-31", "07")
 
@@ -146,6 +150,7 @@ def write_parquet_atomic(table: pa.Table, path: Path, compression_level: int | N
     """Write ``table`` (sorted by the spans sort keys) to ``path`` via temp file + fsync + rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     table = sort_spans(table)
+    table = pa.Table.from_batches(table.to_batches(max_chunksize=WRITE_CHUNK_ROWS), table.schema)
     tmp = path.with_name(f"{TEMP_PREFIX}{path.name}.tmp")
     # a path (not a Python file object): Arrow's own buffered file stream, no GIL round trips
     pq.write_table(
