@@ -74,6 +74,21 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds per thread name (the collector names its threads tt-http, tt-wal, tt-parquet)."""
+    totals: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        key = name if name.startswith("tt-") else "other"
+        totals[key] = totals.get(key, 0.0) + seconds
+    return totals
+
+
 def run(label: str, args: argparse.Namespace, clients: int, extra: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "spans"
@@ -90,12 +105,14 @@ def run(label: str, args: argparse.Namespace, clients: int, extra: list[str]) ->
             for c in range(clients)
         ]
         cpu_start = _cpu_seconds(collector.pid)
+        threads_start = _thread_cpu_seconds(collector.pid)
         started = time.perf_counter()
         for proc in procs:
             proc.start()
         results = [queue.get() for _ in procs]
         acked_at = time.perf_counter()
         cpu_acked = _cpu_seconds(collector.pid) - cpu_start
+        threads = _thread_cpu_seconds(collector.pid)
         for proc in procs:
             proc.join()
         rss = _peak_rss_mb(collector.pid)
@@ -127,6 +144,12 @@ def run(label: str, args: argparse.Namespace, clients: int, extra: list[str]) ->
             f"  collector CPU: {cpu_acked:.1f}s while acknowledging = {spans / max(cpu_acked, 1e-9):,.0f} "
             f"spans per CPU-second ({cpu_acked / max(spans, 1) * 1e6:.1f} µs/span); incl. final flush "
             f"{cpu_total:.1f}s = {spans / max(cpu_total, 1e-9):,.0f} spans per CPU-second"
+        )
+        per_thread = {name: cpu - threads_start.get(name, 0.0) for name, cpu in threads.items()}
+        print(
+            "  collector CPU µs/span by thread while acknowledging: "
+            + ", ".join(f"{name} {cpu / max(spans, 1) * 1e6:.1f}" for name, cpu in sorted(per_thread.items()))
+            + " (tt-http: HTTP + protobuf→Arrow conversion; tt-wal: WAL + fsync; tt-parquet: sort + write)"
         )
         print(f"  refused (429/503): {refused} requests; collector peak RSS {rss:.0f} MB")
         if stored != spans:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from tinkertrace.collector.ingest import IngestConfig, Ingestor
+from tinkertrace.collector.ingest import IngestConfig, Ingestor, name_os_thread
 
 MiB = 1024 * 1024
 
@@ -108,7 +108,12 @@ def run_collector(config: CollectorConfig) -> int:
         )
         http_server = uvicorn.Server(uv_config)
         http_server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        http_thread = threading.Thread(target=http_server.run, name="tt-http", daemon=True)
+
+        def serve_http() -> None:
+            name_os_thread()
+            http_server.run()
+
+        http_thread = threading.Thread(target=serve_http, name="tt-http", daemon=True)
         http_thread.start()
         while not http_server.started:
             if not http_thread.is_alive():
