@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -97,6 +98,9 @@ def test_official_exporters_http_and_grpc(start_collector: Callable[..., Any]) -
     collector = start_collector()
     sent_http = _emit(HttpExporter(endpoint=collector.url, compression=Compression.Gzip), "via-http")
     sent_grpc = _emit(GrpcExporter(endpoint=collector.grpc_target, insecure=True), "via-grpc")
+    assert collector.proc is not None  # its pipeline threads are named for top -H and the benchmark
+    tasks = Path(f"/proc/{collector.proc.pid}/task")
+    assert {"tt-http", "tt-wal", "tt-parquet"} <= {(t / "comm").read_text().strip() for t in tasks.iterdir()}
     output = collector.stop()
     assert "listening on OTLP/HTTP" in output and "stopped; 8 spans accepted" in output
     _check_stored(collector, sent_http, "via-http")
