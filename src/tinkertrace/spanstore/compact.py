@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tinkertrace.spanstore.writer import TEMP_PREFIX, fsync_dir, write_parquet_atomic
+from tinkertrace.spanstore.writer import TEMP_PREFIX, fsync_path, write_parquet_atomic
 
 JOURNAL_DIR = "_compact"
 WAL_DIR = "_wal"
@@ -164,11 +164,11 @@ def _merge(root: Path, partition: Path, batch: list[Path], report: CompactReport
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, journal)
-    fsync_dir(journal.parent)
+    fsync_path(journal.parent)
     write_parquet_atomic(merged, output)
     for path in inputs:
         path.unlink()
-    fsync_dir(partition)
+    fsync_path(partition)
     journal.unlink()
     report.merged_files += len(inputs)
     report.output_files += 1
