@@ -51,7 +51,8 @@ TOKEN_COLUMNS = ("prompt_token_ids", "response_token_ids", "response_logprobs")
 NO_STATISTICS_COLUMNS = (*TOKEN_COLUMNS, "attributes", "resource_attributes", "events", "links")
 # BYTE_STREAM_SPLIT values of the token arrays: the high bytes of token ids (and of logprobs' exponents)
 # form near-constant streams, so zstd(1) packs them 17% smaller and ~2 µs per span faster
-# (benchmarks/collector_convert.py); readable by DuckDB >= 1.2 and pyarrow.
+# (benchmarks/collector_convert.py). Readers need BYTE_STREAM_SPLIT for INT32: DuckDB >= 2.0 (1.x reads it
+# for floats only) and pyarrow >= 17. An empty tuple here writes plain values again.
 BYTE_STREAM_SPLIT_COLUMNS = TOKEN_COLUMNS
 # the Parquet writer builds repetition/definition levels per chunk: chunks of this many rows keep
 # those buffers small (one 50k-row chunk grows them by reallocation to ~50 MB each)
