@@ -173,6 +173,18 @@ def test_take_rows_matches_take_on_sliced_lists_with_nulls() -> None:
     assert take_rows(sliced, indices).equals(sliced.take(indices))
 
 
+def test_one_table_across_two_hours_is_split_into_both_partitions(tmp_path: Path) -> None:
+    first = request_to_table(llm_request(30, seed=1), T0 + 5).table
+    second = request_to_table(llm_request(20, seed=2), T0 + HOUR_NS + 7).table
+    writer = PartitionedParquetWriter(tmp_path, max_file_age_s=3600)
+    writer.write(pa.concat_tables([first, second]).combine_chunks())
+    files = sorted(writer.close())
+    assert [pq.read_metadata(f).num_rows for f in files] == [30, 20]
+    hour_one = pq.read_table(files[1], partitioning=None)
+    expected = second.sort_by([(k, "ascending") for k in schemas.sort_keys("spans")])
+    assert hour_one.equals(expected)
+
+
 def test_writer_rolls_by_size_and_age(tmp_path: Path) -> None:
     table = request_to_table(llm_request(10, seed=1), T0).table
     by_size = PartitionedParquetWriter(

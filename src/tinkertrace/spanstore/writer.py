@@ -275,5 +275,5 @@ def _split_by_partition(table: pa.Table) -> list[tuple[Partition, pa.Table]]:
     parts = []
     for hour in np.unique(hours):
         indices = np.flatnonzero(hours == hour)
-        parts.append((partition_of_ns(int(hour) * 3_600_000_000_000), table.take(pa.array(indices))))
+        parts.append((partition_of_ns(int(hour) * 3_600_000_000_000), take_rows(table, pa.array(indices))))
     return parts
