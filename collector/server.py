@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 
 from tinkertrace.collector.ingest import IngestConfig, Ingestor, name_os_thread
+from tinkertrace.spanstore import otlp_fast
 
 MiB = 1024 * 1024
 
@@ -57,6 +58,7 @@ def run_collector(config: CollectorConfig) -> int:
             roll_seconds=config.roll_seconds,
         )
     )
+    otlp_fast.warm_up()  # the first start after an install compiles the scan kernels (~15 s)
     recovered = ingestor.recover()
     if recovered.segments:
         print(

@@ -32,11 +32,11 @@ def _dumps(obj: Any) -> str:
 
 MAX_ERRORS = 20  # error strings kept per request; the counts stay exact
 
-_KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
-_STATUS = ("UNSET", "OK", "ERROR")
+KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
+STATUSES = ("UNSET", "OK", "ERROR")
 
 # attribute key -> (column, kind); kind picks the coercion
-_SCALAR_COLUMNS: dict[str, tuple[str, str]] = {
+SCALAR_COLUMNS: dict[str, tuple[str, str]] = {
     semconv.SPAN_TYPE: ("span_type", "str"),
     semconv.ROLLOUT_ID: ("rollout_id", "str"),
     semconv.TASK_ID: ("task_id", "str"),
@@ -50,13 +50,13 @@ _SCALAR_COLUMNS: dict[str, tuple[str, str]] = {
     semconv.TOKEN_SOURCE: ("token_source", "str"),
     semconv.POLICY_VERSION: ("policy_version", "int"),
 }
-_TOKEN_COLUMNS: dict[str, tuple[str, np.dtype]] = {
+TOKEN_COLUMNS: dict[str, tuple[str, np.dtype]] = {
     semconv.PROMPT_TOKEN_IDS: ("prompt_token_ids", IDS_DTYPE),
     semconv.RESPONSE_TOKEN_IDS: ("response_token_ids", IDS_DTYPE),
     semconv.RESPONSE_LOGPROBS: ("response_logprobs", LOGPROBS_DTYPE),
 }
-_SCALAR_NAMES = [column for column, _ in _SCALAR_COLUMNS.values()]
-_TOKEN_NAMES = [column for column, _ in _TOKEN_COLUMNS.values()]
+_SCALAR_NAMES = [column for column, _ in SCALAR_COLUMNS.values()]
+_TOKEN_NAMES = [column for column, _ in TOKEN_COLUMNS.values()]
 
 
 @dataclass
@@ -163,8 +163,8 @@ _ROW_COLUMNS = (
     *_TOKEN_NAMES,
 )
 # attribute key -> (slot in the lifted list, coercion kind); token key -> (slot, dtype)
-_SCALAR_SLOTS = {key: (i, kind) for i, (key, (_, kind)) in enumerate(_SCALAR_COLUMNS.items())}
-_TOKEN_SLOTS = {key: (i, dtype) for i, (key, (_, dtype)) in enumerate(_TOKEN_COLUMNS.items())}
+_SCALAR_SLOTS = {key: (i, kind) for i, (key, (_, kind)) in enumerate(SCALAR_COLUMNS.items())}
+_TOKEN_SLOTS = {key: (i, dtype) for i, (key, (_, dtype)) in enumerate(TOKEN_COLUMNS.items())}
 _TOKEN_KEYS_UTF8 = {key.encode(): (i, dtype) for key, (i, dtype) in _TOKEN_SLOTS.items()}
 
 # A decoded attribute: (slot, key, value). slot >= 0: lifted scalar column, value its typed value;
@@ -184,7 +184,7 @@ def _fragment(key: str, value: Any) -> bytes:
     return orjson.dumps({key: value})[1:-1]
 
 
-def _decode_span_attribute(raw: bytes) -> Decoded:
+def _decodespan_attribute(raw: bytes) -> Decoded:
     """Decode one raw ``KeyValue`` of a span; ``ValueError`` names what is wrong."""
     try:
         kv = KeyValue.FromString(raw)
@@ -246,11 +246,11 @@ def _encode_varint(value: int) -> bytes:
 _token_headers: dict[tuple[int, int], tuple[bytes, bytes] | None] = {}
 
 
-def _span_attribute(raw: bytes) -> Decoded:
+def span_attribute(raw: bytes) -> Decoded:
     """Decode (and cache, when short) one raw span attribute."""
     if len(raw) > _MEMO_MAX_BYTES:
-        return _packed_token(raw) or _decode_span_attribute(raw)
-    decoded = _decode_span_attribute(raw)
+        return _packed_token(raw) or _decodespan_attribute(raw)
+    decoded = _decodespan_attribute(raw)
     if len(_span_memo) >= _MEMO_MAX_ENTRIES:
         _span_memo.clear()
     _span_memo[raw] = decoded
@@ -262,17 +262,17 @@ def _event_json(raw: bytes) -> bytes:
     if 9 <= len(raw) <= _MEMO_MAX_BYTES and raw[0] == 0x09:  # canonical: fixed64 time first
         template = _event_memo.get(raw[9:])
         if template is None:
-            template = _event_template(RawEvent.FromString(raw))
+            template = event_template(RawEvent.FromString(raw))
             if len(_event_memo) >= _MEMO_MAX_ENTRIES:
                 _event_memo.clear()
             _event_memo[raw[9:]] = template
         return template[0] + b"%d" % int.from_bytes(raw[1:9], "little") + template[1]
     event = RawEvent.FromString(raw)
-    head, tail = _event_template(event)
+    head, tail = event_template(event)
     return head + b"%d" % event.time_unix_nano + tail
 
 
-def _event_template(event: Any) -> tuple[bytes, bytes]:
+def event_template(event: Any) -> tuple[bytes, bytes]:
     """JSON of an event before and after its ``time_unix_nano`` value."""
     fragments: dict[str, bytes] = {}
     for raw in event.attributes:
@@ -291,30 +291,54 @@ def request_to_table(request: ExportTraceServiceRequest, received_at_ns: int) ->
 
 
 def body_to_table(body: bytes, received_at_ns: int) -> ConversionResult:
-    """Like :func:`request_to_table` for serialized request bytes; ``DecodeError`` if malformed."""
+    """Like :func:`request_to_table` for serialized request bytes; ``DecodeError`` if malformed.
+
+    The compiled fast path (``otlp_fast``) converts what exporters usually send; anything it does
+    not reproduce exactly goes through :func:`reference_body_to_table`.
+    """
+    from tinkertrace.spanstore import otlp_fast  # imports this module: import at call time
+
+    return otlp_fast.convert(body, received_at_ns) or reference_body_to_table(body, received_at_ns)
+
+
+def id_problem(
+    trace_len: int, trace_zero: bool, span_len: int, span_zero: bool, parent_len: int
+) -> str | None:
+    """Why a span's ids are invalid (``None`` if they are fine)."""
+    if trace_len != 16 or trace_zero:
+        return f"trace_id must be 16 non-zero bytes, got {trace_len} bytes"
+    if span_len != 8 or span_zero:
+        return f"span_id must be 8 non-zero bytes, got {span_len} bytes"
+    if parent_len not in (0, 8):
+        return f"parent_span_id must be 8 bytes or empty, got {parent_len} bytes"
+    return None
+
+
+def resource_columns(resource: Any) -> tuple[str | None, str]:
+    """``service_name`` and ``resource_attributes`` (JSON) of an OTLP ``Resource``."""
+    attributes = _attrs(resource.attributes)
+    service = attributes.get("service.name")
+    return (service if isinstance(service, str) else None), _dumps(attributes)
+
+
+def reference_body_to_table(body: bytes, received_at_ns: int) -> ConversionResult:
+    """The reference decoder: every valid OTLP encoding, exact error messages, Python per span."""
     request = RawExportTraceServiceRequest.FromString(body)
     rows: list[tuple[Any, ...]] = []
     errors: list[str] = []
     rejected = 0
     n_scalar = len(_SCALAR_SLOTS)
-    n_kinds, n_status = len(_KINDS), len(_STATUS)
+    n_kinds, n_status = len(KINDS), len(STATUSES)
     memo_get = _span_memo.get
     for r_index, resource_spans in enumerate(request.resource_spans):
-        resource_attrs = _attrs(resource_spans.resource.attributes)
-        resource_json = _dumps(resource_attrs)
-        service = resource_attrs.get("service.name")
-        service = service if isinstance(service, str) else None
+        service, resource_json = resource_columns(resource_spans.resource)
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope.name or None
             for s_index, span in enumerate(scope_spans.spans):
                 trace_id, span_id, parent = span.trace_id, span.span_id, span.parent_span_id
-                problem = None
-                if len(trace_id) != 16 or trace_id == _ZERO_TRACE:
-                    problem = f"trace_id must be 16 non-zero bytes, got {len(trace_id)} bytes"
-                elif len(span_id) != 8 or span_id == _ZERO_SPAN:
-                    problem = f"span_id must be 8 non-zero bytes, got {len(span_id)} bytes"
-                elif parent and len(parent) != 8:
-                    problem = f"parent_span_id must be 8 bytes or empty, got {len(parent)} bytes"
+                problem = id_problem(
+                    len(trace_id), trace_id == _ZERO_TRACE, len(span_id), span_id == _ZERO_SPAN, len(parent)
+                )
                 lifted: list[Any] = [None] * n_scalar
                 tokens: list[Any] = [None, None, None]
                 rest: dict[str, bytes] = {}
@@ -322,7 +346,7 @@ def body_to_table(body: bytes, received_at_ns: int) -> ConversionResult:
                 if problem is None:
                     try:
                         for raw in span.attributes:
-                            slot, key, value = memo_get(raw) or _span_attribute(raw)
+                            slot, key, value = memo_get(raw) or span_attribute(raw)
                             if slot >= 0:
                                 lifted[slot] = value
                             elif slot == REST:
@@ -354,10 +378,10 @@ def body_to_table(body: bytes, received_at_ns: int) -> ConversionResult:
                         span_id.hex(),
                         parent.hex() if parent else None,
                         span.name,
-                        _KINDS[kind] if 0 <= kind < n_kinds else "UNSPECIFIED",
+                        KINDS[kind] if 0 <= kind < n_kinds else "UNSPECIFIED",
                         span.start_time_unix_nano,
                         span.end_time_unix_nano,
-                        _STATUS[code] if 0 <= code < n_status else "UNSET",
+                        STATUSES[code] if 0 <= code < n_status else "UNSET",
                         status.message or None,
                         service,
                         scope,
@@ -396,8 +420,8 @@ def _build_table(cols: dict[str, Any], n: int, received_at_ns: int) -> pa.Table:
     for f in schema:
         if f.name == "received_at":
             arrays.append(pa.array(np.full(n, received_at_ns, dtype=np.int64)).cast(f.type))
-        elif f.name in _TOKEN_COLUMNS_BY_NAME:
-            arrays.append(_list_column(cols[f.name], _TOKEN_COLUMNS_BY_NAME[f.name], f.type.value_type))
+        elif f.name in TOKEN_DTYPES_BY_NAME:
+            arrays.append(_list_column(cols[f.name], TOKEN_DTYPES_BY_NAME[f.name], f.type.value_type))
         elif f.name in ("start_time", "end_time"):
             arrays.append(pa.array(np.asarray(cols[f.name], dtype=np.int64)).cast(f.type))
         else:
@@ -405,4 +429,4 @@ def _build_table(cols: dict[str, Any], n: int, received_at_ns: int) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-_TOKEN_COLUMNS_BY_NAME = {column: dtype for column, dtype in _TOKEN_COLUMNS.values()}
+TOKEN_DTYPES_BY_NAME = {column: dtype for column, dtype in TOKEN_COLUMNS.values()}

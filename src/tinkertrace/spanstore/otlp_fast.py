@@ -1,0 +1,279 @@
+"""The collector's fast converter: OTLP request bytes → spans table through the compiled scan.
+
+:func:`convert` runs :func:`otlp_scan.scan` (offsets of every span field, attribute and event), then
+builds each column with one kernel call or Arrow compute call. Python work is per *distinct*
+attribute or event shape (decoded once, then cached), never per span. It returns ``None`` when the
+scan answers GENERAL; ``otlp_arrow.body_to_table`` then uses the reference decoder, whose output this
+module reproduces exactly (tests/collector/test_fast_conversion.py compares the two).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+from tinkertrace import schemas
+from tinkertrace.spanstore import otlp_arrow as ref
+from tinkertrace.spanstore import otlp_scan as k
+from tinkertrace.spanstore.otlp_raw import RawEvent
+
+# lifted attribute keys in slot order: the scalar columns, then the three token columns
+_SLOT_KEYS = [*ref.SCALAR_COLUMNS, *ref.TOKEN_COLUMNS]
+_SLOT_KIND = {"str": k.V_STRING, "int": k.V_INT, "float": k.V_DOUBLE}
+_LIFTED_KINDS = np.array(
+    [_SLOT_KIND[kind] for _, kind in ref.SCALAR_COLUMNS.values()] + [k.V_BYTES] * len(ref.TOKEN_COLUMNS),
+    dtype=np.int64,
+)
+_KEY_TABLE = k.key_table(_SLOT_KEYS)
+_N_SLOTS = len(_SLOT_KEYS)
+_KIND_NAMES = pa.array(ref.KINDS)
+_STATUS_NAMES = pa.array(ref.STATUSES)
+_ARROW_TYPES = {"int": pa.int64(), "float": pa.float64()}
+
+
+_WIDTHS = (k.S_LIFTED + _N_SLOTS, k.A_NUM + 1, k.E_TIME + 1, k.G_SCOPE_LEN + 1)
+
+
+def _capacity(body_size: int) -> list[int]:
+    """Matrix sizes that fit typical requests (spans of >= 64 bytes, attributes >= 16, events >= 32)."""
+    return [body_size // 64 + 16, body_size // 16 + 64, body_size // 32 + 16, 16]
+
+
+class _General(Exception):
+    """Something the fast path does not reproduce exactly: use the reference decoder."""
+
+
+def convert(body: bytes, received_at_ns: int) -> ref.ConversionResult | None:
+    """Convert a serialized request, or ``None`` if it needs the reference decoder."""
+    buf = np.frombuffer(body, dtype=np.uint8)
+    sizes = _capacity(len(body))
+    while True:
+        matrices = [
+            np.empty((size, width), dtype=np.int64) for size, width in zip(sizes, _WIDTHS, strict=True)
+        ]
+        status, *counts = k.scan(buf, *_KEY_TABLE, _LIFTED_KINDS, *matrices)
+        if status != k.OK:
+            return None
+        if all(c <= size for c, size in zip(counts, sizes, strict=True)):
+            break
+        sizes = counts  # a rare request denser than the estimate: scan again with exact sizes
+    spans, attrs, events, groups = (m[:c] for m, c in zip(matrices, counts, strict=True))
+    try:
+        keep, errors = _check_ids(body, spans, groups)
+        rows = spans[keep]
+        columns = {
+            **_id_and_span_columns(buf, rows),
+            **_group_columns(body, groups, rows[:, k.S_GROUP]),
+            **_lifted_columns(buf, rows, attrs),
+            "attributes": _attributes_json(buf, rows, attrs),
+            "events": _events_json(buf, rows, events),
+            "links": _constant_strings(b"[]", len(rows)),
+        }
+        n = len(rows)
+        columns["received_at"] = pa.array(np.full(n, received_at_ns, dtype=np.int64))
+        schema = schemas.spans()
+        arrays = [columns[f.name] for f in schema]
+        table = pa.Table.from_arrays(
+            [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema, strict=True)],
+            schema=schema,
+        )
+    except (_General, DecodeError, ValueError, TypeError, pa.ArrowInvalid):
+        return None
+    return ref.ConversionResult(table=table, accepted=n, rejected=len(spans) - n, errors=errors)
+
+
+def warm_up() -> None:
+    """Compile the kernels (or load them from numba's cache) before the first request needs them."""
+    from tinkertrace.spanstore.samples import llm_request
+
+    if convert(llm_request(2, prompt_tokens=3, response_tokens=2).SerializeToString(), 0) is None:
+        raise RuntimeError("the fast OTLP converter declined its own sample request")
+
+
+def _check_ids(body: bytes, spans: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Rows with valid ids, and the reference decoder's messages for the first rejected ones."""
+    trace_len, span_len = spans[:, k.S_TRACE_LEN], spans[:, k.S_SPAN_LEN]
+    parent_len, zero = spans[:, k.S_PARENT_LEN], spans[:, k.S_ZERO_IDS]
+    bad = (trace_len != 16) | ((zero & 1) > 0) | (span_len != 8) | ((zero & 2) > 0)
+    bad |= (parent_len != 0) & (parent_len != 8)
+    errors = []
+    for row in spans[np.flatnonzero(bad)[: ref.MAX_ERRORS]]:
+        problem = ref.id_problem(
+            int(row[k.S_TRACE_LEN]), bool(row[k.S_ZERO_IDS] & 1), int(row[k.S_SPAN_LEN]),
+            bool(row[k.S_ZERO_IDS] & 2), int(row[k.S_PARENT_LEN]),
+        )  # fmt: skip
+        name = _text(body, row[k.S_NAME], row[k.S_NAME_LEN])
+        where = f"resource_spans[{groups[row[k.S_GROUP], k.G_RESOURCE_SPANS]}] span[{row[k.S_INDEX]}]"
+        errors.append(f"{where} name={name!r}: {problem}")
+    return ~bad, errors
+
+
+def _text(body: bytes, offset: int, length: int) -> str:
+    return body[offset : offset + length].decode() if length > 0 else ""
+
+
+def _strings(data: np.ndarray, offsets: np.ndarray, present: np.ndarray | None = None) -> pa.Array:
+    """A validated (UTF-8) string array from kernel output; rows not ``present`` are null."""
+    validity = None
+    if present is not None and not present.all():
+        validity = pa.py_buffer(np.packbits(present, bitorder="little"))
+    array = pa.StringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data), validity)
+    array.validate(full=True)
+    return array
+
+
+def _constant_strings(value: bytes, n: int) -> pa.Array:
+    offsets = np.arange(n + 1, dtype=np.int32) * len(value)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(value * n))
+
+
+def _gather_strings(
+    buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, present: np.ndarray
+) -> pa.Array:
+    data, out_offsets = k.gather(buf, offsets, np.where(present, lengths, -1))
+    return _strings(data, out_offsets, present)
+
+
+def _id_and_span_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Array]:
+    everywhere = np.ones(len(rows), dtype=bool)
+    has_parent = rows[:, k.S_PARENT_LEN] == 8
+    kind, code = rows[:, k.S_KIND], rows[:, k.S_STATUS_CODE]
+    kind = np.where((kind >= 0) & (kind < len(ref.KINDS)), kind, 0)
+    code = np.where((code >= 0) & (code < len(ref.STATUSES)), code, 0)
+    return {
+        "trace_id": _strings(*k.hex_gather(buf, rows[:, k.S_TRACE], everywhere, 16)),
+        "span_id": _strings(*k.hex_gather(buf, rows[:, k.S_SPAN], everywhere, 8)),
+        "parent_span_id": _strings(*k.hex_gather(buf, rows[:, k.S_PARENT], has_parent, 8), has_parent),
+        "name": _gather_strings(buf, rows[:, k.S_NAME], rows[:, k.S_NAME_LEN], everywhere),
+        "kind": _KIND_NAMES.take(pa.array(kind)),
+        "start_time": pa.array(rows[:, k.S_START]),
+        "end_time": pa.array(rows[:, k.S_END]),
+        "status_code": _STATUS_NAMES.take(pa.array(code)),
+        "status_message": _gather_strings(
+            buf, rows[:, k.S_STATUS_MSG], rows[:, k.S_STATUS_MSG_LEN], rows[:, k.S_STATUS_MSG_LEN] > 0
+        ),
+    }
+
+
+def _group_columns(body: bytes, groups: np.ndarray, row_groups: np.ndarray) -> dict[str, pa.Array]:
+    """service_name, scope_name and resource_attributes: decoded once per (resource, scope)."""
+    services, scopes, resources = [], [], []
+    for group in groups:
+        resource = Resource.FromString(_slice(body, group[k.G_RESOURCE], group[k.G_RESOURCE_LEN]))
+        service, resource_json = ref.resource_columns(resource)
+        scope = InstrumentationScope.FromString(_slice(body, group[k.G_SCOPE], group[k.G_SCOPE_LEN]))
+        services.append(service)
+        scopes.append(scope.name or None)
+        resources.append(resource_json)
+    take = pa.array(row_groups)
+    return {
+        "service_name": pa.array(services, pa.string()).take(take),
+        "scope_name": pa.array(scopes, pa.string()).take(take),
+        "resource_attributes": pa.array(resources, pa.string()).take(take),
+    }
+
+
+def _slice(body: bytes, offset: int, length: int) -> bytes:
+    return body[offset : offset + length] if offset >= 0 else b""
+
+
+def _lifted_columns(buf: np.ndarray, rows: np.ndarray, attrs: np.ndarray) -> dict[str, pa.Array]:
+    index = rows[:, k.S_LIFTED :]
+    present = index >= 0
+    found = np.where(present, index, 0)
+    if len(attrs) == 0:  # no attributes at all: every lifted column is null
+        attrs = np.zeros((1, k.A_NUM + 1), dtype=np.int64)
+    value, length = attrs[found, k.A_VAL], np.where(present, attrs[found, k.A_VAL_LEN], -1)
+    number, vtype = attrs[found, k.A_NUM], attrs[found, k.A_VTYPE]
+    columns: dict[str, pa.Array] = {}
+    for slot, key in enumerate(_SLOT_KEYS):
+        if key in ref.TOKEN_COLUMNS:
+            column, dtype = ref.TOKEN_COLUMNS[key]
+            columns[column] = _token_column(buf, value[:, slot], length[:, slot], dtype)
+            continue
+        column, kind = ref.SCALAR_COLUMNS[key]
+        if kind == "str":
+            data, offsets = k.gather(buf, value[:, slot], length[:, slot])
+            columns[column] = _strings(data, offsets, present[:, slot])
+            continue
+        numbers = number[:, slot]
+        if kind == "float":
+            numbers = np.where(
+                vtype[:, slot] == k.V_DOUBLE, numbers.view(np.float64), numbers.astype(np.float64)
+            )
+        columns[column] = pa.array(numbers, type=_ARROW_TYPES[kind], mask=~present[:, slot])
+    return columns
+
+
+def _token_column(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dtype: np.dtype) -> pa.Array:
+    data, byte_offsets = k.gather(buf, offsets, lengths)
+    values = pa.array(data.view(dtype).astype(dtype.newbyteorder("="), copy=False))
+    mask = None if (lengths >= 0).all() else pa.array(lengths < 0)
+    return pa.ListArray.from_arrays(pa.array(byte_offsets // dtype.itemsize), values, mask=mask)
+
+
+def _attributes_json(buf: np.ndarray, rows: np.ndarray, attrs: np.ndarray) -> pa.Array:
+    """JSON of the attributes not lifted into columns: one decode per distinct raw KeyValue."""
+    others = np.flatnonzero(attrs[:, k.A_SLOT] < 0) if len(attrs) else np.empty(0, np.int64)
+    item_fragment = np.full(len(attrs), -1, dtype=np.int64)
+    fragments, parts = _distinct(buf, attrs[others, k.A_OFF], attrs[others, k.A_LEN], _fragment, 1)
+    item_fragment[others] = fragments
+    data, offsets = k.join_fragments(rows[:, k.S_ATTR_FIRST], rows[:, k.S_ATTR_COUNT], item_fragment, *parts)
+    return _strings(data, offsets)
+
+
+@functools.lru_cache(maxsize=100_000)
+def _fragment(raw: bytes) -> tuple[bytes]:
+    """``"key":value`` JSON of a raw KeyValue that is not lifted into a column."""
+    slot, _, value = ref.span_attribute(raw)
+    if slot != ref.REST:
+        raise _General
+    return (value,)
+
+
+def _events_json(buf: np.ndarray, rows: np.ndarray, events: np.ndarray) -> pa.Array:
+    """JSON of each span's events: one template per distinct event (bytes after the timestamp)."""
+    templates, (heads, head_offsets, tails, tail_offsets) = _distinct(
+        buf, events[:, k.E_OFF] + 9, events[:, k.E_LEN] - 9, _event_template, 2
+    )
+    data, offsets = k.join_events(
+        rows[:, k.S_EVENT_FIRST], rows[:, k.S_EVENT_COUNT], templates, events[:, k.E_TIME],
+        heads, head_offsets, tails, tail_offsets,
+    )  # fmt: skip
+    return _strings(data, offsets)
+
+
+@functools.lru_cache(maxsize=100_000)
+def _event_template(tail: bytes) -> tuple[bytes, bytes]:
+    """JSON before and after the timestamp of an event whose bytes after the timestamp are ``tail``."""
+    return ref.event_template(RawEvent.FromString(b"\x09" + bytes(8) + tail))
+
+
+def _distinct(
+    buf: np.ndarray,
+    offsets: np.ndarray,
+    lengths: np.ndarray,
+    decode: Callable[[bytes], tuple[bytes, ...]],
+    n_parts: int,
+) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """Each item's index among the distinct byte strings, and per part of ``decode(distinct)``
+    the concatenated bytes and offsets (``decode`` runs once per distinct value, and is cached)."""
+    data, item_offsets = k.gather(buf, offsets, lengths)
+    raw = pa.Array.from_buffers(
+        pa.binary(), len(lengths), [None, pa.py_buffer(item_offsets), pa.py_buffer(data)]
+    )
+    encoded = pc.dictionary_encode(raw)
+    decoded = [decode(value) for value in encoded.dictionary.to_pylist()]
+    parts: list[np.ndarray] = []
+    for i in range(n_parts):
+        pieces = [d[i] for d in decoded]
+        parts.append(np.frombuffer(b"".join(pieces), dtype=np.uint8))
+        parts.append(np.cumsum([0, *map(len, pieces)], dtype=np.int64))
+    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), tuple(parts)

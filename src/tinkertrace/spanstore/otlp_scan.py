@@ -1,0 +1,643 @@
+"""Compiled (numba) kernels that scan a serialized OTLP trace request into column buffers.
+
+:func:`scan` walks the protobuf wire format of an ``ExportTraceServiceRequest`` once and records,
+as offsets into the body, every span's fields, every attribute's key and value and every event:
+no Python object per span or attribute. The other kernels turn those offsets into Arrow buffers
+(strings, lowercase hex ids, packed token arrays, JSON text). ``otlp_fast`` assembles the table.
+
+The scan accepts the encodings exporters write. It answers :data:`GENERAL` for anything else
+(links, a group wire type, a field with an unexpected wire type, a ``KeyValue`` or ``AnyValue`` with
+repeated or unknown fields, a lifted attribute of an unexpected type, token arrays that are not
+packed bytes, repeated attribute keys, events without a leading timestamp, trace state that is not
+ASCII, timestamps beyond int64) and for malformed bytes: the caller then converts the request with the
+reference decoder in ``otlp_arrow``, which has the exact semantics and error messages.
+Compiled functions are cached next to this file (``cache=True``), so only the first start compiles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+OK, GENERAL = 0, 1
+
+# columns of the span matrix
+(
+    S_GROUP,  # index of the (resource, scope) group
+    S_INDEX,  # index of the span within its scope
+    S_TRACE,
+    S_TRACE_LEN,
+    S_SPAN,
+    S_SPAN_LEN,
+    S_PARENT,
+    S_PARENT_LEN,
+    S_NAME,
+    S_NAME_LEN,
+    S_KIND,
+    S_START,
+    S_END,
+    S_STATUS_CODE,
+    S_STATUS_MSG,
+    S_STATUS_MSG_LEN,
+    S_ATTR_FIRST,
+    S_ATTR_COUNT,
+    S_EVENT_FIRST,
+    S_EVENT_COUNT,
+    S_ZERO_IDS,  # bit 1: trace id all zero, bit 2: span id all zero
+    S_LIFTED,  # first of the lifted-attribute columns (attribute index or -1), one per known key
+) = range(22)
+
+# columns of the attribute matrix: the KeyValue bytes, its key, lifted slot (-1: other), value
+A_SPAN, A_OFF, A_LEN, A_KEY, A_KEY_LEN, A_SLOT, A_VTYPE, A_VAL, A_VAL_LEN, A_NUM = range(10)
+# AnyValue kinds (the oneof field number; 0 = empty)
+V_NONE, V_STRING, V_BOOL, V_INT, V_DOUBLE, V_ARRAY, V_KVLIST, V_BYTES = range(8)
+
+# columns of the event matrix: the event bytes and, for the template, the bytes after its timestamp
+E_SPAN, E_OFF, E_LEN, E_TIME = range(4)
+
+# columns of the group matrix: index of the ResourceSpans, resource and scope bytes (-1: absent)
+G_RESOURCE_SPANS, G_RESOURCE, G_RESOURCE_LEN, G_SCOPE, G_SCOPE_LEN = range(5)
+
+_ERR = -1
+
+
+@njit(cache=True)
+def _varint(buf: np.ndarray, pos: int, end: int) -> tuple[int, int]:
+    """(value, next position); next position -1 if the varint is truncated or too long."""
+    result = 0
+    shift = 0
+    while pos < end and shift < 64:
+        byte = np.int64(buf[pos])
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+    return 0, _ERR
+
+
+@njit(cache=True)
+def _fixed(buf: np.ndarray, pos: int, size: int) -> int:
+    value = 0
+    for i in range(size):
+        value |= np.int64(buf[pos + i]) << (8 * i)
+    return value
+
+
+@njit(cache=True)
+def _field(buf: np.ndarray, pos: int, end: int) -> tuple[int, int, int, int, int]:
+    """Next field at ``pos``: (number, wire type, value or length, value start, next position).
+
+    Next position is -1 for malformed bytes or a group wire type.
+    """
+    tag, pos = _varint(buf, pos, end)
+    if pos < 0:
+        return 0, 0, 0, 0, _ERR
+    wire = tag & 7
+    number = tag >> 3
+    if number == 0 or number >= 1 << 29:  # not a valid field number
+        return 0, 0, 0, 0, _ERR
+    if wire == 0:
+        value, nxt = _varint(buf, pos, end)
+        return number, 0, value, pos, nxt
+    if wire == 1:
+        if pos + 8 > end:
+            return 0, 0, 0, 0, _ERR
+        return number, 1, _fixed(buf, pos, 8), pos, pos + 8
+    if wire == 2:
+        length, start = _varint(buf, pos, end)
+        if start < 0 or length < 0 or start + length > end:
+            return 0, 0, 0, 0, _ERR
+        return number, 2, length, start, start + length
+    if wire == 5:
+        if pos + 4 > end:
+            return 0, 0, 0, 0, _ERR
+        return number, 5, _fixed(buf, pos, 4), pos, pos + 4
+    return 0, 0, 0, 0, _ERR
+
+
+@njit(cache=True)
+def _int32(value: int) -> int:
+    """Truncate a varint to int32 as protobuf does for int32/enum fields."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value >= (1 << 31) else value
+
+
+def key_table(keys: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The lifted keys as the scan wants them: UTF-8 bytes, offsets, and the slot of each key length
+    (-1: no key of that length, -2: several, compare them all)."""
+    encoded = [key.encode() for key in keys]
+    by_length = np.full(max(map(len, encoded), default=0) + 1, -1, dtype=np.int64)
+    for slot, key in enumerate(encoded):
+        by_length[len(key)] = slot if by_length[len(key)] == -1 else -2
+    offsets = np.cumsum([0, *map(len, encoded)], dtype=np.int64)
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets, by_length
+
+
+@njit(cache=True)
+def _scan_attribute(buf: np.ndarray, start: int, end: int) -> tuple[int, int, int, int, int, int, int]:
+    """One KeyValue: (status, key, key length, value kind, value start, value length, number)."""
+    pos = start
+    key = value = -1
+    key_len = value_len = 0
+    while pos < end:
+        number, wire, length, vstart, pos = _field(buf, pos, end)
+        if pos < 0 or wire != 2:
+            return GENERAL, 0, 0, 0, 0, 0, 0
+        if number == 1 and key < 0:
+            key, key_len = vstart, length
+        elif number == 2 and value < 0:
+            value, value_len = vstart, length
+        else:
+            return GENERAL, 0, 0, 0, 0, 0, 0
+    if value < 0 or value_len == 0:
+        return OK, key, key_len, V_NONE, 0, 0, 0
+    vend = value + value_len
+    number, wire, content, vstart, nxt = _field(buf, value, vend)
+    if nxt != vend:  # malformed, or more than one field in the AnyValue
+        return GENERAL, 0, 0, 0, 0, 0, 0
+    if number in (V_STRING, V_ARRAY, V_KVLIST, V_BYTES) and wire == 2:
+        return OK, key, key_len, number, vstart, content, 0
+    if (number in (V_BOOL, V_INT) and wire == 0) or (number == V_DOUBLE and wire == 1):
+        return OK, key, key_len, number, 0, 0, content
+    return GENERAL, 0, 0, 0, 0, 0, 0
+
+
+@njit(cache=True)
+def scan(
+    buf: np.ndarray,
+    keys: np.ndarray,
+    key_offsets: np.ndarray,
+    by_length: np.ndarray,
+    lifted_kinds: np.ndarray,
+    spans: np.ndarray,
+    attrs: np.ndarray,
+    events: np.ndarray,
+    groups: np.ndarray,
+) -> tuple[int, int, int, int, int]:
+    """Walk a request; returns (status, spans, attributes, events, groups).
+
+    Rows beyond a matrix's capacity are counted, not written: if a count exceeds its matrix, scan
+    again with matrices of the returned sizes. ``keys``/``key_offsets``/``by_length`` are the lifted
+    attribute keys (see :func:`key_table`); ``lifted_kinds[slot]`` is the AnyValue kind that slot accepts
+    (V_DOUBLE accepts ints too).
+    """
+    n_keys = len(key_offsets) - 1
+    n_span = n_attr = n_event = n_group = 0
+    end = len(buf)
+    pos = 0
+    n_resource_spans = -1
+    while pos < end:
+        number, wire, rs_len, rs, pos = _field(buf, pos, end)
+        if pos < 0:
+            return GENERAL, 0, 0, 0, 0
+        if number != 1:
+            continue
+        n_resource_spans += 1
+        if wire != 2:
+            return GENERAL, 0, 0, 0, 0
+        rs_end = rs + rs_len
+        resource = -1
+        resource_len = 0
+        p = rs
+        while p < rs_end:  # first pass over ResourceSpans: the resource
+            number, wire, length, vstart, p = _field(buf, p, rs_end)
+            if p < 0:
+                return GENERAL, 0, 0, 0, 0
+            if number == 1:
+                if wire != 2 or resource >= 0:
+                    return GENERAL, 0, 0, 0, 0
+                resource, resource_len = vstart, length
+            elif number == 3 and (wire != 2 or not _ascii(buf, vstart, p)):  # schema_url
+                return GENERAL, 0, 0, 0, 0
+        p = rs
+        while p < rs_end:
+            number, wire, ss_len, ss, p = _field(buf, p, rs_end)
+            if p < 0:
+                return GENERAL, 0, 0, 0, 0
+            if number != 2:
+                continue
+            if wire != 2:
+                return GENERAL, 0, 0, 0, 0
+            ss_end = ss + ss_len
+            scope = -1
+            scope_len = 0
+            q = ss
+            while q < ss_end:
+                number, wire, length, vstart, q = _field(buf, q, ss_end)
+                if q < 0:
+                    return GENERAL, 0, 0, 0, 0
+                if number == 1:
+                    if wire != 2 or scope >= 0:
+                        return GENERAL, 0, 0, 0, 0
+                    scope, scope_len = vstart, length
+                elif number == 3 and (wire != 2 or not _ascii(buf, vstart, q)):  # schema_url
+                    return GENERAL, 0, 0, 0, 0
+            if n_group < groups.shape[0]:
+                groups[n_group, G_RESOURCE_SPANS] = n_resource_spans
+                groups[n_group, G_RESOURCE] = resource
+                groups[n_group, G_RESOURCE_LEN] = resource_len
+                groups[n_group, G_SCOPE] = scope
+                groups[n_group, G_SCOPE_LEN] = scope_len
+            q = ss
+            index = 0
+            while q < ss_end:
+                number, wire, sp_len, sp, q = _field(buf, q, ss_end)
+                if q < 0:
+                    return GENERAL, 0, 0, 0, 0
+                if number != 2:
+                    continue
+                if wire != 2:
+                    return GENERAL, 0, 0, 0, 0
+                status = _scan_span(
+                    buf,
+                    sp,
+                    sp + sp_len,
+                    keys,
+                    key_offsets,
+                    by_length,
+                    lifted_kinds,
+                    n_keys,
+                    spans,
+                    attrs,
+                    events,
+                    n_span,
+                    n_attr,
+                    n_event,
+                )
+                if status[0] != OK:
+                    return GENERAL, 0, 0, 0, 0
+                if n_span < spans.shape[0]:
+                    spans[n_span, S_GROUP] = n_group
+                    spans[n_span, S_INDEX] = index
+                n_attr += status[1]
+                n_event += status[2]
+                n_span += 1
+                index += 1
+            n_group += 1
+    return OK, n_span, n_attr, n_event, n_group
+
+
+@njit(cache=True)
+def _scan_span(
+    buf: np.ndarray,
+    start: int,
+    end: int,
+    keys: np.ndarray,
+    key_offsets: np.ndarray,
+    by_length: np.ndarray,
+    lifted_kinds: np.ndarray,
+    n_keys: int,
+    spans: np.ndarray,
+    attrs: np.ndarray,
+    events: np.ndarray,
+    row: int,
+    first_attr: int,
+    first_event: int,
+) -> tuple[int, int, int]:
+    """Record one span (and its attributes and events); returns (status, attributes, events)."""
+    n_attr = n_event = 0
+    trace = span = parent = name = status_msg = -1
+    trace_len = span_len = parent_len = name_len = status_msg_len = 0
+    kind = t_start = t_end = status_code = 0
+    fill = row < spans.shape[0]
+    others = np.empty(64, np.int64)  # the span's attributes that are not lifted (for repeated keys)
+    n_other = 0
+    if fill:
+        for k in range(n_keys):
+            spans[row, S_LIFTED + k] = -1
+    pos = start
+    while pos < end:
+        number, wire, value, vstart, pos = _field(buf, pos, end)
+        if pos < 0:
+            return GENERAL, 0, 0
+        if number == 9:  # attribute
+            if wire != 2:
+                return GENERAL, 0, 0
+            a = first_attr + n_attr
+            status, key, key_len, vtype, val, val_len, num = _scan_attribute(buf, vstart, pos)
+            if status != OK:
+                return GENERAL, 0, 0
+            if fill and a < attrs.shape[0]:
+                slot = -1  # the lifted slot of this key, found by length then bytes
+                if key_len < len(by_length) and by_length[key_len] != -1:
+                    first, last = by_length[key_len], by_length[key_len] + 1
+                    if first == -2:
+                        first, last = 0, n_keys
+                    for candidate in range(first, last):
+                        at = key_offsets[candidate]
+                        if key_offsets[candidate + 1] - at == key_len:
+                            same = True
+                            for i in range(key_len):
+                                if buf[key + i] != keys[at + i]:
+                                    same = False
+                                    break
+                            if same:
+                                slot = candidate
+                                break
+                if slot >= 0:
+                    expected = lifted_kinds[slot]
+                    if vtype != expected and not (expected == V_DOUBLE and vtype == V_INT):
+                        return GENERAL, 0, 0
+                    if vtype == V_BYTES and val_len % 4:
+                        return GENERAL, 0, 0
+                    spans[row, S_LIFTED + slot] = a
+                else:  # a repeated key among the other attributes: the reference path decides
+                    for b in range(n_other):
+                        other = others[b]
+                        if attrs[other, A_KEY_LEN] == key_len:
+                            start = attrs[other, A_KEY]
+                            same = True
+                            for i in range(key_len):
+                                if buf[start + i] != buf[key + i]:
+                                    same = False
+                                    break
+                            if same:
+                                return GENERAL, 0, 0
+                    if n_other == len(others):
+                        return GENERAL, 0, 0
+                    others[n_other] = a
+                    n_other += 1
+                attrs[a, A_SPAN] = row
+                attrs[a, A_OFF] = vstart
+                attrs[a, A_LEN] = pos - vstart
+                attrs[a, A_KEY] = key
+                attrs[a, A_KEY_LEN] = key_len
+                attrs[a, A_SLOT] = slot
+                attrs[a, A_VTYPE] = vtype
+                attrs[a, A_VAL] = val
+                attrs[a, A_VAL_LEN] = val_len
+                attrs[a, A_NUM] = num
+            n_attr += 1
+        elif number == 11:  # event
+            if wire != 2 or value < 9 or buf[vstart] != 0x09:
+                return GENERAL, 0, 0
+            e = first_event + n_event
+            if e < events.shape[0]:
+                events[e, E_SPAN] = row
+                events[e, E_OFF] = vstart
+                events[e, E_LEN] = value
+                events[e, E_TIME] = _fixed(buf, vstart + 1, 8)
+                if events[e, E_TIME] < 0:
+                    return GENERAL, 0, 0
+            n_event += 1
+        elif number == 13:  # link
+            return GENERAL, 0, 0
+        elif 1 <= number <= 5:
+            if wire != 2:
+                return GENERAL, 0, 0
+            if number == 1:
+                trace, trace_len = vstart, value
+            elif number == 2:
+                span, span_len = vstart, value
+            elif number == 3 and not _ascii(buf, vstart, pos):  # trace_state
+                return GENERAL, 0, 0
+            elif number == 4:
+                parent, parent_len = vstart, value
+            else:
+                name, name_len = vstart, value
+        elif number == 6:
+            if wire != 0:
+                return GENERAL, 0, 0
+            kind = _int32(value)
+        elif number == 7 or number == 8:
+            if wire != 1 or value < 0:
+                return GENERAL, 0, 0
+            if number == 7:
+                t_start = value
+            else:
+                t_end = value
+        elif number == 15:  # status: message = 2, code = 3
+            if wire != 2:
+                return GENERAL, 0, 0
+            s = vstart
+            while s < pos:
+                sub, sub_wire, sub_value, sub_start, s = _field(buf, s, pos)
+                if s < 0:
+                    return GENERAL, 0, 0
+                if sub == 2:
+                    if sub_wire != 2:
+                        return GENERAL, 0, 0
+                    status_msg, status_msg_len = sub_start, sub_value
+                elif sub == 3:
+                    if sub_wire != 0:
+                        return GENERAL, 0, 0
+                    status_code = _int32(sub_value)
+        elif number in (10, 12, 14):
+            if wire != 0:
+                return GENERAL, 0, 0
+        elif number == 16 and wire != 5:
+            return GENERAL, 0, 0
+    if fill:
+        zero = 0
+        if trace_len == 16 and _all_zero(buf, trace, 16):
+            zero |= 1
+        if span_len == 8 and _all_zero(buf, span, 8):
+            zero |= 2
+        spans[row, S_TRACE] = trace
+        spans[row, S_TRACE_LEN] = trace_len
+        spans[row, S_SPAN] = span
+        spans[row, S_SPAN_LEN] = span_len
+        spans[row, S_PARENT] = parent
+        spans[row, S_PARENT_LEN] = parent_len
+        spans[row, S_NAME] = name
+        spans[row, S_NAME_LEN] = name_len
+        spans[row, S_KIND] = kind
+        spans[row, S_START] = t_start
+        spans[row, S_END] = t_end
+        spans[row, S_STATUS_CODE] = status_code
+        spans[row, S_STATUS_MSG] = status_msg
+        spans[row, S_STATUS_MSG_LEN] = status_msg_len
+        spans[row, S_ATTR_FIRST] = first_attr
+        spans[row, S_ATTR_COUNT] = n_attr
+        spans[row, S_EVENT_FIRST] = first_event
+        spans[row, S_EVENT_COUNT] = n_event
+        spans[row, S_ZERO_IDS] = zero
+    return OK, n_attr, n_event
+
+
+@njit(cache=True)
+def _ascii(buf: np.ndarray, start: int, end: int) -> bool:
+    """Whether ``buf[start:end]`` is ASCII (so valid UTF-8 without a full check)."""
+    for i in range(start, end):  # noqa: SIM110 (numba compiles loops, not generator expressions)
+        if buf[i] >= 0x80:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _all_zero(buf: np.ndarray, off: int, length: int) -> bool:
+    for i in range(length):  # noqa: SIM110 (numba compiles loops, not generator expressions)
+        if buf[off + i]:
+            return False
+    return True
+
+
+# --- building Arrow buffers --------------------------------------------------------------------------
+@intrinsic
+def _copy(typingctx, dst, dst_start, src, src_start, count):  # type: ignore[no-untyped-def]
+    """``dst[dst_start : dst_start + count] = src[src_start : ...]`` as one memcpy (numba's slice
+    assignment copies byte by byte, ~10x slower); both arrays are uint8."""
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        target = context.make_array(signature.args[0])(context, builder, args[0])
+        source = context.make_array(signature.args[2])(context, builder, args[2])
+        to = builder.gep(target.data, [args[1]])
+        cgutils.raw_memcpy(builder, to, builder.gep(source.data, [args[3]]), args[4], 1)
+        return context.get_dummy_value()
+
+    return types.none(dst, dst_start, src, src_start, count), codegen
+
+
+_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+
+
+@njit(cache=True)
+def gather(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate ``buf[offsets[i] : offsets[i] + lengths[i]]``: (data, int32 byte offsets).
+
+    A negative length stands for a missing value and contributes nothing.
+    """
+    n = len(offsets)
+    out_offsets = np.empty(n + 1, np.int32)
+    total = 0
+    for i in range(n):
+        out_offsets[i] = total
+        if lengths[i] > 0:
+            total += lengths[i]
+    out_offsets[n] = total
+    data = np.empty(total, np.uint8)
+    for i in range(n):
+        length = lengths[i]
+        if length > 0:
+            _copy(data, out_offsets[i], buf, offsets[i], length)
+    return data, out_offsets
+
+
+@njit(cache=True)
+def hex_gather(
+    buf: np.ndarray, offsets: np.ndarray, present: np.ndarray, width: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Lowercase hex of ``width``-byte ids at ``offsets`` (rows not ``present`` are empty)."""
+    n = len(offsets)
+    out_offsets = np.empty(n + 1, np.int32)
+    total = 0
+    for i in range(n):
+        out_offsets[i] = total
+        if present[i]:
+            total += 2 * width
+    out_offsets[n] = total
+    data = np.empty(total, np.uint8)
+    for i in range(n):
+        if present[i]:
+            o = out_offsets[i]
+            src = offsets[i]
+            for j in range(width):
+                byte = buf[src + j]
+                data[o + 2 * j] = _HEX[byte >> 4]
+                data[o + 2 * j + 1] = _HEX[byte & 15]
+    return data, out_offsets
+
+
+@njit(cache=True)
+def join_fragments(
+    first: np.ndarray,
+    count: np.ndarray,
+    item_fragment: np.ndarray,
+    fragments: np.ndarray,
+    fragment_offsets: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row ``{f1,f2,...}``: the fragments of items ``first[i] ..< first[i] + count[i]``.
+
+    ``item_fragment[j]`` is the fragment of item ``j``, or -1 to leave the item out.
+    """
+    n = len(first)
+    out_offsets = np.empty(n + 1, np.int32)
+    total = 0
+    for i in range(n):
+        out_offsets[i] = total
+        total += 2
+        for j in range(first[i], first[i] + count[i]):
+            f = item_fragment[j]
+            if f >= 0:
+                total += fragment_offsets[f + 1] - fragment_offsets[f] + 1
+    out_offsets[n] = total
+    data = np.empty(total, np.uint8)
+    for i in range(n):
+        o = out_offsets[i]
+        data[o] = 0x7B  # {
+        o += 1
+        wrote = False
+        for j in range(first[i], first[i] + count[i]):
+            f = item_fragment[j]
+            if f >= 0:
+                if wrote:
+                    data[o] = 0x2C  # ,
+                    o += 1
+                size = fragment_offsets[f + 1] - fragment_offsets[f]
+                _copy(data, o, fragments, fragment_offsets[f], size)
+                o += size
+                wrote = True
+        data[o] = 0x7D  # }
+        out_offsets[i + 1] = o + 1
+    return data[: out_offsets[n]], out_offsets
+
+
+@njit(cache=True)
+def _digits(value: int) -> int:
+    count = 1
+    while value >= 10:
+        value //= 10
+        count += 1
+    return count
+
+
+@njit(cache=True)
+def join_events(
+    first: np.ndarray,
+    count: np.ndarray,
+    event_template: np.ndarray,
+    event_time: np.ndarray,
+    heads: np.ndarray,
+    head_offsets: np.ndarray,
+    tails: np.ndarray,
+    tail_offsets: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row ``[e1,e2,...]`` where event ``j`` is ``head + decimal(time) + tail`` of its template."""
+    n = len(first)
+    out_offsets = np.empty(n + 1, np.int32)
+    total = 0
+    for i in range(n):
+        out_offsets[i] = total
+        total += 2 + max(count[i] - 1, 0)
+        for j in range(first[i], first[i] + count[i]):
+            t = event_template[j]
+            total += head_offsets[t + 1] - head_offsets[t] + tail_offsets[t + 1] - tail_offsets[t]
+            total += _digits(event_time[j])
+    out_offsets[n] = total
+    data = np.empty(total, np.uint8)
+    for i in range(n):
+        o = out_offsets[i]
+        data[o] = 0x5B  # [
+        o += 1
+        for j in range(first[i], first[i] + count[i]):
+            if j > first[i]:
+                data[o] = 0x2C
+                o += 1
+            t = event_template[j]
+            size = head_offsets[t + 1] - head_offsets[t]
+            _copy(data, o, heads, head_offsets[t], size)
+            o += size
+            value = event_time[j]
+            width = _digits(value)
+            for k in range(width - 1, -1, -1):
+                data[o + k] = 0x30 + value % 10
+                value //= 10
+            o += width
+            size = tail_offsets[t + 1] - tail_offsets[t]
+            _copy(data, o, tails, tail_offsets[t], size)
+            o += size
+        data[o] = 0x5D  # ]
+    return data, out_offsets

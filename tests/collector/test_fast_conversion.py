@@ -1,0 +1,193 @@
+"""The compiled fast converter (``otlp_fast``) against the reference decoder, on many request shapes.
+
+For every request the fast path either answers exactly what the reference decoder answers (same
+table, counts and error messages) or declines (``None``) so that ``body_to_table`` uses the reference.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from tinkertrace import semconv
+from tinkertrace.spanstore import otlp_fast
+from tinkertrace.spanstore.otlp_arrow import body_to_table, reference_body_to_table
+from tinkertrace.spanstore.samples import llm_request
+
+T0 = 1_767_225_600_000_000_000
+
+
+def _assert_same(body: bytes, *, fast_expected: bool = True) -> None:
+    reference = reference_body_to_table(body, T0)
+    fast = otlp_fast.convert(body, T0)
+    if fast is None:
+        assert not fast_expected, "the fast path declined a request it should convert"
+        return
+    assert (fast.accepted, fast.rejected, fast.errors) == (
+        reference.accepted,
+        reference.rejected,
+        reference.errors,
+    )
+    for name in reference.table.column_names:
+        assert fast.table.column(name).equals(reference.table.column(name)), name
+    assert fast.table.schema == reference.table.schema
+
+
+def _kv(key: str, **value: object) -> KeyValue:
+    return KeyValue(key=key, value=AnyValue(**value))
+
+
+def _mixed_request() -> ExportTraceServiceRequest:
+    """Two resources, three scopes; rollout, reward and odd spans with every AnyValue kind."""
+    request = llm_request(6, prompt_tokens=30, response_tokens=7, seed=11)
+    second = request.resource_spans.add()
+    second.resource.attributes.extend([_kv("service.name", string_value="judge"), _kv("pid", int_value=7)])
+    for scope_name in ("", "tinkertrace.judge"):
+        scope = second.scope_spans.add()
+        scope.scope.name = scope_name
+        root = scope.spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="rollout ünïcode", kind=1)
+        root.start_time_unix_nano, root.end_time_unix_nano = T0, T0 + 5
+        root.status.code, root.status.message = 2, "it failed: ✗"
+        root.attributes.extend(
+            [
+                _kv(semconv.SPAN_TYPE, string_value=semconv.TYPE_ROLLOUT),
+                _kv(semconv.ROLLOUT_ID, string_value="r-ü"),
+                _kv(semconv.ATTEMPT, int_value=-3),
+                _kv(semconv.POLICY_VERSION, int_value=2**40),
+                _kv(semconv.TASK_INPUT, string_value=json.dumps({"q": 'say "hi"\n', "n": [1, 2]})),
+                _kv("flag", bool_value=True),
+                _kv("ratio", double_value=-0.125),
+                _kv("blob", bytes_value=b"\x00\xff"),
+                _kv("list", array_value={"values": [AnyValue(int_value=1), AnyValue(string_value="x")]}),
+                _kv("map", kvlist_value={"values": [_kv("a", double_value=1.5)]}),
+                _kv("empty"),
+                _kv("", string_value="no key"),
+            ]
+        )
+        reward = scope.spans.add(trace_id=b"\x01" * 16, span_id=b"\x03" * 8, parent_span_id=b"\x02" * 8)
+        reward.name = semconv.REWARD_SPAN_NAME
+        reward.attributes.extend(
+            [
+                _kv(semconv.REWARD_VALUE, double_value=0.75),
+                _kv(semconv.REWARD_NAME, string_value="primary"),
+                _kv(semconv.SPAN_TYPE, string_value=semconv.TYPE_REWARD),
+            ]
+        )
+        reward.events.add(name="a", time_unix_nano=1).attributes.extend([_kv("k", string_value="v")])
+        reward.events.add(name="b", time_unix_nano=2**62)
+        int_reward = scope.spans.add(trace_id=b"\x01" * 16, span_id=b"\x04" * 8)
+        int_reward.attributes.append(_kv(semconv.REWARD_VALUE, int_value=3))
+    return request
+
+
+def test_llm_spans_from_the_sample_exporter_take_the_fast_path() -> None:
+    _assert_same(llm_request(512, seed=3).SerializeToString())
+
+
+def test_mixed_resources_scopes_and_attribute_kinds_match_the_reference() -> None:
+    _assert_same(_mixed_request().SerializeToString())
+
+
+def test_empty_requests_match_the_reference() -> None:
+    _assert_same(b"")
+    request = ExportTraceServiceRequest()
+    request.resource_spans.add().scope_spans.add()
+    _assert_same(request.SerializeToString())
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("trace_id", b"\x01" * 15),
+        ("trace_id", bytes(16)),
+        ("span_id", bytes(8)),
+        ("span_id", b""),
+        ("parent_span_id", b"\x01" * 3),
+    ],
+)
+def test_rejected_ids_give_the_reference_counts_and_messages(field: str, value: bytes) -> None:
+    request = llm_request(5, prompt_tokens=10, response_tokens=3, seed=12)
+    setattr(request.resource_spans[0].scope_spans[0].spans[3], field, value)
+    _assert_same(request.SerializeToString())
+
+
+def test_every_span_rejected_gives_an_empty_table() -> None:
+    request = llm_request(3, prompt_tokens=4, response_tokens=2, seed=13)
+    for span in request.resource_spans[0].scope_spans[0].spans:
+        span.trace_id = b""
+    _assert_same(request.SerializeToString())
+
+
+def test_missing_token_attributes_are_null_lists() -> None:
+    request = llm_request(4, prompt_tokens=5, response_tokens=2, seed=14)
+    span = request.resource_spans[0].scope_spans[0].spans[1]
+    kept = [kv for kv in span.attributes if kv.key != semconv.RESPONSE_LOGPROBS]
+    del span.attributes[:]
+    span.attributes.extend(kept)
+    _assert_same(request.SerializeToString())
+    table = body_to_table(request.SerializeToString(), T0).table
+    assert table.column("response_logprobs").null_count == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "array_tokens",
+        "repeated_key",
+        "link",
+        "int_rollout_id",
+        "odd_packed_length",
+        "event_without_time",
+    ],
+)
+def test_shapes_the_fast_path_declines_still_convert_exactly(change: str) -> None:
+    if change == "array_tokens":
+        request = llm_request(3, prompt_tokens=6, response_tokens=2, packed=False, seed=15)
+    else:
+        request = llm_request(3, prompt_tokens=6, response_tokens=2, seed=15)
+    span = request.resource_spans[0].scope_spans[0].spans[1]
+    if change == "repeated_key":
+        span.attributes.extend([_kv("x", int_value=1), _kv("x", string_value="two")])
+    elif change == "link":
+        span.links.add(trace_id=b"\x05" * 16, span_id=b"\x06" * 8)
+    elif change == "int_rollout_id":
+        span.attributes.append(_kv(semconv.ROLLOUT_ID, int_value=9))
+    elif change == "odd_packed_length":
+        span.attributes.append(_kv(semconv.PROMPT_TOKEN_IDS, bytes_value=b"\x01\x02\x03"))
+    elif change == "event_without_time":
+        span.events.add(name="zero time")
+    body = request.SerializeToString()
+    assert otlp_fast.convert(body, T0) is None
+    assert body_to_table(body, T0).table.equals(reference_body_to_table(body, T0).table)
+
+
+def test_token_values_survive_exactly() -> None:
+    request = llm_request(8, prompt_tokens=33, response_tokens=9, seed=16)
+    table = otlp_fast.convert(request.SerializeToString(), T0).table
+    span = request.resource_spans[0].scope_spans[0].spans[5]
+    packed = {kv.key: kv.value.bytes_value for kv in span.attributes if kv.value.HasField("bytes_value")}
+    row = table.slice(5, 1).to_pylist()[0]
+    assert row["prompt_token_ids"] == np.frombuffer(packed[semconv.PROMPT_TOKEN_IDS], "<i4").tolist()
+    expected = np.frombuffer(packed[semconv.RESPONSE_LOGPROBS], "<f4")
+    assert np.array_equal(np.array(row["response_logprobs"], dtype=np.float32), expected)
+    assert row["trace_id"] == span.trace_id.hex() and row["span_id"] == span.span_id.hex()
+
+
+def test_random_corruptions_never_disagree_with_the_reference() -> None:
+    """Flip bytes of a valid request: the fast path must agree, decline, or the body is invalid."""
+    body = bytearray(_mixed_request().SerializeToString())
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        corrupted = bytearray(body)
+        for position in rng.integers(0, len(body), size=3):
+            corrupted[position] = int(rng.integers(0, 256))
+        try:
+            reference_body_to_table(bytes(corrupted), T0)
+        except Exception:  # the reference rejects the whole body: the fast path must not accept it
+            assert otlp_fast.convert(bytes(corrupted), T0) is None
+            continue
+        _assert_same(bytes(corrupted), fast_expected=False)
