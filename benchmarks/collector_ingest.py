@@ -94,6 +94,8 @@ def run(label: str, args: argparse.Namespace, clients: int, extra: list[str]) ->
         out = Path(tmp) / "spans"
         port = free_port()
         command = [sys.executable, "-m", "tinkertrace.collector", "--out", str(out), "--http-port", str(port)]
+        if args.collector_cpu is not None:  # pin the collector (all its threads) to one core
+            command = ["taskset", "-c", str(args.collector_cpu), *command]
         collector = subprocess.Popen([*command, "--no-grpc", *extra], stdout=subprocess.PIPE, text=True)
         wait_for_port(port, timeout=60)
         url = f"http://127.0.0.1:{port}/v1/traces"
@@ -109,6 +111,9 @@ def run(label: str, args: argparse.Namespace, clients: int, extra: list[str]) ->
         started = time.perf_counter()
         for proc in procs:
             proc.start()
+            if args.collector_cpu is not None and proc.pid is not None:  # clients keep off its core
+                others = os.sched_getaffinity(0) - {args.collector_cpu}
+                os.sched_setaffinity(proc.pid, others or {args.collector_cpu})
         results = [queue.get() for _ in procs]
         acked_at = time.perf_counter()
         cpu_acked = _cpu_seconds(collector.pid) - cpu_start
@@ -168,6 +173,12 @@ def main() -> None:
         "--response", type=int, default=100, help="response token ids (and logprobs) per span"
     )
     parser.add_argument("--no-overload", action="store_true", help="skip the overload run")
+    parser.add_argument(
+        "--collector-cpu",
+        type=int,
+        default=None,
+        help="pin the collector to this CPU (taskset): its spans/s is then the rate on one core",
+    )
     args = parser.parse_args()
     run("sustained", args, args.clients, [])
     if not args.no_overload:

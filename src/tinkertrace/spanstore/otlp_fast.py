@@ -10,6 +10,7 @@ module reproduces exactly (tests/collector/test_fast_conversion.py compares the 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -38,12 +39,29 @@ _STATUS_NAMES = pa.array(ref.STATUSES)
 _ARROW_TYPES = {"int": pa.int64(), "float": pa.float64()}
 
 
-_WIDTHS = (k.S_LIFTED + _N_SLOTS, k.A_NUM + 1, k.E_TIME + 1, k.G_SCOPE_LEN + 1)
+_WIDTHS = (k.S_LIFTED + k.L_WIDTH * _N_SLOTS, k.A_NUM + 1, k.E_TIME + 1, k.G_SCOPE_LEN + 1)
 
 
 def _capacity(body_size: int) -> list[int]:
-    """Matrix sizes that fit typical requests (spans of >= 64 bytes, attributes >= 16, events >= 32)."""
-    return [body_size // 64 + 16, body_size // 16 + 64, body_size // 32 + 16, 16]
+    """Matrix sizes that fit typical requests (spans >= 256 bytes, attributes >= 64, events >= 256)."""
+    return [body_size // 256 + 16, body_size // 64 + 64, body_size // 256 + 16, 16]
+
+
+_scratch = threading.local()
+
+
+def _scratch_matrices(sizes: list[int]) -> list[np.ndarray]:
+    """This thread's scan matrices, grown to at least ``sizes`` rows (reused: no page faults)."""
+    matrices: list[np.ndarray] | None = getattr(_scratch, "matrices", None)
+    if matrices is None or any(len(m) < size for m, size in zip(matrices, sizes, strict=True)):
+        rows = (
+            sizes
+            if matrices is None
+            else [max(len(m), size) for m, size in zip(matrices, sizes, strict=True)]
+        )
+        matrices = [np.empty((n, width), dtype=np.int64) for n, width in zip(rows, _WIDTHS, strict=True)]
+        _scratch.matrices = matrices
+    return matrices
 
 
 class _General(Exception):
@@ -55,15 +73,13 @@ def convert(body: bytes, received_at_ns: int) -> ref.ConversionResult | None:
     buf = np.frombuffer(body, dtype=np.uint8)
     sizes = _capacity(len(body))
     while True:
-        matrices = [
-            np.empty((size, width), dtype=np.int64) for size, width in zip(sizes, _WIDTHS, strict=True)
-        ]
+        matrices = _scratch_matrices(sizes)
         status, *counts = k.scan(buf, *_KEY_TABLE, _LIFTED_KINDS, *matrices)
         if status != k.OK:
             return None
-        if all(c <= size for c, size in zip(counts, sizes, strict=True)):
+        if all(c <= len(m) for c, m in zip(counts, matrices, strict=True)):
             break
-        sizes = counts  # a rare request denser than the estimate: scan again with exact sizes
+        sizes = counts  # a request denser than the estimate: scan again with exact sizes
     spans, attrs, events, groups = (m[:c] for m, c in zip(matrices, counts, strict=True))
     try:
         keep, errors = _check_ids(body, spans, groups)
@@ -71,7 +87,7 @@ def convert(body: bytes, received_at_ns: int) -> ref.ConversionResult | None:
         columns = {
             **_id_and_span_columns(buf, rows),
             **_group_columns(body, groups, rows[:, k.S_GROUP]),
-            **_lifted_columns(buf, rows, attrs),
+            **_lifted_columns(buf, rows),
             "attributes": _attributes_json(buf, rows, attrs),
             "events": _events_json(buf, rows, events),
             "links": _constant_strings(b"[]", len(rows)),
@@ -184,31 +200,25 @@ def _slice(body: bytes, offset: int, length: int) -> bytes:
     return body[offset : offset + length] if offset >= 0 else b""
 
 
-def _lifted_columns(buf: np.ndarray, rows: np.ndarray, attrs: np.ndarray) -> dict[str, pa.Array]:
-    index = rows[:, k.S_LIFTED :]
-    present = index >= 0
-    found = np.where(present, index, 0)
-    if len(attrs) == 0:  # no attributes at all: every lifted column is null
-        attrs = np.zeros((1, k.A_NUM + 1), dtype=np.int64)
-    value, length = attrs[found, k.A_VAL], np.where(present, attrs[found, k.A_VAL_LEN], -1)
-    number, vtype = attrs[found, k.A_NUM], attrs[found, k.A_VTYPE]
+def _lifted_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Array]:
     columns: dict[str, pa.Array] = {}
     for slot, key in enumerate(_SLOT_KEYS):
+        at = k.S_LIFTED + k.L_WIDTH * slot
+        value, length = rows[:, at + k.L_VAL], rows[:, at + k.L_LEN]
         if key in ref.TOKEN_COLUMNS:
             column, dtype = ref.TOKEN_COLUMNS[key]
-            columns[column] = _token_column(buf, value[:, slot], length[:, slot], dtype)
+            columns[column] = _token_column(buf, value, length, dtype)
             continue
+        present = length >= 0
         column, kind = ref.SCALAR_COLUMNS[key]
         if kind == "str":
-            data, offsets = k.gather(buf, value[:, slot], length[:, slot])
-            columns[column] = _strings(data, offsets, present[:, slot])
+            columns[column] = _strings(*k.gather(buf, value, length), present)
             continue
-        numbers = number[:, slot]
+        numbers = rows[:, at + k.L_NUM]
         if kind == "float":
-            numbers = np.where(
-                vtype[:, slot] == k.V_DOUBLE, numbers.view(np.float64), numbers.astype(np.float64)
-            )
-        columns[column] = pa.array(numbers, type=_ARROW_TYPES[kind], mask=~present[:, slot])
+            doubles = rows[:, at + k.L_VTYPE] == k.V_DOUBLE
+            numbers = np.where(doubles, numbers.view(np.float64), numbers.astype(np.float64))
+        columns[column] = pa.array(numbers, type=_ARROW_TYPES[kind], mask=~present)
     return columns
 
 

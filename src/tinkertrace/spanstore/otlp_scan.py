@@ -46,8 +46,11 @@ OK, GENERAL = 0, 1
     S_EVENT_FIRST,
     S_EVENT_COUNT,
     S_ZERO_IDS,  # bit 1: trace id all zero, bit 2: span id all zero
-    S_LIFTED,  # first of the lifted-attribute columns (attribute index or -1), one per known key
+    S_LIFTED,  # first of the lifted-attribute columns: L_WIDTH columns per known key
 ) = range(22)
+# the lifted columns of one key, at S_LIFTED + L_WIDTH * slot: value start, length (-1: absent),
+# number (int value, or the bits of a double), AnyValue kind
+L_VAL, L_LEN, L_NUM, L_VTYPE, L_WIDTH = range(5)
 
 # columns of the attribute matrix: the KeyValue bytes, its key, lifted slot (-1: other), value
 A_SPAN, A_OFF, A_LEN, A_KEY, A_KEY_LEN, A_SLOT, A_VTYPE, A_VAL, A_VAL_LEN, A_NUM = range(10)
@@ -307,7 +310,7 @@ def _scan_span(
     n_other = 0
     if fill:
         for k in range(n_keys):
-            spans[row, S_LIFTED + k] = -1
+            spans[row, S_LIFTED + L_WIDTH * k + L_LEN] = -1
     pos = start
     while pos < end:
         number, wire, value, vstart, pos = _field(buf, pos, end)
@@ -343,7 +346,11 @@ def _scan_span(
                         return GENERAL, 0, 0
                     if vtype == V_BYTES and val_len % 4:
                         return GENERAL, 0, 0
-                    spans[row, S_LIFTED + slot] = a
+                    lifted = S_LIFTED + L_WIDTH * slot
+                    spans[row, lifted + L_VAL] = val
+                    spans[row, lifted + L_LEN] = val_len
+                    spans[row, lifted + L_NUM] = num
+                    spans[row, lifted + L_VTYPE] = vtype
                 else:  # a repeated key among the other attributes: the reference path decides
                     for b in range(n_other):
                         other = others[b]
