@@ -1,4 +1,4 @@
-"""Shared fixtures: a deterministic OpenAI-compatible server on a loopback port."""
+"""Shared fixtures: a deterministic OpenAI-compatible server on a loopback port; compiled kernels."""
 
 from __future__ import annotations
 
@@ -7,6 +7,15 @@ from collections.abc import Iterator
 import pytest
 
 from tinkertrace.testing.openai_server import RunningServer, ServerOptions, start_server
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _compiled_span_scan() -> None:
+    """Compile (or load from numba's cache) the span converter's kernels once, before any test, so no
+    test's embedded sink or collector pays the first compilation inside its own timeouts."""
+    from tinkertrace.spanstore import otlp_fast
+
+    otlp_fast.warm_up()
 
 
 @pytest.fixture(scope="session")
