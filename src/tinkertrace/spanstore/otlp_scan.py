@@ -169,6 +169,36 @@ def _scan_attribute(buf: np.ndarray, start: int, end: int) -> tuple[int, int, in
 
 
 @njit(cache=True)
+def _next_message(buf: np.ndarray, pos: int, end: int, number: int) -> tuple[int, int, int, int]:
+    """The field at ``pos``: (status, start, length, next position); start -1 if it is another field
+    than the message field ``number``."""
+    found, wire, length, start, nxt = _field(buf, pos, end)
+    if nxt < 0 or (found == number and wire != 2):
+        return GENERAL, 0, 0, 0
+    return OK, (start if found == number else -1), length, nxt
+
+
+@njit(cache=True)
+def _first_message(buf: np.ndarray, start: int, end: int) -> tuple[int, int, int]:
+    """(status, start, length) of field 1 of a ResourceSpans or ScopeSpans (the resource or scope;
+    start -1 if absent), checking that its ``schema_url`` (field 3) needs no UTF-8 validation."""
+    found = -1
+    found_len = 0
+    pos = start
+    while pos < end:
+        number, wire, length, vstart, pos = _field(buf, pos, end)
+        if pos < 0:
+            return GENERAL, 0, 0
+        if number == 1:
+            if wire != 2 or found >= 0:
+                return GENERAL, 0, 0
+            found, found_len = vstart, length
+        elif number == 3 and (wire != 2 or not _ascii(buf, vstart, pos)):
+            return GENERAL, 0, 0
+    return OK, found, found_len
+
+
+@njit(cache=True)
 def scan(
     buf: np.ndarray,
     keys: np.ndarray,
@@ -202,42 +232,20 @@ def scan(
         if wire != 2:
             return GENERAL, 0, 0, 0, 0
         rs_end = rs + rs_len
-        resource = -1
-        resource_len = 0
-        p = rs
-        while p < rs_end:  # first pass over ResourceSpans: the resource
-            number, wire, length, vstart, p = _field(buf, p, rs_end)
-            if p < 0:
-                return GENERAL, 0, 0, 0, 0
-            if number == 1:
-                if wire != 2 or resource >= 0:
-                    return GENERAL, 0, 0, 0, 0
-                resource, resource_len = vstart, length
-            elif number == 3 and (wire != 2 or not _ascii(buf, vstart, p)):  # schema_url
-                return GENERAL, 0, 0, 0, 0
+        status, resource, resource_len = _first_message(buf, rs, rs_end)
+        if status != OK:
+            return GENERAL, 0, 0, 0, 0
         p = rs
         while p < rs_end:
-            number, wire, ss_len, ss, p = _field(buf, p, rs_end)
-            if p < 0:
+            status, ss, ss_len, p = _next_message(buf, p, rs_end, 2)
+            if status != OK:
                 return GENERAL, 0, 0, 0, 0
-            if number != 2:
+            if ss < 0:
                 continue
-            if wire != 2:
-                return GENERAL, 0, 0, 0, 0
             ss_end = ss + ss_len
-            scope = -1
-            scope_len = 0
-            q = ss
-            while q < ss_end:
-                number, wire, length, vstart, q = _field(buf, q, ss_end)
-                if q < 0:
-                    return GENERAL, 0, 0, 0, 0
-                if number == 1:
-                    if wire != 2 or scope >= 0:
-                        return GENERAL, 0, 0, 0, 0
-                    scope, scope_len = vstart, length
-                elif number == 3 and (wire != 2 or not _ascii(buf, vstart, q)):  # schema_url
-                    return GENERAL, 0, 0, 0, 0
+            status, scope, scope_len = _first_message(buf, ss, ss_end)
+            if status != OK:
+                return GENERAL, 0, 0, 0, 0
             if n_group < groups.shape[0]:
                 groups[n_group, G_RESOURCE_SPANS] = n_resource_spans
                 groups[n_group, G_RESOURCE] = resource
@@ -247,13 +255,11 @@ def scan(
             q = ss
             index = 0
             while q < ss_end:
-                number, wire, sp_len, sp, q = _field(buf, q, ss_end)
-                if q < 0:
+                status, sp, sp_len, q = _next_message(buf, q, ss_end, 2)
+                if status != OK:
                     return GENERAL, 0, 0, 0, 0
-                if number != 2:
+                if sp < 0:
                     continue
-                if wire != 2:
-                    return GENERAL, 0, 0, 0, 0
                 status = _scan_span(
                     buf,
                     sp,
@@ -502,21 +508,25 @@ _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 
 @njit(cache=True)
+def _allocate(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int32 offsets for rows of ``sizes`` bytes, and an uninitialised buffer holding them all."""
+    offsets = np.empty(len(sizes) + 1, np.int32)
+    total = 0
+    for i in range(len(sizes)):
+        offsets[i] = total
+        total += sizes[i]
+    offsets[len(sizes)] = total
+    return offsets, np.empty(total, np.uint8)
+
+
+@njit(cache=True)
 def gather(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate ``buf[offsets[i] : offsets[i] + lengths[i]]``: (data, int32 byte offsets).
 
     A negative length stands for a missing value and contributes nothing.
     """
-    n = len(offsets)
-    out_offsets = np.empty(n + 1, np.int32)
-    total = 0
-    for i in range(n):
-        out_offsets[i] = total
-        if lengths[i] > 0:
-            total += lengths[i]
-    out_offsets[n] = total
-    data = np.empty(total, np.uint8)
-    for i in range(n):
+    out_offsets, data = _allocate(np.maximum(lengths, 0))
+    for i in range(len(offsets)):
         length = lengths[i]
         if length > 0:
             _copy(data, out_offsets[i], buf, offsets[i], length)
@@ -528,16 +538,8 @@ def hex_gather(
     buf: np.ndarray, offsets: np.ndarray, present: np.ndarray, width: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Lowercase hex of ``width``-byte ids at ``offsets`` (rows not ``present`` are empty)."""
-    n = len(offsets)
-    out_offsets = np.empty(n + 1, np.int32)
-    total = 0
-    for i in range(n):
-        out_offsets[i] = total
-        if present[i]:
-            total += 2 * width
-    out_offsets[n] = total
-    data = np.empty(total, np.uint8)
-    for i in range(n):
+    out_offsets, data = _allocate(present.astype(np.int64) * (2 * width))
+    for i in range(len(offsets)):
         if present[i]:
             o = out_offsets[i]
             src = offsets[i]
@@ -561,17 +563,13 @@ def join_fragments(
     ``item_fragment[j]`` is the fragment of item ``j``, or -1 to leave the item out.
     """
     n = len(first)
-    out_offsets = np.empty(n + 1, np.int32)
-    total = 0
+    sizes = np.full(n, 1, np.int64)  # the braces and the commas: 1 + one per fragment, at least 2
     for i in range(n):
-        out_offsets[i] = total
-        total += 2
         for j in range(first[i], first[i] + count[i]):
             f = item_fragment[j]
             if f >= 0:
-                total += fragment_offsets[f + 1] - fragment_offsets[f] + 1
-    out_offsets[n] = total
-    data = np.empty(total, np.uint8)
+                sizes[i] += fragment_offsets[f + 1] - fragment_offsets[f] + 1
+    out_offsets, data = _allocate(np.maximum(sizes, 2))
     for i in range(n):
         o = out_offsets[i]
         data[o] = 0x7B  # {
@@ -588,8 +586,7 @@ def join_fragments(
                 o += size
                 wrote = True
         data[o] = 0x7D  # }
-        out_offsets[i + 1] = o + 1
-    return data[: out_offsets[n]], out_offsets
+    return data, out_offsets
 
 
 @njit(cache=True)
@@ -614,17 +611,14 @@ def join_events(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per row ``[e1,e2,...]`` where event ``j`` is ``head + decimal(time) + tail`` of its template."""
     n = len(first)
-    out_offsets = np.empty(n + 1, np.int32)
-    total = 0
+    sizes = np.empty(n, np.int64)
     for i in range(n):
-        out_offsets[i] = total
-        total += 2 + max(count[i] - 1, 0)
+        sizes[i] = 2 + max(count[i] - 1, 0)  # the brackets and the commas
         for j in range(first[i], first[i] + count[i]):
             t = event_template[j]
-            total += head_offsets[t + 1] - head_offsets[t] + tail_offsets[t + 1] - tail_offsets[t]
-            total += _digits(event_time[j])
-    out_offsets[n] = total
-    data = np.empty(total, np.uint8)
+            sizes[i] += head_offsets[t + 1] - head_offsets[t] + tail_offsets[t + 1] - tail_offsets[t]
+            sizes[i] += _digits(event_time[j])
+    out_offsets, data = _allocate(sizes)
     for i in range(n):
         o = out_offsets[i]
         data[o] = 0x5B  # [
