@@ -4,6 +4,9 @@ Well-known attributes (``semconv``) are lifted into typed columns; everything el
 Token ids and logprobs arrive packed (``semconv.ENCODING_PACKED``: little-endian int32 / float32
 bytes) or as plain OTel int/float arrays; either way each column is built with one concatenation
 and one ``numpy.frombuffer``, never a Python loop over tokens for packed data.
+
+:func:`body_to_table` is the entry point: it tries the compiled converter (``otlp_fast``) and falls
+back to :func:`reference_body_to_table`, the Python decoder in this module, which defines the semantics.
 """
 
 from __future__ import annotations
