@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -58,7 +59,14 @@ def run_collector(config: CollectorConfig) -> int:
             roll_seconds=config.roll_seconds,
         )
     )
+    started = time.monotonic()
     otlp_fast.warm_up()  # the first start after an install compiles the scan kernels (~15 s)
+    if time.monotonic() - started > 2:
+        print(
+            f"tinkertrace collector: compiled the span-scan kernels in {time.monotonic() - started:.0f}s "
+            "(cached for later starts)",
+            flush=True,
+        )
     recovered = ingestor.recover()
     if recovered.segments:
         print(
