@@ -191,3 +191,18 @@ def test_random_corruptions_never_disagree_with_the_reference() -> None:
             assert otlp_fast.convert(bytes(corrupted), T0) is None
             continue
         _assert_same(bytes(corrupted), fast_expected=False)
+
+
+def test_out_of_range_attempt_is_kept_as_an_attribute_not_an_error() -> None:
+    request = llm_request(3, prompt_tokens=4, response_tokens=2, seed=17)
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    kept = [kv for kv in span.attributes if kv.key != semconv.ATTEMPT]
+    del span.attributes[:]
+    span.attributes.extend([*kept, _kv(semconv.ATTEMPT, int_value=2**40)])
+    body = request.SerializeToString()
+    result = body_to_table(body, T0)
+    assert (result.accepted, result.rejected) == (3, 0)
+    row = result.table.slice(0, 1).to_pylist()[0]
+    assert row["attempt"] is None
+    assert json.loads(row["attributes"])[semconv.ATTEMPT] == 2**40
+    assert result.table.column("attempt").to_pylist()[1:] == [0, 0]

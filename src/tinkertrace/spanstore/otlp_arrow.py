@@ -43,7 +43,7 @@ SCALAR_COLUMNS: dict[str, tuple[str, str]] = {
     semconv.SPAN_TYPE: ("span_type", "str"),
     semconv.ROLLOUT_ID: ("rollout_id", "str"),
     semconv.TASK_ID: ("task_id", "str"),
-    semconv.ATTEMPT: ("attempt", "int"),
+    semconv.ATTEMPT: ("attempt", "int32"),
     semconv.SPLIT: ("split", "str"),
     semconv.AGENT_NAME: ("agent_name", "str"),
     semconv.GENAI_REQUEST_MODEL: ("model", "str"),
@@ -102,9 +102,13 @@ def _coerce(raw: Any, kind: str) -> Any:
         return raw if isinstance(raw, str) else _dumps(raw)
     if isinstance(raw, bool):
         raise TypeError("boolean")
-    if kind == "int":
-        return int(raw)
-    return float(raw)
+    if kind == "float":
+        return float(raw)
+    value = int(raw)
+    bits = 32 if kind == "int32" else 64
+    if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+        raise OverflowError(f"{value} does not fit int{bits}")
+    return value
 
 
 def _token_bytes(value: AnyValue, kind: str | None, dtype: np.dtype) -> bytes:

@@ -27,7 +27,7 @@ from tinkertrace.spanstore.otlp_raw import RawEvent
 
 # lifted attribute keys in slot order: the scalar columns, then the three token columns
 _SLOT_KEYS = [*ref.SCALAR_COLUMNS, *ref.TOKEN_COLUMNS]
-_SLOT_KIND = {"str": k.V_STRING, "int": k.V_INT, "float": k.V_DOUBLE}
+_SLOT_KIND = {"str": k.V_STRING, "int32": k.V_INT, "int": k.V_INT, "float": k.V_DOUBLE}
 _LIFTED_KINDS = np.array(
     [_SLOT_KIND[kind] for _, kind in ref.SCALAR_COLUMNS.values()] + [k.V_BYTES] * len(ref.TOKEN_COLUMNS),
     dtype=np.int64,
@@ -36,7 +36,7 @@ _KEY_TABLE = k.key_table(_SLOT_KEYS)
 _N_SLOTS = len(_SLOT_KEYS)
 _KIND_NAMES = pa.array(ref.KINDS)
 _STATUS_NAMES = pa.array(ref.STATUSES)
-_ARROW_TYPES = {"int": pa.int64(), "float": pa.float64()}
+_ARROW_TYPES = {"int32": pa.int32(), "int": pa.int64(), "float": pa.float64()}
 
 
 _WIDTHS = (k.S_LIFTED + k.L_WIDTH * _N_SLOTS, k.A_NUM + 1, k.E_TIME + 1, k.G_SCOPE_LEN + 1)
