@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade "pip>=24"
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[engine,dev]"
+	$(BIN)/pip install --quiet -e ".[engine,collector,dev]"
 	# compile the collector's span-scan kernels once (numba caches them next to the module)
 	$(BIN)/python -c "from tinkertrace.spanstore import otlp_fast; otlp_fast.warm_up()"
 	touch $(STAMP)

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 from tinkertrace.collector.ingest import IngestConfig, Ingestor, name_os_thread
-from tinkertrace.spanstore import otlp_fast
+from tinkertrace.spanstore.otlp_arrow import fast_converter
 
 MiB = 1024 * 1024
 
@@ -40,6 +40,26 @@ class CollectorConfig:
         return re.sub(r"[^A-Za-z0-9_.]+", "_", raw)
 
 
+def _prepare_converter() -> None:
+    """Compile (first start after an install, ~15 s) or load the fast converter's kernels."""
+    fast = fast_converter()
+    if fast is None:
+        print(
+            "tinkertrace collector: numba is not installed, so spans are converted by the reference decoder "
+            "(about 3.5x more CPU per span); pip install 'tinkertrace[collector]' for the compiled one",
+            flush=True,
+        )
+        return
+    started = time.monotonic()
+    fast.warm_up()
+    if time.monotonic() - started > 2:
+        print(
+            f"tinkertrace collector: compiled the span-scan kernels in {time.monotonic() - started:.0f}s "
+            "(cached for later starts)",
+            flush=True,
+        )
+
+
 def run_collector(config: CollectorConfig) -> int:
     """Serve until SIGINT/SIGTERM; returns the process exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -59,14 +79,7 @@ def run_collector(config: CollectorConfig) -> int:
             roll_seconds=config.roll_seconds,
         )
     )
-    started = time.monotonic()
-    otlp_fast.warm_up()  # the first start after an install compiles the scan kernels (~15 s)
-    if time.monotonic() - started > 2:
-        print(
-            f"tinkertrace collector: compiled the span-scan kernels in {time.monotonic() - started:.0f}s "
-            "(cached for later starts)",
-            flush=True,
-        )
+    _prepare_converter()
     recovered = ingestor.recover()
     if recovered.segments:
         print(

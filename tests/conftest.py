@@ -13,9 +13,11 @@ from tinkertrace.testing.openai_server import RunningServer, ServerOptions, star
 def _compiled_span_scan() -> None:
     """Compile (or load from numba's cache) the span converter's kernels once, before any test, so no
     test's embedded sink or collector pays the first compilation inside its own timeouts."""
-    from tinkertrace.spanstore import otlp_fast
+    from tinkertrace.spanstore.otlp_arrow import fast_converter
 
-    otlp_fast.warm_up()
+    fast = fast_converter()
+    if fast is not None:
+        fast.warm_up()
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from tinkertrace import semconv
+
+pytest.importorskip("numba", reason="the compiled converter needs the collector extra (numba)")
 from tinkertrace.spanstore import otlp_fast
 from tinkertrace.spanstore.otlp_arrow import body_to_table, reference_body_to_table
 from tinkertrace.spanstore.samples import llm_request

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -85,3 +87,21 @@ def test_malformed_event_rejects_only_that_span(bad_event: bytes) -> None:
     result = body_to_table(raw.SerializeToString(), T0)
     assert (result.accepted, result.rejected) == (2, 1)
     assert "span[2]" in result.errors[0] and "malformed event" in result.errors[0]
+
+
+def test_without_numba_body_to_table_uses_the_reference_decoder() -> None:
+    """Agents that trace without the collector extra still convert spans (with the Python decoder)."""
+    script = (
+        "import sys; sys.modules['numba'] = None\n"
+        "from tinkertrace.spanstore.otlp_arrow import body_to_table, fast_converter\n"
+        "from tinkertrace.spanstore.samples import llm_request\n"
+        "assert fast_converter() is None\n"
+        "result = body_to_table(llm_request(7, prompt_tokens=5, response_tokens=2).SerializeToString(), 1)\n"
+        "print(result.accepted, result.table.column('prompt_token_ids').to_pylist()[0][:2])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    accepted, ids = done.stdout.split(" ", 1)
+    expected = body_to_table(llm_request(7, prompt_tokens=5, response_tokens=2).SerializeToString(), 1)
+    assert int(accepted) == 7
+    assert ids.strip() == str(expected.table.column("prompt_token_ids").to_pylist()[0][:2])

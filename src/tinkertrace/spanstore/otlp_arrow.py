@@ -12,8 +12,10 @@ back to :func:`reference_body_to_table`, the Python decoder in this module, whic
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -300,12 +302,24 @@ def request_to_table(request: ExportTraceServiceRequest, received_at_ns: int) ->
 def body_to_table(body: bytes, received_at_ns: int) -> ConversionResult:
     """Like :func:`request_to_table` for serialized request bytes; ``DecodeError`` if malformed.
 
-    The compiled fast path (``otlp_fast``) converts what exporters usually send; anything it does
-    not reproduce exactly goes through :func:`reference_body_to_table`.
+    The compiled fast path (``otlp_fast``, when numba is installed) converts what exporters usually
+    send; anything it does not reproduce exactly goes through :func:`reference_body_to_table`.
     """
-    from tinkertrace.spanstore import otlp_fast  # imports this module: import at call time
+    fast = fast_converter()
+    result = fast.convert(body, received_at_ns) if fast is not None else None
+    return result or reference_body_to_table(body, received_at_ns)
 
-    return otlp_fast.convert(body, received_at_ns) or reference_body_to_table(body, received_at_ns)
+
+@functools.cache
+def fast_converter() -> ModuleType | None:
+    """The ``otlp_fast`` module when numba is installed (the ``collector`` extra), else ``None``."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return None
+    from tinkertrace.spanstore import otlp_fast  # it imports this module: import on first use
+
+    return otlp_fast
 
 
 def id_problem(
