@@ -39,7 +39,7 @@ _STATUS_NAMES = pa.array(ref.STATUSES)
 _ARROW_TYPES = {"int32": pa.int32(), "int": pa.int64(), "float": pa.float64()}
 
 
-_WIDTHS = (k.S_LIFTED + k.L_WIDTH * _N_SLOTS, k.A_NUM + 1, k.E_TIME + 1, k.G_SCOPE_LEN + 1)
+_WIDTHS = (k.S_LIFTED + k.L_WIDTH * _N_SLOTS, k.A_WIDTH, k.E_WIDTH, k.G_WIDTH)
 
 
 def _capacity(body_size: int) -> list[int]:

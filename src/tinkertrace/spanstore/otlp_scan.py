@@ -52,16 +52,17 @@ OK, GENERAL = 0, 1
 # number (int value, or the bits of a double), AnyValue kind
 L_VAL, L_LEN, L_NUM, L_VTYPE, L_WIDTH = range(5)
 
-# columns of the attribute matrix: the KeyValue bytes, its key, lifted slot (-1: other), value
-A_SPAN, A_OFF, A_LEN, A_KEY, A_KEY_LEN, A_SLOT, A_VTYPE, A_VAL, A_VAL_LEN, A_NUM = range(10)
+# columns of the attribute matrix: the KeyValue bytes, its key, lifted slot (-1: other); the values
+# of lifted attributes go to the span matrix, the others are decoded from their bytes
+A_OFF, A_LEN, A_KEY, A_KEY_LEN, A_SLOT, A_WIDTH = range(6)
 # AnyValue kinds (the oneof field number; 0 = empty)
 V_NONE, V_STRING, V_BOOL, V_INT, V_DOUBLE, V_ARRAY, V_KVLIST, V_BYTES = range(8)
 
-# columns of the event matrix: the event bytes and, for the template, the bytes after its timestamp
-E_SPAN, E_OFF, E_LEN, E_TIME = range(4)
+# columns of the event matrix: the event bytes (its template is the part after the timestamp), time
+E_OFF, E_LEN, E_TIME, E_WIDTH = range(4)
 
 # columns of the group matrix: index of the ResourceSpans, resource and scope bytes (-1: absent)
-G_RESOURCE_SPANS, G_RESOURCE, G_RESOURCE_LEN, G_SCOPE, G_SCOPE_LEN = range(5)
+G_RESOURCE_SPANS, G_RESOURCE, G_RESOURCE_LEN, G_SCOPE, G_SCOPE_LEN, G_WIDTH = range(6)
 
 _ERR = -1
 
@@ -358,6 +359,7 @@ def _scan_span(
                     spans[row, lifted + L_NUM] = num
                     spans[row, lifted + L_VTYPE] = vtype
                 else:  # a repeated key among the other attributes: the reference path decides
+                    # (byte loops written out here: a helper taking arrays costs a refcount per call)
                     for b in range(n_other):
                         other = others[b]
                         if attrs[other, A_KEY_LEN] == key_len:
@@ -373,23 +375,17 @@ def _scan_span(
                         return GENERAL, 0, 0
                     others[n_other] = a
                     n_other += 1
-                attrs[a, A_SPAN] = row
                 attrs[a, A_OFF] = vstart
                 attrs[a, A_LEN] = pos - vstart
                 attrs[a, A_KEY] = key
                 attrs[a, A_KEY_LEN] = key_len
                 attrs[a, A_SLOT] = slot
-                attrs[a, A_VTYPE] = vtype
-                attrs[a, A_VAL] = val
-                attrs[a, A_VAL_LEN] = val_len
-                attrs[a, A_NUM] = num
             n_attr += 1
         elif number == 11:  # event
             if wire != 2 or value < 9 or buf[vstart] != 0x09:
                 return GENERAL, 0, 0
             e = first_event + n_event
             if e < events.shape[0]:
-                events[e, E_SPAN] = row
                 events[e, E_OFF] = vstart
                 events[e, E_LEN] = value
                 events[e, E_TIME] = _fixed(buf, vstart + 1, 8)
