@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 IDS_DTYPE = np.dtype("<i4")
 LOGPROBS_DTYPE = np.dtype("<f4")
@@ -32,3 +34,25 @@ def unpack_logprobs(data: bytes) -> np.ndarray:
     if len(data) % 4:
         raise ValueError(f"packed logprobs must be a multiple of 4 bytes, got {len(data)}")
     return np.frombuffer(data, dtype=LOGPROBS_DTYPE)
+
+
+def lists_from_packed(packed: pa.Array, list_type: pa.DataType) -> pa.Array:
+    """A list array whose rows are the rows of a binary / large_binary array of packed values.
+
+    Each binary value holds one list's fixed-width values in machine byte order (little-endian here);
+    the values buffer is shared, not copied. Null binary values become null lists.
+    """
+    width = list_type.value_type.bit_width // 8
+    offset_type = np.int64 if pa.types.is_large_binary(packed.type) else np.int32
+    byte_offsets = np.frombuffer(packed.buffers()[1], offset_type, packed.offset + len(packed) + 1)
+    start = int(byte_offsets[packed.offset])
+    offsets = ((byte_offsets[packed.offset :] - start) // width).astype(np.int32)
+    data = packed.buffers()[2]
+    data = data.slice(start) if data is not None else pa.py_buffer(b"")
+    values = pa.Array.from_buffers(list_type.value_type, int(offsets[-1]), [None, data])
+    validity = packed.buffers()[0]
+    if validity is not None and packed.offset:
+        validity = pc.is_valid(packed).buffers()[1]
+    return pa.Array.from_buffers(
+        list_type, len(packed), [validity, pa.py_buffer(offsets)], packed.null_count, children=[values]
+    )

@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from tinkertrace import schemas, semconv
-from tinkertrace.spanstore.encoding import IDS_DTYPE, LOGPROBS_DTYPE
+from tinkertrace.spanstore.encoding import IDS_DTYPE, LOGPROBS_DTYPE, lists_from_packed
 from tinkertrace.spanstore.otlp_raw import RawEvent, RawExportTraceServiceRequest
 
 
@@ -131,19 +131,9 @@ def _token_bytes(value: AnyValue, kind: str | None, dtype: np.dtype) -> bytes:
     return np.asarray(items, dtype=dtype).tobytes()
 
 
-def _list_column(chunks: Any, dtype: np.dtype, value_type: pa.DataType) -> pa.Array:
-    """One Arrow list column from per-row packed bytes (None = null): one join, one frombuffer."""
-    lengths = np.fromiter((-1 if c is None else len(c) for c in chunks), dtype=np.int64, count=len(chunks))
-    valid = lengths >= 0
-    if not valid.any():
-        return pa.nulls(len(chunks), type=pa.list_(value_type))
-    values = np.frombuffer(b"".join(c for c in chunks if c is not None), dtype=dtype)
-    offsets = np.zeros(len(chunks) + 1, dtype=np.int32)
-    np.cumsum(np.where(valid, lengths, 0) // dtype.itemsize, out=offsets[1:])
-    mask = None if valid.all() else pa.array(~valid)
-    return pa.ListArray.from_arrays(
-        pa.array(offsets), pa.array(values.astype(dtype.newbyteorder("="), copy=False)), mask=mask
-    )
+def _list_column(chunks: Any, value_type: pa.DataType) -> pa.Array:
+    """One Arrow list column from per-row packed bytes (None = null)."""
+    return lists_from_packed(pa.array(chunks, pa.binary()), pa.list_(value_type))
 
 
 def empty_table() -> pa.Table:
@@ -442,7 +432,7 @@ def _build_table(cols: dict[str, Any], n: int, received_at_ns: int) -> pa.Table:
         if f.name == "received_at":
             arrays.append(pa.array(np.full(n, received_at_ns, dtype=np.int64)).cast(f.type))
         elif f.name in TOKEN_DTYPES_BY_NAME:
-            arrays.append(_list_column(cols[f.name], TOKEN_DTYPES_BY_NAME[f.name], f.type.value_type))
+            arrays.append(_list_column(cols[f.name], f.type.value_type))
         elif f.name in ("start_time", "end_time"):
             arrays.append(pa.array(np.asarray(cols[f.name], dtype=np.int64)).cast(f.type))
         else:

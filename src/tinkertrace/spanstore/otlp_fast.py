@@ -23,6 +23,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from tinkertrace import schemas
 from tinkertrace.spanstore import otlp_arrow as ref
 from tinkertrace.spanstore import otlp_scan as k
+from tinkertrace.spanstore.encoding import lists_from_packed
 from tinkertrace.spanstore.otlp_raw import RawEvent
 
 # lifted attribute keys in slot order: the scalar columns, then the three token columns
@@ -224,9 +225,12 @@ def _lifted_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Array]:
 
 def _token_column(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dtype: np.dtype) -> pa.Array:
     data, byte_offsets = k.gather(buf, offsets, lengths)
-    values = pa.array(data.view(dtype).astype(dtype.newbyteorder("="), copy=False))
-    mask = None if (lengths >= 0).all() else pa.array(lengths < 0)
-    return pa.ListArray.from_arrays(pa.array(byte_offsets // dtype.itemsize), values, mask=mask)
+    present = lengths >= 0
+    validity = None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little"))
+    packed = pa.Array.from_buffers(
+        pa.binary(), len(lengths), [validity, pa.py_buffer(byte_offsets), pa.py_buffer(data)]
+    )
+    return lists_from_packed(packed, pa.list_(pa.from_numpy_dtype(dtype)))
 
 
 def _attributes_json(buf: np.ndarray, rows: np.ndarray, attrs: np.ndarray) -> pa.Array:

@@ -24,6 +24,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from tinkertrace import schemas
+from tinkertrace.spanstore.encoding import lists_from_packed
 
 TEMP_PREFIX = "."  # temporary files are hidden: ".<name>.tmp"
 DICTIONARY_COLUMNS = [
@@ -100,7 +101,7 @@ def take_rows(table: pa.Table, indices: pa.Array) -> pa.Table:
         if packed is None:
             columns.append(column.take(indices))
         else:
-            columns.append(_binary_as_lists(packed.take(indices), field_.type))
+            columns.append(lists_from_packed(packed.take(indices), field_.type))
     return pa.Table.from_arrays(columns, schema=table.schema)
 
 
@@ -122,22 +123,6 @@ def _lists_as_binary(column: pa.ChunkedArray) -> pa.Array | None:
         [array.buffers()[0], pa.py_buffer(byte_offsets), values.buffers()[1]],
         array.null_count,
         array.offset,
-    )
-
-
-def _binary_as_lists(packed: pa.Array, list_type: pa.DataType) -> pa.Array:
-    width = list_type.value_type.bit_width // 8
-    byte_offsets = np.frombuffer(packed.buffers()[1], np.int64, packed.offset + len(packed) + 1)
-    start = int(byte_offsets[packed.offset])
-    offsets = ((byte_offsets[packed.offset :] - start) // width).astype(np.int32)
-    data = packed.buffers()[2]
-    data = data.slice(start) if data is not None else pa.py_buffer(b"")
-    values = pa.Array.from_buffers(list_type.value_type, int(offsets[-1]), [None, data])
-    validity = packed.buffers()[0]
-    if validity is not None and packed.offset:
-        validity = pc.is_valid(packed).buffers()[1]
-    return pa.Array.from_buffers(
-        list_type, len(packed), [validity, pa.py_buffer(offsets)], packed.null_count, children=[values]
     )
 
 
