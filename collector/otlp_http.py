@@ -1,4 +1,4 @@
-"""OTLP/HTTP receiver as a plain ASGI app: ``POST /v1/traces`` (protobuf or JSON, optional gzip).
+"""OTLP/HTTP receiver: ``POST /v1/traces`` (protobuf or JSON, optional gzip), served by :mod:`.http_server`.
 
 Status codes follow the OTLP spec: 200 with an ``ExportTraceServiceResponse`` (``partial_success``
 for rejected spans), 400 malformed, 401 missing/wrong bearer token, 413 too large, 415 unsupported
@@ -14,7 +14,6 @@ import hmac
 import json
 import time
 import zlib
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from google.protobuf import json_format
@@ -25,6 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from tinkertrace.collector.http_server import Request, Response
 from tinkertrace.collector.ingest import Ingestor, Overloaded, Unavailable
 from tinkertrace.spanstore.otlp_arrow import ConversionResult, body_to_table
 
@@ -32,10 +32,7 @@ TRACES_PATH = "/v1/traces"
 HEALTH_PATHS = ("/health", "/healthz")
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 JSON_TYPE = "application/json"
-
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+JSON, PROTOBUF = b"application/json", b"application/x-protobuf"  # response content types
 
 
 class BadRequest(Exception):
@@ -111,8 +108,8 @@ def export_response(result: ConversionResult | None) -> ExportTraceServiceRespon
     return response
 
 
-class OtlpHttpApp:
-    """ASGI app receiving OTLP/HTTP traces into an :class:`Ingestor`."""
+class OtlpHttpHandler:
+    """Answers OTLP/HTTP requests (see the module docstring) into an :class:`Ingestor`."""
 
     def __init__(self, ingestor: Ingestor, *, token: str | None = None, max_request_bytes: int) -> None:
         self.ingestor = ingestor
@@ -120,51 +117,46 @@ class OtlpHttpApp:
         self.max_request_bytes = max_request_bytes
         self.started = time.time()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
-        path, method = scope["path"], scope["method"]
-        if path in HEALTH_PATHS:
-            await self._health(send)
-            return
-        if path != TRACES_PATH:
-            await _send(
-                send, 404, b"application/json", _json_status(404, f"no route {path}; use POST {TRACES_PATH}")
-            )
-            return
-        headers = dict(scope["headers"])
-        content_type = headers.get(b"content-type", b"").split(b";")[0].strip().decode("latin-1").lower()
-        use_json = content_type == JSON_TYPE
+    def admit(self, request: Request) -> Response | None:
+        """Everything decided by the head: routes, method, token, content type, declared size, capacity."""
+        if request.path in HEALTH_PATHS:
+            return self._health()
+        if request.path != TRACES_PATH:
+            return Response(404, _json_status(404, f"no route {request.path}; use POST {TRACES_PATH}"), JSON)
         try:
-            if method != "POST":
+            if request.method != "POST":
                 raise BadRequest(405, f"use POST for {TRACES_PATH}", [(b"allow", b"POST")])
-            self._authorize(headers)
-            if not use_json and content_type not in PROTOBUF_TYPES:
+            self._authorize(request.headers)
+            content_type = _content_type(request)
+            if content_type != JSON_TYPE and content_type not in PROTOBUF_TYPES:
                 raise BadRequest(
                     415, f"unsupported content type {content_type!r}; use {PROTOBUF_TYPES[0]} or {JSON_TYPE}"
                 )
+            declared, limit = request.content_length, self.max_request_bytes
+            if declared is not None and declared > limit:
+                raise BadRequest(413, f"body of {declared} bytes is over the {limit}-byte limit")
             self.ingestor.check_capacity()
-            body = await self._read_body(headers, receive)
-            response = await self._export(body, headers, use_json)
-        except BadRequest as exc:
-            await self._error(send, exc.status, str(exc), use_json, exc.headers)
-            return
-        except Overloaded as exc:
-            retry = [(b"retry-after", str(exc.retry_after_s).encode())]
-            await self._error(send, 429, str(exc), use_json, retry)
-            return
-        except Unavailable as exc:
-            await self._error(send, 503, str(exc), use_json, [(b"retry-after", b"5")])
-            return
+        except (BadRequest, Overloaded, Unavailable) as exc:
+            return _error(request, exc)
+        return None
+
+    def body_too_large(self, request: Request) -> Response:
+        return _error(request, BadRequest(413, f"body is over the {self.max_request_bytes}-byte limit"))
+
+    async def respond(self, request: Request) -> Response:
+        use_json = _content_type(request) == JSON_TYPE
+        try:
+            body = self._decoded_body(request)
+            payload = parse_json_request(body).SerializeToString() if use_json else body
+            received = time.time_ns()
+            result = convert_protobuf_body(payload, received)
+            await asyncio.wrap_future(self.ingestor.submit(payload, result, received))
+        except (BadRequest, Overloaded, Unavailable) as exc:
+            return _error(request, exc)
+        response = export_response(result)
         if use_json:
-            await _send(
-                send, 200, b"application/json", json_format.MessageToJson(response, indent=None).encode()
-            )
-        else:
-            await _send(send, 200, b"application/x-protobuf", response.SerializeToString())
+            return Response(200, json_format.MessageToJson(response, indent=None).encode(), JSON)
+        return Response(200, response.SerializeToString(), PROTOBUF)
 
     def _authorize(self, headers: dict[bytes, bytes]) -> None:
         if self.token is None:
@@ -175,51 +167,15 @@ class OtlpHttpApp:
             reason = "missing" if not given else "wrong"
             raise BadRequest(401, f"{reason} bearer token", [(b"www-authenticate", b"Bearer")])
 
-    async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes:
-        limit = self.max_request_bytes
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise BadRequest(413, f"body of {int(declared)} bytes is over the {limit}-byte limit")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise BadRequest(400, "client disconnected before the body was complete")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise BadRequest(413, f"body is over the {limit}-byte limit")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+    def _decoded_body(self, request: Request) -> bytes:
+        encoding = request.headers.get(b"content-encoding", b"identity").strip().lower()
         if encoding == b"gzip":
-            return gunzip(body, limit)
+            return gunzip(request.body, self.max_request_bytes)
         if encoding not in (b"identity", b""):
             raise BadRequest(415, f"unsupported content encoding {encoding.decode('latin-1')!r}; use gzip")
-        return body
+        return request.body
 
-    async def _export(
-        self, body: bytes, headers: dict[bytes, bytes], use_json: bool
-    ) -> ExportTraceServiceResponse:
-        payload = parse_json_request(body).SerializeToString() if use_json else body
-        received = time.time_ns()
-        result = convert_protobuf_body(payload, received)
-        await asyncio.wrap_future(self.ingestor.submit(payload, result, received))
-        return export_response(result)
-
-    async def _error(
-        self, send: Send, status: int, message: str, use_json: bool, headers: list[tuple[bytes, bytes]]
-    ) -> None:
-        if use_json:
-            await _send(send, status, b"application/json", _json_status(status, message), headers)
-        else:
-            body = status_pb2.Status(code=_grpc_code(status), message=message).SerializeToString()
-            await _send(send, status, b"application/x-protobuf", body, headers)
-
-    async def _health(self, send: Send) -> None:
+    def _health(self) -> Response:
         ingestor = self.ingestor
         healthy = ingestor.failure is None
         document = {
@@ -229,7 +185,25 @@ class OtlpHttpApp:
             "pending_bytes": ingestor.pending_bytes,
             **ingestor.stats,
         }
-        await _send(send, 200 if healthy else 503, b"application/json", json.dumps(document).encode())
+        return Response(200 if healthy else 503, json.dumps(document).encode(), JSON)
+
+
+def _content_type(request: Request) -> str:
+    return request.headers.get(b"content-type", b"").split(b";")[0].strip().decode("latin-1").lower()
+
+
+def _error(request: Request, exc: BadRequest | Overloaded | Unavailable) -> Response:
+    """The error answer in the request's encoding: a ``google.rpc.Status`` as JSON or protobuf."""
+    if isinstance(exc, Overloaded):
+        status, headers = 429, [(b"retry-after", str(exc.retry_after_s).encode())]
+    elif isinstance(exc, Unavailable):
+        status, headers = 503, [(b"retry-after", b"5")]
+    else:
+        status, headers = exc.status, exc.headers
+    if _content_type(request) == JSON_TYPE:
+        return Response(status, _json_status(status, str(exc)), JSON, headers)
+    body = status_pb2.Status(code=_grpc_code(status), message=str(exc)).SerializeToString()
+    return Response(status, body, PROTOBUF, headers)
 
 
 def _grpc_code(http_status: int) -> int:
@@ -238,29 +212,3 @@ def _grpc_code(http_status: int) -> int:
 
 def _json_status(status: int, message: str) -> bytes:
     return json.dumps({"code": _grpc_code(status), "message": message}).encode()
-
-
-async def _send(
-    send: Send,
-    status: int,
-    content_type: bytes,
-    body: bytes,
-    headers: list[tuple[bytes, bytes]] | None = None,
-) -> None:
-    all_headers = [
-        (b"content-type", content_type),
-        (b"content-length", str(len(body)).encode()),
-        *(headers or []),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": all_headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

@@ -17,10 +17,11 @@ import pyarrow as pa
 import pytest
 from google.rpc import status_pb2
 
+from tinkertrace.collector.http_server import HttpServer
 from tinkertrace.collector.ingest import IngestConfig, Ingestor, file_tag
-from tinkertrace.collector.otlp_http import OtlpHttpApp
+from tinkertrace.collector.otlp_http import OtlpHttpHandler
 from tinkertrace.collector.wal import MAGIC, WriteAheadLog, read_segment, segment_ids
-from tinkertrace.netutil import BackgroundServer
+from tinkertrace.netutil import free_port
 from tinkertrace.spanstore.otlp_arrow import request_to_table
 from tinkertrace.spanstore.samples import llm_request
 from tinkertrace.spanstore.writer import PartitionedParquetWriter
@@ -169,9 +170,11 @@ def test_overload_answers_429_with_retry_after_then_recovers(tmp_path: Path) -> 
     body = llm_request(5, seed=1).SerializeToString()
     filler = request_to_table(llm_request(5, seed=9), 1_767_225_600_000_000_000)
     backlog: Future[None] = ingestor.submit(b"x" * 2000, filler, 1_767_225_600_000_000_000)  # fills the queue
-    app = OtlpHttpApp(ingestor, max_request_bytes=1 << 20)
-    with BackgroundServer(app) as server, httpx.Client() as client:
-        url = f"{server.url}/v1/traces"
+    handler = OtlpHttpHandler(ingestor, max_request_bytes=1 << 20)
+    server = HttpServer(handler, "127.0.0.1", free_port(), max_body_bytes=1 << 20)
+    server.start()
+    with httpx.Client() as client:
+        url = f"http://127.0.0.1:{server.port}/v1/traces"
         refused = client.post(url, content=body, headers=PROTOBUF)
         assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
         assert "queue is full" in status_pb2.Status.FromString(refused.content).message
@@ -181,6 +184,7 @@ def test_overload_answers_429_with_retry_after_then_recovers(tmp_path: Path) -> 
         while ingestor.pending_bytes and time.monotonic() < deadline:
             time.sleep(0.01)
         assert client.post(url, content=body, headers=PROTOBUF).status_code == 200
+    server.stop()
     ingestor.stop()
     assert ingestor.stats["overloaded"] == 1 and ingestor.writer.rows_written == 10
     assert isinstance(filler.table, pa.Table)
