@@ -151,9 +151,6 @@ class _Connection(asyncio.BufferedProtocol):
         elif self.expected > self.filled:  # the rest of a Content-Length body: straight from the socket
             self.direct = True
 
-    def eof_received(self) -> bool | None:
-        return None  # close the transport
-
     # --- httptools callbacks -------------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._reset_request()

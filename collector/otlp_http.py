@@ -32,7 +32,7 @@ TRACES_PATH = "/v1/traces"
 HEALTH_PATHS = ("/health", "/healthz")
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 JSON_TYPE = "application/json"
-JSON, PROTOBUF = b"application/json", b"application/x-protobuf"  # response content types
+JSON, PROTOBUF = JSON_TYPE.encode(), PROTOBUF_TYPES[0].encode()  # response content types
 
 
 class BadRequest(Exception):
