@@ -143,12 +143,17 @@ def _text(body: bytes, offset: int, length: int) -> str:
 
 def _strings(data: np.ndarray, offsets: np.ndarray, present: np.ndarray | None = None) -> pa.Array:
     """A validated (UTF-8) string array from kernel output; rows not ``present`` are null."""
-    validity = None
-    if present is not None and not present.all():
-        validity = pa.py_buffer(np.packbits(present, bitorder="little"))
+    validity = _validity(present)
     array = pa.StringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data), validity)
     array.validate(full=True)
     return array
+
+
+def _validity(present: np.ndarray | None) -> pa.Buffer | None:
+    """The Arrow validity bitmap of ``present`` (``None`` when every row is present)."""
+    if present is None or present.all():
+        return None
+    return pa.py_buffer(np.packbits(present, bitorder="little"))
 
 
 def _timestamps(nanoseconds: np.ndarray) -> pa.Array:
@@ -223,19 +228,18 @@ def _slice(body: bytes, offset: int, length: int) -> bytes:
 
 def _lifted_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Array]:
     """The lifted attribute columns: all string slots in one gather, all token slots in another."""
-    n = len(rows)
     columns: dict[str, pa.Array] = {}
-    data, offsets, validity = _slot_values(buf, rows, _STRING_SLOTS)
-    _strings(data, offsets)  # validates the UTF-8 of every slot's values at once
-    for i, slot in enumerate(_STRING_SLOTS):
-        column = ref.SCALAR_COLUMNS[_SLOT_KEYS[slot]][0]
-        slot_offsets = pa.py_buffer(offsets[i * n : (i + 1) * n + 1])
-        columns[column] = pa.StringArray.from_buffers(n, slot_offsets, pa.py_buffer(data), validity[i])
-    data, offsets, validity = _slot_values(buf, rows, _TOKEN_SLOTS)
-    for i, slot in enumerate(_TOKEN_SLOTS):
+    for slot, (data, offsets, present) in zip(
+        _STRING_SLOTS, _slot_values(buf, rows, _STRING_SLOTS), strict=True
+    ):
+        columns[ref.SCALAR_COLUMNS[_SLOT_KEYS[slot]][0]] = _strings(data, offsets, present)
+    for slot, (data, offsets, present) in zip(
+        _TOKEN_SLOTS, _slot_values(buf, rows, _TOKEN_SLOTS), strict=True
+    ):
         column, dtype = ref.TOKEN_COLUMNS[_SLOT_KEYS[slot]]
-        slot_offsets = pa.py_buffer(offsets[i * n : (i + 1) * n + 1])
-        packed = pa.Array.from_buffers(pa.binary(), n, [validity[i], slot_offsets, pa.py_buffer(data)])
+        packed = pa.Array.from_buffers(
+            pa.binary(), len(rows), [_validity(present), pa.py_buffer(offsets), pa.py_buffer(data)]
+        )
         columns[column] = lists_from_packed(packed, pa.list_(pa.from_numpy_dtype(dtype)))
     for slot in _NUMBER_SLOTS:
         at = k.S_LIFTED + k.L_WIDTH * slot
@@ -250,20 +254,19 @@ def _lifted_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Array]:
 
 def _slot_values(
     buf: np.ndarray, rows: np.ndarray, slots: list[int]
-) -> tuple[np.ndarray, np.ndarray, list[pa.Buffer | None]]:
-    """The value bytes of several lifted slots in one gather, slot after slot: (data, int32 offsets of
-    ``len(slots) * len(rows)`` values, each slot's validity bitmap or ``None`` when no row lacks it).
-
-    One kernel call for all slots: per-request Python and kernel-dispatch overhead, not the bytes
-    copied, is most of the conversion's cost for small requests.
-    """
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    """Per lifted slot: its values' bytes, int32 offsets and presence (``None``: every row has it),
+    gathered for all ``slots`` in one kernel call (per-call overhead, not bytes copied, is most of
+    the conversion's cost for small requests)."""
     at = k.S_LIFTED + k.L_WIDTH * np.array(slots, dtype=np.int64)
-    lengths = np.ascontiguousarray(rows[:, at + k.L_LEN].T)
-    data, offsets = k.gather(buf, np.ascontiguousarray(rows[:, at + k.L_VAL].T).ravel(), lengths.ravel())
+    lengths = rows[:, at + k.L_LEN].T
+    data, offsets, starts = k.gather_columns(buf, rows[:, at + k.L_VAL].T, lengths)
     present = lengths >= 0
     complete = present.all(axis=1)
-    bitmaps = np.packbits(present, axis=1, bitorder="little")
-    return data, offsets, [None if whole else pa.py_buffer(bitmaps[i]) for i, whole in enumerate(complete)]
+    return [
+        (data[starts[i] : starts[i + 1]], offsets[i], None if complete[i] else present[i])
+        for i in range(len(slots))
+    ]
 
 
 def _attributes_json(buf: np.ndarray, rows: np.ndarray, attrs: np.ndarray) -> pa.Array:

@@ -530,6 +530,35 @@ def gather(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[n
 
 
 @njit(cache=True)
+def gather_columns(
+    buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`gather` for several columns at once: row ``c`` of ``offsets``/``lengths`` (columns x rows)
+    is column ``c``. Returns (data, each column's int32 offsets from 0 (columns x rows + 1), where each
+    column's bytes start in data (columns + 1)), so every column can own its own slice of data.
+    """
+    n_columns, n = offsets.shape
+    out_offsets = np.empty((n_columns, n + 1), np.int32)
+    starts = np.empty(n_columns + 1, np.int64)
+    total = 0
+    for c in range(n_columns):
+        starts[c] = total
+        size = 0
+        for i in range(n):
+            out_offsets[c, i] = size
+            size += max(lengths[c, i], 0)
+        out_offsets[c, n] = size
+        total += size
+    starts[n_columns] = total
+    data = np.empty(total, np.uint8)
+    for c in range(n_columns):
+        for i in range(n):
+            if lengths[c, i] > 0:
+                _copy(data, starts[c] + out_offsets[c, i], buf, offsets[c, i], lengths[c, i])
+    return data, out_offsets, starts
+
+
+@njit(cache=True)
 def hex_gather(
     buf: np.ndarray, offsets: np.ndarray, present: np.ndarray, width: int
 ) -> tuple[np.ndarray, np.ndarray]:
