@@ -65,7 +65,7 @@ class RecoveryReport:
 
 @dataclass
 class _Item:
-    payload: bytes
+    payloads: list[bytes]  # the requests whose spans ``table`` holds, each logged as its own WAL record
     table: pa.Table
     received_at_ns: int
     cost: int
@@ -102,7 +102,14 @@ class Ingestor:
         self._pending_bytes = 0
         self._closing = False
         self.failure: str | None = None
-        self.stats = {"requests": 0, "spans": 0, "rejected_spans": 0, "overloaded": 0, "files": 0}
+        self.stats = {
+            "requests": 0,
+            "batched_requests": 0,  # requests that shared one conversion with others
+            "spans": 0,
+            "rejected_spans": 0,
+            "overloaded": 0,
+            "files": 0,
+        }
         self._threads = [
             threading.Thread(target=self._wal_loop, name="tt-wal", daemon=True),
             threading.Thread(target=self._writer_loop, name="tt-parquet", daemon=True),
@@ -146,12 +153,14 @@ class Ingestor:
             self.stats["overloaded"] += 1
             raise Overloaded(self.config.retry_after_s)
 
-    def submit(self, payload: bytes, result: ConversionResult, received_at_ns: int) -> Future[None]:
-        """Queue one converted request; the future resolves once its bytes are fsynced in the WAL."""
+    def submit(self, payloads: list[bytes], result: ConversionResult, received_at_ns: int) -> Future[None]:
+        """Queue converted requests (``result`` is their spans); the future resolves once their bytes are
+        fsynced in the WAL."""
         future: Future[None] = Future()
-        cost = len(payload) + result.table.get_total_buffer_size()
+        cost = sum(map(len, payloads)) + result.table.get_total_buffer_size()
         with self._lock:
-            self.stats["requests"] += 1
+            self.stats["requests"] += len(payloads)
+            self.stats["batched_requests"] += len(payloads) if len(payloads) > 1 else 0
             self.stats["rejected_spans"] += result.rejected
             if result.accepted == 0:
                 future.set_result(None)
@@ -159,7 +168,7 @@ class Ingestor:
             self.check_capacity()
             self._pending_bytes += cost
             self.stats["spans"] += result.accepted
-        self._wal_q.put(_Item(payload, result.table, received_at_ns, cost, future))
+        self._wal_q.put(_Item(payloads, result.table, received_at_ns, cost, future))
         return future
 
     @property
@@ -213,7 +222,8 @@ class Ingestor:
             return
         try:
             for item in items:
-                self.wal.append(item.payload, item.received_at_ns)
+                for payload in item.payloads:
+                    self.wal.append(payload, item.received_at_ns)
             self.wal.sync()
         except Exception as exc:
             for item in items:

@@ -35,7 +35,7 @@ class _Export:
             self.ingestor.check_capacity()
             received = time.time_ns()
             result = convert_protobuf_body(body, received)
-            self.ingestor.submit(body, result, received).result()
+            self.ingestor.submit([body], result, received).result()
         except BadRequest as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Overloaded as exc:

@@ -169,7 +169,9 @@ def test_overload_answers_429_with_retry_after_then_recovers(tmp_path: Path) -> 
     ingestor = Ingestor(IngestConfig(out=out, wal_dir=out / "_wal" / "x", instance="x", max_queue_bytes=1000))
     body = llm_request(5, seed=1).SerializeToString()
     filler = request_to_table(llm_request(5, seed=9), 1_767_225_600_000_000_000)
-    backlog: Future[None] = ingestor.submit(b"x" * 2000, filler, 1_767_225_600_000_000_000)  # fills the queue
+    backlog: Future[None] = ingestor.submit(
+        [b"x" * 2000], filler, 1_767_225_600_000_000_000
+    )  # fills the queue
     handler = OtlpHttpHandler(ingestor, max_request_bytes=1 << 20)
     server = HttpServer(handler, "127.0.0.1", free_port(), max_body_bytes=1 << 20)
     server.start()

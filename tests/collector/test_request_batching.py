@@ -1,0 +1,94 @@
+"""Requests whose bodies complete in the same event-loop turn are converted as one (otlp_http)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import duckdb
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from tinkertrace.collector.http_server import Request, Response
+from tinkertrace.collector.ingest import IngestConfig, Ingestor
+from tinkertrace.collector.otlp_http import OtlpHttpHandler
+from tinkertrace.spanstore.samples import llm_request
+
+HEADERS = {b"content-type": b"application/x-protobuf"}
+
+
+def _answer_together(handler: OtlpHttpHandler, bodies: list[bytes]) -> list[Response]:
+    """Hand all requests to the handler in one event-loop turn, as the server does for bodies that
+    complete together."""
+
+    async def main() -> list[Response]:
+        requests = [Request("POST", "/v1/traces", HEADERS, body) for body in bodies]
+        return await asyncio.gather(*(handler.respond(request) for request in requests))
+
+    return asyncio.run(main())
+
+
+def _stored_span_ids(out: Path) -> list[str]:
+    rows = duckdb.sql(f"SELECT span_id FROM read_parquet('{out}/**/*.parquet') ORDER BY span_id").fetchall()
+    return [span_id for (span_id,) in rows]
+
+
+def _ids(request: object) -> list[str]:
+    return [s.span_id.hex() for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]  # type: ignore[attr-defined]
+
+
+def _ingestor(tmp_path: Path) -> Ingestor:
+    out = tmp_path / "spans"
+    ingestor = Ingestor(IngestConfig(out=out, wal_dir=out / "_wal" / "t", instance="t"))
+    ingestor.start()
+    return ingestor
+
+
+def test_good_requests_arriving_together_share_one_conversion(tmp_path: Path) -> None:
+    ingestor = _ingestor(tmp_path)
+    handler = OtlpHttpHandler(ingestor, max_request_bytes=1 << 24)
+    requests = [llm_request(n, seed=seed) for n, seed in ((3, 1), (5, 2), (1, 3))]
+    responses = _answer_together(handler, [r.SerializeToString() for r in requests])
+    ingestor.stop()
+    assert [r.status for r in responses] == [200, 200, 200]
+    assert all(
+        ExportTraceServiceResponse.FromString(r.body) == ExportTraceServiceResponse() for r in responses
+    )
+    assert ingestor.stats["requests"] == 3 and ingestor.stats["batched_requests"] == 3
+    assert _stored_span_ids(ingestor.config.out) == sorted(id_ for r in requests for id_ in _ids(r))
+
+
+def test_a_bad_request_among_good_ones_gets_its_own_answer(tmp_path: Path) -> None:
+    ingestor = _ingestor(tmp_path)
+    handler = OtlpHttpHandler(ingestor, max_request_bytes=1 << 24)
+    good = llm_request(4, seed=1)
+    partly_bad = llm_request(3, seed=2)
+    partly_bad.resource_spans[0].scope_spans[0].spans[1].span_id = b"\x00" * 8  # rejected: zero id
+    whole = llm_request(2, seed=3).SerializeToString()
+    bodies = [
+        good.SerializeToString(),
+        whole[: len(whole) // 2],  # truncated: would swallow the next request's bytes if merged
+        partly_bad.SerializeToString(),
+        b"\xff\xfe not protobuf",
+        whole,
+    ]
+    responses = _answer_together(handler, bodies)
+    ingestor.stop()
+    assert [r.status for r in responses] == [200, 400, 200, 400, 200]
+    partial = ExportTraceServiceResponse.FromString(responses[2].body).partial_success
+    assert partial.rejected_spans == 1 and "resource_spans[0] span[1]" in partial.error_message
+    assert ingestor.stats["batched_requests"] == 0  # the rejected span made it convert one by one
+    expected = _ids(good) + [i for i in _ids(partly_bad) if i != "0" * 16] + _ids(llm_request(2, seed=3))
+    assert _stored_span_ids(ingestor.config.out) == sorted(expected)
+
+
+def test_a_request_that_breaks_the_merged_conversion_is_answered_alone(tmp_path: Path) -> None:
+    ingestor = _ingestor(tmp_path)
+    handler = OtlpHttpHandler(ingestor, max_request_bytes=1 << 24)
+    first, second = llm_request(2, seed=5), llm_request(3, seed=6)
+    # whole top-level fields, but the span inside is garbage: the merged conversion fails, each is retried
+    bad = b"\x0a\x03\x12\x01\xff"
+    responses = _answer_together(handler, [first.SerializeToString(), bad, second.SerializeToString()])
+    ingestor.stop()
+    assert [r.status for r in responses] == [200, 400, 200]
+    assert ingestor.stats["batched_requests"] == 0
+    assert _stored_span_ids(ingestor.config.out) == sorted(_ids(first) + _ids(second))
