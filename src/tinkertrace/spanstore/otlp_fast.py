@@ -36,9 +36,32 @@ _LIFTED_KINDS = np.array(
 _KEY_TABLE = k.key_table(_SLOT_KEYS)
 _N_SLOTS = len(_SLOT_KEYS)
 _SCALAR_KINDS = [kind for _, kind in ref.SCALAR_COLUMNS.values()]  # of the first slots, in order
-_STRING_SLOTS = [slot for slot, kind in enumerate(_SCALAR_KINDS) if kind == "str"]
 _NUMBER_SLOTS = [slot for slot, kind in enumerate(_SCALAR_KINDS) if kind != "str"]
-_TOKEN_SLOTS = list(range(len(_SCALAR_KINDS), _N_SLOTS))
+
+
+def _slot_columns(slot: int) -> tuple[int, int]:
+    return k.S_LIFTED + k.L_WIDTH * slot + k.L_VAL, k.S_LIFTED + k.L_WIDTH * slot + k.L_LEN
+
+
+# the columns copied out of the body by one kernel call: (column, list type or None for strings, span
+# matrix columns of the value's offset and length). A negative length is a null; the status message
+# is also null when empty.
+_GATHERED: list[tuple[str, pa.DataType | None, int, int]] = [
+    ("name", None, k.S_NAME, k.S_NAME_LEN),
+    ("status_message", None, k.S_STATUS_MSG, k.S_STATUS_MSG_LEN),
+    *[
+        (column, None, *_slot_columns(slot))
+        for slot, (column, kind) in enumerate(ref.SCALAR_COLUMNS.values())
+        if kind == "str"
+    ],
+    *[
+        (column, pa.list_(pa.from_numpy_dtype(dtype)), *_slot_columns(len(_SCALAR_KINDS) + i))
+        for i, (column, dtype) in enumerate(ref.TOKEN_COLUMNS.values())
+    ],
+]
+_GATHERED_VALUES = np.array([value for *_, value, _ in _GATHERED], dtype=np.int64)
+_GATHERED_LENGTHS = np.array([length for *_, length in _GATHERED], dtype=np.int64)
+_STATUS_MESSAGE = 1  # its row among the gathered columns
 _KIND_NAMES = pa.array(ref.KINDS)
 _STATUS_NAMES = pa.array(ref.STATUSES)
 _ARROW_TYPES = {"int32": pa.int32(), "int": pa.int64(), "float": pa.float64()}
@@ -93,7 +116,8 @@ def convert(body: bytes, received_at_ns: int) -> ref.ConversionResult | None:
         columns = {
             **_id_and_span_columns(buf, rows),
             **_group_columns(body, groups, rows[:, k.S_GROUP]),
-            **_lifted_columns(buf, rows),
+            **_gathered_columns(buf, rows),
+            **_number_columns(rows),
             "attributes": _attributes_json(buf, rows, attrs),
             "events": _events_json(buf, rows, events),
             "links": _constant_strings(b"[]", len(rows)),
@@ -168,11 +192,13 @@ def _constant_strings(value: bytes, n: int) -> pa.Array:
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(value * n))
 
 
-def _gather_strings(
-    buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, present: np.ndarray
-) -> pa.Array:
-    data, out_offsets = k.gather(buf, offsets, np.where(present, lengths, -1))
-    return _strings(data, out_offsets, present)
+def _hex_ids(buf: np.ndarray, offsets: np.ndarray, present: np.ndarray, width: int) -> pa.Array:
+    """Lowercase hex of ``width``-byte ids (ASCII by construction: no UTF-8 check); rows not ``present``
+    are null."""
+    data, out_offsets = k.hex_gather(buf, offsets, present, width)
+    return pa.StringArray.from_buffers(
+        len(out_offsets) - 1, pa.py_buffer(out_offsets), pa.py_buffer(data), _validity(present)
+    )
 
 
 def _id_and_span_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Array]:
@@ -182,17 +208,13 @@ def _id_and_span_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Arra
     kind = np.where((kind >= 0) & (kind < len(ref.KINDS)), kind, 0)
     code = np.where((code >= 0) & (code < len(ref.STATUSES)), code, 0)
     return {
-        "trace_id": _strings(*k.hex_gather(buf, rows[:, k.S_TRACE], everywhere, 16)),
-        "span_id": _strings(*k.hex_gather(buf, rows[:, k.S_SPAN], everywhere, 8)),
-        "parent_span_id": _strings(*k.hex_gather(buf, rows[:, k.S_PARENT], has_parent, 8), has_parent),
-        "name": _gather_strings(buf, rows[:, k.S_NAME], rows[:, k.S_NAME_LEN], everywhere),
+        "trace_id": _hex_ids(buf, rows[:, k.S_TRACE], everywhere, 16),
+        "span_id": _hex_ids(buf, rows[:, k.S_SPAN], everywhere, 8),
+        "parent_span_id": _hex_ids(buf, rows[:, k.S_PARENT], has_parent, 8),
         "kind": _KIND_NAMES.take(pa.array(kind)),
         "start_time": _timestamps(rows[:, k.S_START]),
         "end_time": _timestamps(rows[:, k.S_END]),
         "status_code": _STATUS_NAMES.take(pa.array(code)),
-        "status_message": _gather_strings(
-            buf, rows[:, k.S_STATUS_MSG], rows[:, k.S_STATUS_MSG_LEN], rows[:, k.S_STATUS_MSG_LEN] > 0
-        ),
     }
 
 
@@ -226,21 +248,29 @@ def _slice(body: bytes, offset: int, length: int) -> bytes:
     return body[offset : offset + length] if offset >= 0 else b""
 
 
-def _lifted_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Array]:
-    """The lifted attribute columns: all string slots in one gather, all token slots in another."""
+def _gathered_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Array]:
+    """The string and token columns whose bytes come straight from the body (see ``_GATHERED``), copied
+    by one kernel call: the per-call overhead, not the bytes, is most of the conversion's cost for
+    small requests. Each column gets its own slice of the gathered bytes."""
+    lengths = rows[:, _GATHERED_LENGTHS].T  # a copy (fancy indexing): writable
+    message = lengths[_STATUS_MESSAGE]
+    message[message == 0] = -1
+    data, offsets, starts = k.gather_columns(buf, rows[:, _GATHERED_VALUES].T, lengths)
+    present = lengths >= 0
+    complete = present.all(axis=1)
     columns: dict[str, pa.Array] = {}
-    for slot, (data, offsets, present) in zip(
-        _STRING_SLOTS, _slot_values(buf, rows, _STRING_SLOTS), strict=True
-    ):
-        columns[ref.SCALAR_COLUMNS[_SLOT_KEYS[slot]][0]] = _strings(data, offsets, present)
-    for slot, (data, offsets, present) in zip(
-        _TOKEN_SLOTS, _slot_values(buf, rows, _TOKEN_SLOTS), strict=True
-    ):
-        column, dtype = ref.TOKEN_COLUMNS[_SLOT_KEYS[slot]]
-        packed = pa.Array.from_buffers(
-            pa.binary(), len(rows), [_validity(present), pa.py_buffer(offsets), pa.py_buffer(data)]
-        )
-        columns[column] = lists_from_packed(packed, pa.list_(pa.from_numpy_dtype(dtype)))
+    for i, (column, list_type, _, _) in enumerate(_GATHERED):
+        values, validity = data[starts[i] : starts[i + 1]], None if complete[i] else present[i]
+        if list_type is None:
+            columns[column] = _strings(values, offsets[i], validity)
+            continue
+        buffers = [_validity(validity), pa.py_buffer(offsets[i]), pa.py_buffer(values)]
+        columns[column] = lists_from_packed(pa.Array.from_buffers(pa.binary(), len(rows), buffers), list_type)
+    return columns
+
+
+def _number_columns(rows: np.ndarray) -> dict[str, pa.Array]:
+    columns: dict[str, pa.Array] = {}
     for slot in _NUMBER_SLOTS:
         at = k.S_LIFTED + k.L_WIDTH * slot
         column, kind = ref.SCALAR_COLUMNS[_SLOT_KEYS[slot]]
@@ -250,23 +280,6 @@ def _lifted_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Array]:
             numbers = np.where(doubles, numbers.view(np.float64), numbers.astype(np.float64))
         columns[column] = pa.array(numbers, type=_ARROW_TYPES[kind], mask=rows[:, at + k.L_LEN] < 0)
     return columns
-
-
-def _slot_values(
-    buf: np.ndarray, rows: np.ndarray, slots: list[int]
-) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
-    """Per lifted slot: its values' bytes, int32 offsets and presence (``None``: every row has it),
-    gathered for all ``slots`` in one kernel call (per-call overhead, not bytes copied, is most of
-    the conversion's cost for small requests)."""
-    at = k.S_LIFTED + k.L_WIDTH * np.array(slots, dtype=np.int64)
-    lengths = rows[:, at + k.L_LEN].T
-    data, offsets, starts = k.gather_columns(buf, rows[:, at + k.L_VAL].T, lengths)
-    present = lengths >= 0
-    complete = present.all(axis=1)
-    return [
-        (data[starts[i] : starts[i + 1]], offsets[i], None if complete[i] else present[i])
-        for i in range(len(slots))
-    ]
 
 
 def _attributes_json(buf: np.ndarray, rows: np.ndarray, attrs: np.ndarray) -> pa.Array:
