@@ -28,14 +28,13 @@ from tinkertrace.spanstore.otlp_raw import RawEvent
 
 # lifted attribute keys in slot order: the scalar columns, then the three token columns
 _SLOT_KEYS = [*ref.SCALAR_COLUMNS, *ref.TOKEN_COLUMNS]
+_SCALAR_KINDS = [kind for _, kind in ref.SCALAR_COLUMNS.values()]  # of the first slots, in order
 _SLOT_KIND = {"str": k.V_STRING, "int32": k.V_INT, "int": k.V_INT, "float": k.V_DOUBLE}
 _LIFTED_KINDS = np.array(
-    [_SLOT_KIND[kind] for _, kind in ref.SCALAR_COLUMNS.values()] + [k.V_BYTES] * len(ref.TOKEN_COLUMNS),
-    dtype=np.int64,
+    [_SLOT_KIND[kind] for kind in _SCALAR_KINDS] + [k.V_BYTES] * len(ref.TOKEN_COLUMNS), dtype=np.int64
 )
 _KEY_TABLE = k.key_table(_SLOT_KEYS)
 _N_SLOTS = len(_SLOT_KEYS)
-_SCALAR_KINDS = [kind for _, kind in ref.SCALAR_COLUMNS.values()]  # of the first slots, in order
 _NUMBER_SLOTS = [slot for slot, kind in enumerate(_SCALAR_KINDS) if kind != "str"]
 
 
