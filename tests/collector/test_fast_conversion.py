@@ -208,3 +208,13 @@ def test_out_of_range_attempt_is_kept_as_an_attribute_not_an_error() -> None:
     assert row["attempt"] is None
     assert json.loads(row["attributes"])[semconv.ATTEMPT] == 2**40
     assert result.table.column("attempt").to_pylist()[1:] == [0, 0]
+
+
+def test_tables_do_not_change_when_the_next_request_is_converted() -> None:
+    """The scan's scratch matrices are reused per thread: no column may keep a view of them."""
+    first = otlp_fast.convert(llm_request(1, seed=1).SerializeToString(), T0)
+    assert first is not None
+    snapshot = first.table.to_pylist()
+    for n in (1, 2, 7):
+        assert otlp_fast.convert(llm_request(n, seed=100 + n).SerializeToString(), T0 + n) is not None
+    assert first.table.to_pylist() == snapshot

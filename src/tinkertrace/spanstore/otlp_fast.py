@@ -111,7 +111,7 @@ def convert(body: bytes, received_at_ns: int) -> ref.ConversionResult | None:
     spans, attrs, events, groups = (m[:c] for m, c in zip(matrices, counts, strict=True))
     try:
         keep, errors = _check_ids(body, spans, groups)
-        rows = spans if keep.all() else spans[keep]  # no copy in the usual case
+        rows = spans[keep]  # a copy: Arrow arrays may keep views of it, the scratch matrix is reused
         columns = {
             **_id_and_span_columns(buf, rows),
             **_group_columns(body, groups, rows[:, k.S_GROUP]),
