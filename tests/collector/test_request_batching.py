@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import duckdb
+import httpx
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from tinkertrace.collector.http_server import Request, Response
@@ -92,3 +97,37 @@ def test_a_request_that_breaks_the_merged_conversion_is_answered_alone(tmp_path:
     assert [r.status for r in responses] == [200, 400, 200]
     assert ingestor.stats["batched_requests"] == 0
     assert _stored_span_ids(ingestor.config.out) == sorted(_ids(first) + _ids(second))
+
+
+def _post_at_once(port: int, bodies: list[bytes]) -> list[int]:
+    """Send every request on its own connection before reading any answer; the status codes."""
+    sockets = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in bodies]
+    for sock, body in zip(sockets, bodies, strict=True):
+        head = "POST /v1/traces HTTP/1.1\r\nhost: x\r\ncontent-type: application/x-protobuf\r\n"
+        sock.sendall(f"{head}content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
+    statuses = []
+    for sock in sockets:
+        with sock, sock.makefile("rb") as answer:
+            statuses.append(int(answer.readline().split()[1]))
+    return statuses
+
+
+@pytest.mark.slow
+def test_concurrent_clients_of_the_collector_process_are_batched_and_stored_once(
+    start_collector: Callable[..., Any],
+) -> None:
+    collector = start_collector()
+    health_url = collector.url.replace("/v1/traces", "/health")
+    sent: list[str] = []
+    batched = 0
+    for round_ in range(20):  # a batch needs bodies that complete while the loop is busy: usually round 0
+        requests = [llm_request(64, seed=1000 * round_ + i) for i in range(8)]
+        assert _post_at_once(collector.http_port, [r.SerializeToString() for r in requests]) == [200] * 8
+        sent += [id_ for r in requests for id_ in _ids(r)]
+        batched = httpx.get(health_url).json()["batched_requests"]
+        if batched:
+            break
+    assert batched >= 2
+    collector.stop()
+    stored = collector.query("SELECT span_id FROM spans ORDER BY span_id")
+    assert [span_id for (span_id,) in stored] == sorted(sent)
