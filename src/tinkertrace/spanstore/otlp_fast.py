@@ -251,10 +251,10 @@ def _gathered_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Array]:
     """The string and token columns whose bytes come straight from the body (see ``_GATHERED``), copied
     by one kernel call: the per-call overhead, not the bytes, is most of the conversion's cost for
     small requests. Each column gets its own slice of the gathered bytes."""
-    lengths = rows[:, _GATHERED_LENGTHS].T  # a copy (fancy indexing): writable
+    lengths = rows.T[_GATHERED_LENGTHS]  # a copy (fancy indexing): writable
     message = lengths[_STATUS_MESSAGE]
     message[message == 0] = -1
-    data, offsets, starts = k.gather_columns(buf, rows[:, _GATHERED_VALUES].T, lengths)
+    data, offsets, starts = k.gather_columns(buf, rows.T[_GATHERED_VALUES], lengths)
     present = lengths >= 0
     complete = present.all(axis=1)
     columns: dict[str, pa.Array] = {}
@@ -327,9 +327,9 @@ def _distinct(
 ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
     """Each item's index among the distinct byte strings, and per part of ``decode(distinct)``
     the concatenated bytes and offsets (``decode`` runs once per distinct value, and is cached)."""
-    data, item_offsets = k.gather(buf, offsets, lengths)
+    data, item_offsets, _ = k.gather_columns(buf, offsets[np.newaxis], lengths[np.newaxis])
     raw = pa.Array.from_buffers(
-        pa.binary(), len(lengths), [None, pa.py_buffer(item_offsets), pa.py_buffer(data)]
+        pa.binary(), len(lengths), [None, pa.py_buffer(item_offsets[0]), pa.py_buffer(data)]
     )
     encoded = pc.dictionary_encode(raw)
     decoded = [decode(value) for value in encoded.dictionary.to_pylist()]

@@ -516,26 +516,13 @@ def _allocate(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @njit(cache=True)
-def gather(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate ``buf[offsets[i] : offsets[i] + lengths[i]]``: (data, int32 byte offsets).
-
-    A negative length stands for a missing value and contributes nothing.
-    """
-    out_offsets, data = _allocate(np.maximum(lengths, 0))
-    for i in range(len(offsets)):
-        length = lengths[i]
-        if length > 0:
-            _copy(data, out_offsets[i], buf, offsets[i], length)
-    return data, out_offsets
-
-
-@njit(cache=True)
 def gather_columns(
     buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`gather` for several columns at once: row ``c`` of ``offsets``/``lengths`` (columns x rows)
-    is column ``c``. Returns (data, each column's int32 offsets from 0 (columns x rows + 1), where each
-    column's bytes start in data (columns + 1)), so every column can own its own slice of data.
+    """Concatenate ``buf[offsets[c, i] : offsets[c, i] + lengths[c, i]]`` for each column ``c`` (a row
+    of ``offsets``/``lengths``, columns x rows); a negative length stands for a missing value and
+    contributes nothing. Returns (data, each column's int32 offsets from 0 (columns x rows + 1), where
+    each column's bytes start in data (columns + 1)), so every column can own its own slice of data.
     """
     n_columns, n = offsets.shape
     out_offsets = np.empty((n_columns, n + 1), np.int32)
