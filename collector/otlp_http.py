@@ -222,11 +222,12 @@ class OtlpHttpHandler:
         response = export_response(result)
 
         def answer(logged: asyncio.Future[None]) -> None:
+            error = logged.exception()
             for waiter in answers:
                 if waiter.done():  # its client went away
                     continue
-                if logged.exception() is not None:
-                    waiter.set_exception(logged.exception())  # type: ignore[arg-type]
+                if error is not None:
+                    waiter.set_exception(error)
                 else:
                     waiter.set_result(response)
 
