@@ -20,10 +20,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from tinkertrace import schemas
+from tinkertrace.spanstore import parquet_lists
 from tinkertrace.spanstore.encoding import lists_from_packed
 
 TEMP_PREFIX = "."  # temporary files are hidden: ".<name>.tmp"
@@ -55,8 +54,9 @@ NO_STATISTICS_COLUMNS = (*TOKEN_COLUMNS, "attributes", "resource_attributes", "e
 # (benchmarks/collector_convert.py). Readers need BYTE_STREAM_SPLIT for INT32: DuckDB >= 2.0 (1.x reads it
 # for floats only) and pyarrow >= 17. An empty tuple here writes plain values again.
 BYTE_STREAM_SPLIT_COLUMNS = TOKEN_COLUMNS
-# the Parquet writer builds repetition/definition levels per chunk: chunks of this many rows keep
-# those buffers small (one 50k-row chunk grows them by reallocation to ~50 MB each)
+# Arrow's Parquet writer builds repetition/definition levels per chunk: chunks of this many rows keep
+# those buffers small (one 50k-row chunk grows them by reallocation to ~50 MB each) for the list columns
+# it writes itself (token lists with null values; the others go through parquet_lists)
 WRITE_CHUNK_ROWS = 4096
 
 Partition = tuple[str, str]  # ("2026-01-31", "07")
@@ -127,18 +127,20 @@ def _lists_as_binary(column: pa.ChunkedArray) -> pa.Array | None:
 
 
 def write_parquet_atomic(table: pa.Table, path: Path, compression_level: int | None = None) -> None:
-    """Write ``table`` (sorted by the spans sort keys) to ``path`` via temp file + fsync + rename."""
+    """Write ``table`` (sorted by the spans sort keys) to ``path`` via temp file + fsync + rename.
+
+    Arrow writes every column but the token lists, which ``parquet_lists`` writes from their packed
+    values (Arrow's per-value level work was most of the file's cost); see that module.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     table = sort_spans(table)
+    lists = _packed_lists(table)
     table = pa.Table.from_batches(table.to_batches(max_chunksize=WRITE_CHUNK_ROWS), table.schema)
-    tmp = path.with_name(f"{TEMP_PREFIX}{path.name}.tmp")
-    # Arrow's own file stream: a Python file object costs a GIL round trip and a copy per write
-    pq.write_table(
+    level = ZSTD_LEVEL if compression_level is None else compression_level
+    pieces = parquet_lists.parquet_pieces(
         table,
-        str(tmp),
-        filesystem=pafs.LocalFileSystem(),
-        compression="zstd",
-        compression_level=ZSTD_LEVEL if compression_level is None else compression_level,
+        lists,
+        level,
         use_dictionary=[c for c in DICTIONARY_COLUMNS if c in table.column_names],
         write_statistics=[c for c in table.column_names if c not in NO_STATISTICS_COLUMNS],
         use_byte_stream_split=[
@@ -146,9 +148,27 @@ def write_parquet_atomic(table: pa.Table, path: Path, compression_level: int | N
         ],
         row_group_size=256 * 1024,
     )
-    fsync_path(tmp)
+    tmp = path.with_name(f"{TEMP_PREFIX}{path.name}.tmp")
+    with open(tmp, "wb") as out:
+        for piece in pieces:
+            out.write(piece)
+        out.flush()
+        os.fsync(out.fileno())
     os.replace(tmp, path)
     fsync_path(path.parent)
+
+
+def _packed_lists(table: pa.Table) -> dict[str, parquet_lists.PackedList]:
+    """The token columns that ``parquet_lists`` can write (lists of non-null values), packed."""
+    lists = {}
+    for name in TOKEN_COLUMNS:
+        if name not in table.column_names:
+            continue
+        packed = _lists_as_binary(table.column(name))
+        if packed is not None:
+            field_ = table.schema.field(name)
+            lists[name] = parquet_lists.PackedList.of(field_, packed, name in BYTE_STREAM_SPLIT_COLUMNS)
+    return lists
 
 
 @dataclass

@@ -1,0 +1,247 @@
+"""Parquet column chunks of list columns, written from the lists' packed values in O(rows) work.
+
+Arrow's Parquet writer builds, encodes and counts a repetition and a definition level for every list
+value (~12 ns each, 6 of the ~10 µs a span costs to write: a span has ~500 token values). But a list
+of non-null fixed-width values needs no per-value level work: its levels are one run of
+repetition 0, one run of repetition 1 and one run of definition "present" per row. This module
+writes such columns itself:
+
+1. Arrow writes the file with those columns all null (one level a row: nearly free), so the schema,
+   the other columns, their statistics and the ``ARROW:schema`` metadata are Arrow's own.
+2. :func:`splice` appends, per row group, a column chunk of each list column: data pages v1 of
+   run-length-encoded levels (computed per row with numpy) and the values, PLAIN or
+   BYTE_STREAM_SPLIT, compressed with the file's zstd level.
+3. It rewrites the footer (Thrift, see ``thrift_compact``) so those columns point at the new chunks;
+   the null chunks stay behind as a few unused bytes.
+
+Readers see an ordinary file (tests/collector/test_parquet_lists.py reads every shape back with
+Arrow and DuckDB).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tinkertrace.spanstore import thrift_compact as tc
+
+# Parquet enum values (parquet.thrift)
+_DATA_PAGE = 0
+_PLAIN, _RLE, _BYTE_STREAM_SPLIT = 0, 3, 9
+_ZSTD = 6
+# values per data page: Arrow's default page size (1 MiB)
+PAGE_BYTES = 1024 * 1024
+_MAGIC = b"PAR1"
+_FOOTER_TAIL = 8  # footer length (u32) + magic
+
+
+@dataclass(frozen=True)
+class PackedList:
+    """A list column as its packed values: ``packed`` holds each row's values as one ``large_binary``
+    value of its little-endian items (a null: a null list); the values are never null."""
+
+    packed: pa.Array
+    list_type: pa.DataType
+    definition: tuple[int, int]  # the definition levels of an empty list and of a value
+    byte_stream_split: bool
+
+    @classmethod
+    def of(cls, field: pa.Field, packed: pa.Array, byte_stream_split: bool) -> PackedList:
+        """The column ``field`` (a list type) holding ``packed``."""
+        empty = int(field.nullable)
+        value = empty + 1 + int(field.type.value_field.nullable)
+        return cls(packed, field.type, (empty, value), byte_stream_split)
+
+
+@dataclass(frozen=True)
+class _Page:
+    header: bytes
+    body: pa.Buffer  # compressed
+    uncompressed_size: int  # header included, as Parquet counts it
+    levels: int
+
+
+def parquet_pieces(
+    table: pa.Table, lists: Mapping[str, PackedList], compression_level: int, **arrow_options: Any
+) -> list:
+    """A zstd Parquet file of ``table`` as pieces to write in order: Arrow (``pq.write_table`` with
+    ``arrow_options``) writes the columns named in ``lists`` as nulls, then :func:`splice` replaces
+    them with chunks of their packed values."""
+    for name, column in lists.items():
+        index = table.schema.get_field_index(name)
+        table = table.set_column(index, table.schema.field(index), pa.nulls(table.num_rows, column.list_type))
+    arrow_file = pa.BufferOutputStream()
+    pq.write_table(
+        table, arrow_file, compression="zstd", compression_level=compression_level, **arrow_options
+    )
+    return splice(arrow_file.getvalue(), lists, compression_level)
+
+
+def splice(arrow_file: bytes | pa.Buffer, columns: Mapping[str, PackedList], compression_level: int) -> list:
+    """The pieces of a Parquet file, to be written in order: ``arrow_file`` (written by Arrow, zstd, with
+    ``columns`` all null) with those columns' chunks replaced by chunks of their packed values."""
+    view = memoryview(arrow_file).cast("B")
+    if bytes(view[:4]) != _MAGIC or bytes(view[-4:]) != _MAGIC:
+        raise ValueError("not a Parquet file")
+    footer_size = struct.unpack("<I", view[-_FOOTER_TAIL:-4])[0]
+    footer_start = len(view) - _FOOTER_TAIL - footer_size
+    metadata, _ = tc.decode_struct(view[footer_start : len(view) - _FOOTER_TAIL])
+    codec = pa.Codec("zstd", compression_level=compression_level)
+    pieces: list = [view[:footer_start]]
+    offset = footer_start
+    first_row = 0
+    for row_group in metadata[4][1][1]:
+        rows = row_group[3][1]
+        for chunk in row_group[1][1][1]:
+            meta = chunk[3][1]
+            name = meta[3][1][1][0].decode()
+            if name not in columns:
+                continue
+            if meta[4][1] != _ZSTD or any(field in chunk for field in (4, 5, 6, 7)):
+                raise ValueError(f"column {name}: expected a zstd chunk without page index")
+            column = columns[name]
+            pages = list(_pages(column, column.packed.slice(first_row, rows), codec))
+            for page in pages:
+                pieces += [page.header, page.body]
+            _replace_chunk(row_group, meta, pages, offset, _encoding(column))
+            offset += sum(len(page.header) + page.body.size for page in pages)
+        first_row += rows
+    footer = tc.encode_struct(metadata)
+    return [*pieces, footer, struct.pack("<I", len(footer)), _MAGIC]
+
+
+def _encoding(column: PackedList) -> int:
+    return _BYTE_STREAM_SPLIT if column.byte_stream_split else _PLAIN
+
+
+def _replace_chunk(
+    row_group: tc.Struct, meta: tc.Struct, pages: list[_Page], offset: int, encoding: int
+) -> None:
+    """Point a column chunk's metadata at ``pages``, written at ``offset``; fix the row group's sizes."""
+    uncompressed = sum(page.uncompressed_size for page in pages)
+    compressed = sum(len(page.header) + page.body.size for page in pages)
+    row_group[2] = (tc.I64, row_group[2][1] + uncompressed - meta[6][1])
+    if 6 in row_group:
+        row_group[6] = (tc.I64, row_group[6][1] + compressed - meta[7][1])
+    for field in (11, 12, 16):  # the null chunk's dictionary page, statistics, size statistics
+        meta.pop(field, None)
+    meta[2] = (tc.LIST, (tc.I32, [_RLE, encoding]))
+    meta[5] = (tc.I64, sum(page.levels for page in pages))
+    meta[6] = (tc.I64, uncompressed)
+    meta[7] = (tc.I64, compressed)
+    meta[9] = (tc.I64, offset)
+    page_stats = {1: (tc.I32, _DATA_PAGE), 2: (tc.I32, encoding), 3: (tc.I32, len(pages))}
+    meta[13] = (tc.LIST, (tc.STRUCT, [page_stats]))
+    ordered = dict(sorted(meta.items()))  # Thrift writers emit fields in id order
+    meta.clear()
+    meta.update(ordered)
+
+
+def _pages(column: PackedList, packed: pa.Array, codec: pa.Codec) -> Iterator[_Page]:
+    """Data pages of ``packed``'s rows: each holds whole rows and about :data:`PAGE_BYTES` of values."""
+    width = column.list_type.value_type.bit_width // 8
+    byte_offsets = np.frombuffer(packed.buffers()[1], np.int64, packed.offset + len(packed) + 1)
+    byte_offsets = byte_offsets[packed.offset :]
+    valid = _is_valid(packed)
+    lengths = np.diff(byte_offsets) // width
+    if lengths[~valid].any():
+        raise ValueError("a null list with values")
+    repetition, repetition_at = _repetition_levels(lengths)
+    definition, definition_at = _definition_levels(lengths, valid, column.definition)
+    levels_before = np.concatenate([[0], np.cumsum(np.maximum(lengths, 1))])
+    data = packed.buffers()[2]
+    values = np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)
+    page_of_row = (byte_offsets[:-1] - byte_offsets[0]) // PAGE_BYTES
+    starts = [0, *(np.flatnonzero(np.diff(page_of_row)) + 1).tolist()]
+    for first, last in zip(starts, [*starts[1:], len(packed)], strict=True):
+        body = _page_body(
+            repetition[repetition_at[first] : repetition_at[last]],
+            definition[definition_at[first] : definition_at[last]],
+            values[byte_offsets[first] : byte_offsets[last]],
+            width if column.byte_stream_split else 0,
+        )
+        compressed = codec.compress(body)
+        levels = int(levels_before[last] - levels_before[first])
+        header = tc.encode_struct({
+            1: (tc.I32, _DATA_PAGE),
+            2: (tc.I32, len(body)),
+            3: (tc.I32, compressed.size),
+            5: (tc.STRUCT, {
+                1: (tc.I32, levels),
+                2: (tc.I32, _encoding(column)),
+                3: (tc.I32, _RLE),
+                4: (tc.I32, _RLE),
+            }),
+        })  # fmt: skip
+        yield _Page(header, compressed, len(header) + len(body), levels)
+
+
+def _page_body(
+    repetition: np.ndarray, definition: np.ndarray, values: np.ndarray, split_width: int
+) -> np.ndarray:
+    """A v1 data page before compression: each level stream with its u32 length, then the values
+    (BYTE_STREAM_SPLIT: byte k of every value, for k < ``split_width``; 0: PLAIN)."""
+    body = np.empty(8 + len(repetition) + len(definition) + len(values), np.uint8)
+    at = 0
+    for levels in (repetition, definition):
+        body[at : at + 4] = np.frombuffer(struct.pack("<I", len(levels)), np.uint8)
+        body[at + 4 : at + 4 + len(levels)] = levels
+        at += 4 + len(levels)
+    if split_width and len(values):
+        body[at:].reshape(split_width, -1)[:] = values.reshape(-1, split_width).T
+    else:
+        body[at:] = values
+    return body
+
+
+def _is_valid(array: pa.Array) -> np.ndarray:
+    if array.null_count == 0:
+        return np.ones(len(array), dtype=bool)
+    bits = np.unpackbits(np.frombuffer(array.buffers()[0], np.uint8), bitorder="little")
+    return bits[array.offset : array.offset + len(array)].astype(bool)
+
+
+def _repetition_levels(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """RLE runs of each row's repetition levels: one 0, then a 1 for each further value."""
+    return _rle_rows([(np.ones_like(lengths), 0), (np.maximum(lengths - 1, 0), 1)])
+
+
+def _definition_levels(
+    lengths: np.ndarray, valid: np.ndarray, levels: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """RLE runs of each row's definition levels: ``levels`` are those of an empty list and of a value;
+    a null list is 0."""
+    empty, value = levels
+    row_level = np.where(lengths > 0, value, np.where(valid, empty, 0))
+    return _rle_rows([(np.maximum(lengths, 1), row_level)])
+
+
+def _rle_rows(runs: list[tuple[np.ndarray, np.ndarray | int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ``(count, level)`` runs (a count of 0 writes nothing) in Parquet's RLE/bit-packed
+    hybrid (levels < 256: one byte each), concatenated; and where each row's bytes start (n + 1)."""
+    columns, used = [], []
+    for counts, level in runs:
+        header, header_used = _varints(counts << 1)  # an RLE run's header: count << 1
+        present = counts > 0
+        columns += [*header, np.broadcast_to(np.asarray(level, np.uint8), counts.shape)]
+        used += [*(u & present for u in header_used), present]
+    matrix, mask = np.column_stack(columns), np.column_stack(used)
+    return matrix[mask], np.concatenate([[0], np.cumsum(mask.sum(axis=1))])
+
+
+def _varints(numbers: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Unsigned LEB128 of each number as byte columns (as many as the largest needs), and which of
+    them each number uses."""
+    columns, used = [], []
+    for k in range(max(1, (int(numbers.max(initial=0)).bit_length() + 6) // 7)):
+        rest = numbers >> (7 * k)
+        more = rest >= 0x80
+        columns.append(((rest & 0x7F) | (more << 7)).astype(np.uint8))
+        used.append(rest > 0 if k else np.ones(len(numbers), dtype=bool))
+    return columns, used

@@ -1,0 +1,158 @@
+"""List columns written from packed values (``parquet_lists``) read back exactly, with Arrow and DuckDB."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tinkertrace.spanstore import parquet_lists, thrift_compact
+from tinkertrace.spanstore.writer import _lists_as_binary, write_parquet_atomic
+
+IDS = pa.list_(pa.int32())
+PROBS = pa.list_(pa.float32())
+
+
+def _random_lists(rng: np.random.Generator, n: int, *, nulls: bool, long: bool = False) -> list:
+    rows = []
+    for _ in range(n):
+        draw = rng.random()
+        if nulls and draw < 0.15:
+            rows.append(None)
+        elif draw < 0.25:
+            rows.append([])
+        else:
+            size = int(rng.integers(20_000, 30_000)) if long and draw > 0.97 else int(rng.integers(1, 400))
+            rows.append(rng.integers(-(2**31), 2**31 - 1, size).tolist())
+    return rows
+
+
+def _write(table: pa.Table, path: Path, *, split: bool = True, **arrow_options: object) -> None:
+    lists = {
+        field.name: parquet_lists.PackedList.of(field, _lists_as_binary(table.column(field.name)), split)
+        for field in table.schema
+        if pa.types.is_list(field.type)
+    }
+    pieces = parquet_lists.parquet_pieces(table, lists, 1, write_statistics=False, **arrow_options)
+    with open(path, "wb") as out:
+        for piece in pieces:
+            out.write(piece)
+
+
+def _table(rng: np.random.Generator, n: int, *, nullable: bool = True, long: bool = False) -> pa.Table:
+    ids = _random_lists(rng, n, nulls=nullable, long=long)
+    probs = [None if row is None else (np.asarray(row[:50]) / 2**31).tolist() for row in ids]
+    strict = pa.list_(pa.field("item", pa.int32(), nullable=False))  # values that are never null
+    schema = pa.schema(
+        [
+            pa.field("row", pa.int64(), nullable=False),
+            pa.field("ids", IDS, nullable=nullable),
+            pa.field("probs", PROBS, nullable=nullable),
+            pa.field("strict", strict, nullable=nullable),
+            pa.field("name", pa.string()),
+        ]
+    )
+    columns = [range(n), ids, probs, ids, ["x"] * n]
+    return pa.table([pa.array(c, f.type) for c, f in zip(columns, schema, strict=True)], schema=schema)
+
+
+def _duckdb_rows(path: Path) -> list[tuple]:
+    return duckdb.sql(f"SELECT row, ids, probs, strict FROM '{path}' ORDER BY row").fetchall()
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["byte_stream_split", "plain"])
+@pytest.mark.parametrize("nullable", [True, False], ids=["nullable", "required"])
+def test_lists_read_back_with_arrow_and_duckdb(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split: bool, nullable: bool
+) -> None:
+    """Null, empty and long lists (3-byte run lengths), several pages and row groups, both list and
+    value nullabilities, both value encodings."""
+    monkeypatch.setattr(parquet_lists, "PAGE_BYTES", 16 * 1024)
+    table = _table(np.random.default_rng(7), 1_500, nullable=nullable, long=True)
+    path = tmp_path / "lists.parquet"
+    _write(table, path, split=split, row_group_size=400)
+
+    assert pq.read_table(path).equals(table)
+    expected = [
+        (row["row"], row["ids"], row["probs"], row["strict"]) for row in table.to_pylist()
+    ]  # fmt: skip
+    assert _duckdb_rows(path) == expected
+    metadata = pq.read_metadata(path)
+    assert metadata.num_row_groups == 4
+    encoding = "BYTE_STREAM_SPLIT" if split else "PLAIN"
+    for group in range(metadata.num_row_groups):
+        column = metadata.row_group(group).column(1)
+        assert column.encodings == ("RLE", encoding)
+        assert not column.is_stats_set
+
+
+def test_footer_counts_match_arrows_own_file(tmp_path: Path) -> None:
+    """Each chunk's value count (levels) is what Arrow writes for the same lists; sizes add up."""
+    table = _table(np.random.default_rng(3), 2_000)
+    ours, arrows = tmp_path / "ours.parquet", tmp_path / "arrow.parquet"
+    _write(table, ours, row_group_size=700)
+    pq.write_table(table, arrows, compression="zstd", row_group_size=700)
+    mine, theirs = pq.read_metadata(ours), pq.read_metadata(arrows)
+    for group in range(mine.num_row_groups):
+        for column in range(1, 4):
+            assert (
+                mine.row_group(group).column(column).num_values
+                == theirs.row_group(group).column(column).num_values
+            )
+        chunks = [mine.row_group(group).column(c) for c in range(mine.num_columns)]
+        assert mine.row_group(group).total_byte_size == sum(c.total_uncompressed_size for c in chunks)
+        for chunk in chunks:
+            assert chunk.data_page_offset + chunk.total_compressed_size <= ours.stat().st_size
+
+
+def test_spans_file_without_packable_lists_falls_back_to_arrow(tmp_path: Path) -> None:
+    """A token list holding a null value cannot be packed: Arrow writes that column itself."""
+    from tinkertrace import schemas
+
+    schema = schemas.spans()
+    rows = pa.table(
+        {
+            field.name: pa.nulls(2, field.type)
+            if field.nullable
+            else pa.array(["a", "b"] if pa.types.is_string(field.type) else [1, 2], field.type)
+            for field in schema
+        },
+        schema=schema,
+    )
+    index = schema.get_field_index("prompt_token_ids")
+    rows = rows.set_column(index, schema.field(index), pa.array([[1, None, 3], [4]], IDS))
+    assert _lists_as_binary(rows.column("prompt_token_ids")) is None
+    path = tmp_path / "spans.parquet"
+    write_parquet_atomic(rows, path)
+    assert pq.read_table(path).column("prompt_token_ids").to_pylist() == [[1, None, 3], [4]]
+
+
+def test_thrift_codec_round_trips_arrows_footer_and_rejects_truncation(tmp_path: Path) -> None:
+    path = tmp_path / "arrow.parquet"
+    pq.write_table(_table(np.random.default_rng(1), 50), path)
+    data = path.read_bytes()
+    size = struct.unpack("<I", data[-8:-4])[0]
+    footer = data[-8 - size : -8]
+    decoded, end = thrift_compact.decode_struct(footer)
+    assert end == len(footer)
+    assert decoded[3] == (thrift_compact.I64, 50)  # num_rows
+    assert thrift_compact.encode_struct(decoded) == footer
+    with pytest.raises(thrift_compact.ThriftError, match="truncated"):
+        thrift_compact.decode_struct(footer[: len(footer) // 2])
+
+
+def test_splice_refuses_what_it_does_not_write(tmp_path: Path) -> None:
+    table = _table(np.random.default_rng(2), 10)
+    field = table.schema.field("ids")
+    lists = {"ids": parquet_lists.PackedList.of(field, _lists_as_binary(table.column("ids")), True)}
+    with pytest.raises(ValueError, match="not a Parquet file"):
+        parquet_lists.splice(b"PAR1 nonsense", lists, 1)
+    snappy = pa.BufferOutputStream()
+    pq.write_table(table, snappy, compression="snappy")
+    with pytest.raises(ValueError, match="column ids: expected a zstd chunk"):
+        parquet_lists.splice(snappy.getvalue(), lists, 1)
