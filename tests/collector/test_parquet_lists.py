@@ -11,8 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tinkertrace import schemas
 from tinkertrace.spanstore import parquet_lists, thrift_compact
-from tinkertrace.spanstore.writer import _lists_as_binary, write_parquet_atomic
+from tinkertrace.spanstore.writer import _lists_as_binary, _packed_lists, write_parquet_atomic
 
 IDS = pa.list_(pa.int32())
 PROBS = pa.list_(pa.float32())
@@ -110,26 +111,41 @@ def test_footer_counts_match_arrows_own_file(tmp_path: Path) -> None:
             assert chunk.data_page_offset + chunk.total_compressed_size <= ours.stat().st_size
 
 
+def _two_spans_with_prompts(prompts: pa.Array) -> pa.Table:
+    """Two rows of the spans schema: nulls where allowed, and these prompt token ids."""
+    schema = schemas.spans()
+    columns = {
+        field.name: pa.nulls(2, field.type)
+        if field.nullable
+        else pa.array(["a", "b"] if pa.types.is_string(field.type) else [1, 2], field.type)
+        for field in schema
+    }
+    columns["prompt_token_ids"] = prompts
+    return pa.table(columns, schema=schema)
+
+
 def test_spans_file_without_packable_lists_falls_back_to_arrow(tmp_path: Path) -> None:
     """A token list holding a null value cannot be packed: Arrow writes that column itself."""
-    from tinkertrace import schemas
-
-    schema = schemas.spans()
-    rows = pa.table(
-        {
-            field.name: pa.nulls(2, field.type)
-            if field.nullable
-            else pa.array(["a", "b"] if pa.types.is_string(field.type) else [1, 2], field.type)
-            for field in schema
-        },
-        schema=schema,
-    )
-    index = schema.get_field_index("prompt_token_ids")
-    rows = rows.set_column(index, schema.field(index), pa.array([[1, None, 3], [4]], IDS))
+    rows = _two_spans_with_prompts(pa.array([[1, None, 3], [4]], IDS))
     assert _lists_as_binary(rows.column("prompt_token_ids")) is None
     path = tmp_path / "spans.parquet"
     write_parquet_atomic(rows, path)
     assert pq.read_table(path).column("prompt_token_ids").to_pylist() == [[1, None, 3], [4]]
+
+
+def test_null_lists_covering_values_are_left_to_arrow(tmp_path: Path) -> None:
+    """Arrow lets a null list's offsets cover values; such a column is not packed but still written."""
+    covering = pa.ListArray.from_arrays(
+        pa.array([0, 2, 4], pa.int32()), pa.array([1, 2, 3, 4], pa.int32()), mask=pa.array([False, True])
+    )
+    packed = _lists_as_binary(pa.chunked_array([covering]))
+    assert packed is not None and not parquet_lists.writable(packed)
+    assert parquet_lists.writable(packed.slice(0, 1))
+    rows = _two_spans_with_prompts(covering)
+    assert "prompt_token_ids" not in _packed_lists(rows)
+    path = tmp_path / "spans.parquet"
+    write_parquet_atomic(rows, path)
+    assert pq.read_table(path).column("prompt_token_ids").to_pylist() == [[1, 2], None]
 
 
 def test_thrift_codec_round_trips_arrows_footer_and_rejects_truncation(tmp_path: Path) -> None:

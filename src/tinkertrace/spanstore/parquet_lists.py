@@ -67,6 +67,13 @@ class _Page:
     levels: int
 
 
+def writable(packed: pa.Array) -> bool:
+    """Whether ``packed`` can be written here: no null list covers values (Arrow allows it)."""
+    if packed.null_count == 0:
+        return True
+    return not np.diff(_byte_offsets(packed))[~_is_valid(packed)].any()
+
+
 def parquet_pieces(
     table: pa.Table, lists: Mapping[str, PackedList], compression_level: int, **arrow_options: Any
 ) -> list:
@@ -146,12 +153,11 @@ def _replace_chunk(
 def _pages(column: PackedList, packed: pa.Array, codec: pa.Codec) -> Iterator[_Page]:
     """Data pages of ``packed``'s rows: each holds whole rows and about :data:`PAGE_BYTES` of values."""
     width = column.list_type.value_type.bit_width // 8
-    byte_offsets = np.frombuffer(packed.buffers()[1], np.int64, packed.offset + len(packed) + 1)
-    byte_offsets = byte_offsets[packed.offset :]
+    byte_offsets = _byte_offsets(packed)
     valid = _is_valid(packed)
     lengths = np.diff(byte_offsets) // width
     if lengths[~valid].any():
-        raise ValueError("a null list with values")
+        raise ValueError("a null list with values: check writable() first")
     repetition, repetition_at = _repetition_levels(lengths)
     definition, definition_at = _definition_levels(lengths, valid, column.definition)
     levels_before = np.concatenate([[0], np.cumsum(np.maximum(lengths, 1))])
@@ -198,6 +204,10 @@ def _page_body(
     else:
         body[at:] = values
     return body
+
+
+def _byte_offsets(packed: pa.Array) -> np.ndarray:
+    return np.frombuffer(packed.buffers()[1], np.int64, packed.offset + len(packed) + 1)[packed.offset :]
 
 
 def _is_valid(array: pa.Array) -> np.ndarray:

@@ -165,7 +165,7 @@ def _packed_lists(table: pa.Table) -> dict[str, parquet_lists.PackedList]:
         if name not in table.column_names:
             continue
         packed = _lists_as_binary(table.column(name))
-        if packed is not None:
+        if packed is not None and parquet_lists.writable(packed):
             field_ = table.schema.field(name)
             lists[name] = parquet_lists.PackedList.of(field_, packed, name in BYTE_STREAM_SPLIT_COLUMNS)
     return lists
