@@ -31,6 +31,21 @@ import pyarrow.parquet as pq
 
 from tinkertrace.spanstore import thrift_compact as tc
 
+# Thrift field ids (parquet.thrift) of the footer parts rewritten here
+_FILE_ROW_GROUPS = 4  # FileMetaData.row_groups
+_GROUP_COLUMNS, _GROUP_BYTES, _GROUP_ROWS, _GROUP_COMPRESSED = 1, 2, 3, 6  # RowGroup
+_CHUNK_META = 3  # ColumnChunk.meta_data; 4-7 locate a page index
+_PAGE_INDEX_FIELDS = (4, 5, 6, 7)
+(
+    _META_ENCODINGS,
+    _META_PATH,
+    _META_CODEC,
+    _META_VALUES,
+    _META_UNCOMPRESSED,
+    _META_COMPRESSED,
+) = (2, 3, 4, 5, 6, 7)  # ColumnMetaData
+_META_DATA_PAGE, _META_ENCODING_STATS = 9, 13
+_META_NULL_CHUNK_ONLY = (11, 12, 16)  # dictionary page offset, statistics, size statistics
 # Parquet enum values (parquet.thrift)
 _DATA_PAGE = 0
 _PLAIN, _RLE, _BYTE_STREAM_SPLIT = 0, 3, 9
@@ -103,14 +118,14 @@ def splice(arrow_file: bytes | pa.Buffer, columns: Mapping[str, PackedList], com
     pieces: list = [view[:footer_start]]
     offset = footer_start
     first_row = 0
-    for row_group in metadata[4][1][1]:
-        rows = row_group[3][1]
-        for chunk in row_group[1][1][1]:
-            meta = chunk[3][1]
-            name = meta[3][1][1][0].decode()
+    for row_group in metadata[_FILE_ROW_GROUPS][1][1]:
+        rows = row_group[_GROUP_ROWS][1]
+        for chunk in row_group[_GROUP_COLUMNS][1][1]:
+            meta = chunk[_CHUNK_META][1]
+            name = meta[_META_PATH][1][1][0].decode()
             if name not in columns:
                 continue
-            if meta[4][1] != _ZSTD or any(field in chunk for field in (4, 5, 6, 7)):
+            if meta[_META_CODEC][1] != _ZSTD or any(field in chunk for field in _PAGE_INDEX_FIELDS):
                 raise ValueError(f"column {name}: expected a zstd chunk without page index")
             column = columns[name]
             pages = list(_pages(column, column.packed.slice(first_row, rows), codec))
@@ -133,18 +148,26 @@ def _replace_chunk(
     """Point a column chunk's metadata at ``pages``, written at ``offset``; fix the row group's sizes."""
     uncompressed = sum(page.uncompressed_size for page in pages)
     compressed = sum(len(page.header) + page.body.size for page in pages)
-    row_group[2] = (tc.I64, row_group[2][1] + uncompressed - meta[6][1])
-    if 6 in row_group:
-        row_group[6] = (tc.I64, row_group[6][1] + compressed - meta[7][1])
-    for field in (11, 12, 16):  # the null chunk's dictionary page, statistics, size statistics
+    row_group[_GROUP_BYTES] = (
+        tc.I64,
+        row_group[_GROUP_BYTES][1] + uncompressed - meta[_META_UNCOMPRESSED][1],
+    )
+    if _GROUP_COMPRESSED in row_group:
+        total = row_group[_GROUP_COMPRESSED][1] + compressed - meta[_META_COMPRESSED][1]
+        row_group[_GROUP_COMPRESSED] = (tc.I64, total)
+    for field in _META_NULL_CHUNK_ONLY:
         meta.pop(field, None)
-    meta[2] = (tc.LIST, (tc.I32, [_RLE, encoding]))
-    meta[5] = (tc.I64, sum(page.levels for page in pages))
-    meta[6] = (tc.I64, uncompressed)
-    meta[7] = (tc.I64, compressed)
-    meta[9] = (tc.I64, offset)
-    page_stats = {1: (tc.I32, _DATA_PAGE), 2: (tc.I32, encoding), 3: (tc.I32, len(pages))}
-    meta[13] = (tc.LIST, (tc.STRUCT, [page_stats]))
+    meta[_META_ENCODINGS] = (tc.LIST, (tc.I32, [_RLE, encoding]))
+    meta[_META_VALUES] = (tc.I64, sum(page.levels for page in pages))
+    meta[_META_UNCOMPRESSED] = (tc.I64, uncompressed)
+    meta[_META_COMPRESSED] = (tc.I64, compressed)
+    meta[_META_DATA_PAGE] = (tc.I64, offset)
+    page_stats = {
+        1: (tc.I32, _DATA_PAGE),
+        2: (tc.I32, encoding),
+        3: (tc.I32, len(pages)),
+    }  # type, encoding, count
+    meta[_META_ENCODING_STATS] = (tc.LIST, (tc.STRUCT, [page_stats]))
     ordered = dict(sorted(meta.items()))  # Thrift writers emit fields in id order
     meta.clear()
     meta.update(ordered)
@@ -174,15 +197,15 @@ def _pages(column: PackedList, packed: pa.Array, codec: pa.Codec) -> Iterator[_P
         )
         compressed = codec.compress(body)
         levels = int(levels_before[last] - levels_before[first])
-        header = tc.encode_struct({
-            1: (tc.I32, _DATA_PAGE),
-            2: (tc.I32, len(body)),
-            3: (tc.I32, compressed.size),
-            5: (tc.STRUCT, {
-                1: (tc.I32, levels),
-                2: (tc.I32, _encoding(column)),
-                3: (tc.I32, _RLE),
-                4: (tc.I32, _RLE),
+        header = tc.encode_struct({  # PageHeader
+            1: (tc.I32, _DATA_PAGE),  # type
+            2: (tc.I32, len(body)),  # uncompressed_page_size
+            3: (tc.I32, compressed.size),  # compressed_page_size
+            5: (tc.STRUCT, {  # data_page_header
+                1: (tc.I32, levels),  # num_values
+                2: (tc.I32, _encoding(column)),  # encoding
+                3: (tc.I32, _RLE),  # definition_level_encoding
+                4: (tc.I32, _RLE),  # repetition_level_encoding
             }),
         })  # fmt: skip
         yield _Page(header, compressed, len(header) + len(body), levels)
