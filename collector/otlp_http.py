@@ -28,6 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from tinkertrace.collector.http_server import Request, Response
 from tinkertrace.collector.ingest import Ingestor, Overloaded, Unavailable
 from tinkertrace.spanstore.otlp_arrow import ConversionResult, body_to_table
+from tinkertrace.spanstore.varint import read_varint
 
 log = logging.getLogger("tinkertrace.collector")
 
@@ -268,31 +269,18 @@ def _whole_fields(body: bytes) -> bool:
     requests, none of its bytes can be read as part of theirs, nor theirs as part of it."""
     pos, end = 0, len(body)
     while pos < end:
-        tag, pos = _varint(body, pos)
+        tag, pos = read_varint(body, pos)
         wire = tag & 7
         if wire == 0:
-            pos = _varint(body, pos)[1]
+            pos = read_varint(body, pos)[1]
         elif wire == 2:
-            length, pos = _varint(body, pos)
+            length, pos = read_varint(body, pos)
             pos += length
         elif wire in (1, 5):
             pos += 8 if wire == 1 else 4
         else:
             return False
     return pos == end
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    """(value, next position); a truncated varint gives a position past the end."""
-    value = shift = 0
-    while pos < len(data) and shift < 70:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-    return 0, len(data) + 1
 
 
 def _content_type(request: Request) -> str:

@@ -131,8 +131,7 @@ def splice(arrow_file: bytes | pa.Buffer, columns: Mapping[str, PackedList], com
             pages = list(_pages(column, column.packed.slice(first_row, rows), codec))
             for page in pages:
                 pieces += [page.header, page.body]
-            _replace_chunk(row_group, meta, pages, offset, _encoding(column))
-            offset += sum(len(page.header) + page.body.size for page in pages)
+            offset += _replace_chunk(row_group, meta, pages, offset, _encoding(column))
         first_row += rows
     footer = tc.encode_struct(metadata)
     return [*pieces, footer, struct.pack("<I", len(footer)), _MAGIC]
@@ -144,8 +143,9 @@ def _encoding(column: PackedList) -> int:
 
 def _replace_chunk(
     row_group: tc.Struct, meta: tc.Struct, pages: list[_Page], offset: int, encoding: int
-) -> None:
-    """Point a column chunk's metadata at ``pages``, written at ``offset``; fix the row group's sizes."""
+) -> int:
+    """Point a column chunk's metadata at ``pages``, written at ``offset``; fix the row group's sizes.
+    Returns the pages' size in the file."""
     uncompressed = sum(page.uncompressed_size for page in pages)
     compressed = sum(len(page.header) + page.body.size for page in pages)
     row_group[_GROUP_BYTES] = (
@@ -171,6 +171,7 @@ def _replace_chunk(
     ordered = dict(sorted(meta.items()))  # Thrift writers emit fields in id order
     meta.clear()
     meta.update(ordered)
+    return compressed
 
 
 def _pages(column: PackedList, packed: pa.Array, codec: pa.Codec) -> Iterator[_Page]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from tinkertrace.spanstore.varint import read_varint
+
 # compact protocol type codes (BOOL is written as TRUE/FALSE in a field header)
 BOOL, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
 _BOOL_FALSE = 2
@@ -52,15 +54,10 @@ class _Reader:
         return value
 
     def varint(self) -> int:
-        result = shift = 0
-        while True:
-            byte = self.byte()
-            result |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return result
-            shift += 7
-            if shift > 70:
-                raise ThriftError("varint too long")
+        value, self.pos = read_varint(self.data, self.pos)
+        if self.pos > len(self.data):
+            raise ThriftError("truncated or overlong varint in Thrift data")
+        return value
 
     def zigzag(self) -> int:
         n = self.varint()
