@@ -10,7 +10,9 @@ writes such columns itself:
    the other columns, their statistics and the ``ARROW:schema`` metadata are Arrow's own.
 2. :func:`splice` appends, per row group, a column chunk of each list column: data pages v1 of
    run-length-encoded levels (computed per row with numpy) and the values, PLAIN or
-   BYTE_STREAM_SPLIT, compressed with the file's zstd level.
+   BYTE_STREAM_SPLIT, compressed with the file's zstd level. The rows may be written in another
+   order than they are stored (``PackedList.order``, the sort of the file): each page's values are
+   gathered in that order and split in one pass (``list_kernels``), never sorted as a whole.
 3. It rewrites the footer (Thrift, see ``thrift_compact``) so those columns point at the new chunks;
    the null chunks stay behind as a few unused bytes.
 
@@ -20,9 +22,11 @@ Arrow and DuckDB).
 
 from __future__ import annotations
 
+import functools
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -65,13 +69,22 @@ class PackedList:
     list_type: pa.DataType
     definition: tuple[int, int]  # the definition levels of an empty list and of a value
     byte_stream_split: bool
+    order: np.ndarray | None = None  # the rows of ``packed`` to write, in this order (None: as stored)
 
     @classmethod
-    def of(cls, field: pa.Field, packed: pa.Array, byte_stream_split: bool) -> PackedList:
-        """The column ``field`` (a list type) holding ``packed``."""
+    def of(
+        cls, field: pa.Field, packed: pa.Array, byte_stream_split: bool, order: np.ndarray | None = None
+    ) -> PackedList:
+        """The column ``field`` (a list type) holding ``packed``, written in ``order``."""
         empty = int(field.nullable)
         value = empty + 1 + int(field.type.value_field.nullable)
-        return cls(packed, field.type, (empty, value), byte_stream_split)
+        return cls(packed, field.type, (empty, value), byte_stream_split, order)
+
+    def rows(self, first: int, count: int) -> np.ndarray:
+        """Indices into ``packed`` of the written rows ``first ..< first + count``."""
+        if self.order is None:
+            return np.arange(first, first + count)
+        return self.order[first : first + count]
 
 
 @dataclass(frozen=True)
@@ -95,14 +108,22 @@ def parquet_pieces(
     """A zstd Parquet file of ``table`` as pieces to write in order: Arrow (``pq.write_table`` with
     ``arrow_options``) writes the columns named in ``lists`` as nulls, then :func:`splice` replaces
     them with chunks of their packed values."""
-    for name, column in lists.items():
-        index = table.schema.get_field_index(name)
-        table = table.set_column(index, table.schema.field(index), pa.nulls(table.num_rows, column.list_type))
+    table = as_nulls(table, lists)
     arrow_file = pa.BufferOutputStream()
     pq.write_table(
         table, arrow_file, compression="zstd", compression_level=compression_level, **arrow_options
     )
     return splice(arrow_file.getvalue(), lists, compression_level)
+
+
+def as_nulls(table: pa.Table, names: Iterable[str]) -> pa.Table:
+    """``table`` with the columns ``names`` all null (what Arrow writes of the lists written here)."""
+    for name in names:
+        index = table.schema.get_field_index(name)
+        field = table.schema.field(index)
+        if table.column(index).null_count != table.num_rows:
+            table = table.set_column(index, field, pa.nulls(table.num_rows, field.type))
+    return table
 
 
 def splice(arrow_file: bytes | pa.Buffer, columns: Mapping[str, PackedList], compression_level: int) -> list:
@@ -128,7 +149,7 @@ def splice(arrow_file: bytes | pa.Buffer, columns: Mapping[str, PackedList], com
             if meta[_META_CODEC][1] != _ZSTD or any(field in chunk for field in _PAGE_INDEX_FIELDS):
                 raise ValueError(f"column {name}: expected a zstd chunk without page index")
             column = columns[name]
-            pages = list(_pages(column, column.packed.slice(first_row, rows), codec))
+            pages = list(_pages(column, column.rows(first_row, rows), codec))
             for page in pages:
                 pieces += [page.header, page.body]
             offset += _replace_chunk(row_group, meta, pages, offset, _encoding(column))
@@ -174,27 +195,33 @@ def _replace_chunk(
     return compressed
 
 
-def _pages(column: PackedList, packed: pa.Array, codec: pa.Codec) -> Iterator[_Page]:
-    """Data pages of ``packed``'s rows: each holds whole rows and about :data:`PAGE_BYTES` of values."""
+def _pages(column: PackedList, rows: np.ndarray, codec: pa.Codec) -> Iterator[_Page]:
+    """Data pages of ``column``'s ``rows`` (indices into ``packed``), in that order: each holds whole
+    rows and about :data:`PAGE_BYTES` of values."""
     width = column.list_type.value_type.bit_width // 8
-    byte_offsets = _byte_offsets(packed)
-    valid = _is_valid(packed)
-    lengths = np.diff(byte_offsets) // width
+    byte_offsets = _byte_offsets(column.packed)
+    if (byte_offsets % width).any():
+        raise ValueError(f"packed values are not whole {width}-byte items")
+    starts = byte_offsets[:-1][rows]
+    lengths = (byte_offsets[1:][rows] - starts) // width
+    valid = _is_valid(column.packed)[rows]
     if lengths[~valid].any():
         raise ValueError("a null list with values: check writable() first")
     repetition, repetition_at = _repetition_levels(lengths)
     definition, definition_at = _definition_levels(lengths, valid, column.definition)
     levels_before = np.concatenate([[0], np.cumsum(np.maximum(lengths, 1))])
-    data = packed.buffers()[2]
-    values = np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)
-    page_of_row = (byte_offsets[:-1] - byte_offsets[0]) // PAGE_BYTES
-    starts = [0, *(np.flatnonzero(np.diff(page_of_row)) + 1).tolist()]
-    for first, last in zip(starts, [*starts[1:], len(packed)], strict=True):
+    items = _items(column.packed, width)
+    written_before = np.concatenate([[0], np.cumsum(lengths)]) * width
+    page_of_row = written_before[:-1] // PAGE_BYTES
+    page_starts = [0, *(np.flatnonzero(np.diff(page_of_row)) + 1).tolist()]
+    for first, last in zip(page_starts, [*page_starts[1:], len(rows)], strict=True):
         body = _page_body(
             repetition[repetition_at[first] : repetition_at[last]],
             definition[definition_at[first] : definition_at[last]],
-            values[byte_offsets[first] : byte_offsets[last]],
-            width if column.byte_stream_split else 0,
+            items,
+            starts[first:last] // width,
+            lengths[first:last],
+            column.byte_stream_split,
         )
         compressed = codec.compress(body)
         levels = int(levels_before[last] - levels_before[first])
@@ -212,22 +239,57 @@ def _pages(column: PackedList, packed: pa.Array, codec: pa.Codec) -> Iterator[_P
         yield _Page(header, compressed, len(header) + len(body), levels)
 
 
+def _items(packed: pa.Array, width: int) -> np.ndarray:
+    """The values buffer of ``packed`` as unsigned integers of ``width`` bytes."""
+    data = packed.buffers()[2]
+    if data is None:
+        return np.empty(0, f"<u{width}")
+    return np.frombuffer(data, f"<u{width}", data.size // width)
+
+
 def _page_body(
-    repetition: np.ndarray, definition: np.ndarray, values: np.ndarray, split_width: int
+    repetition: np.ndarray,
+    definition: np.ndarray,
+    items: np.ndarray,
+    starts: np.ndarray,
+    counts: np.ndarray,
+    split: bool,
 ) -> np.ndarray:
-    """A v1 data page before compression: each level stream with its u32 length, then the values
-    (BYTE_STREAM_SPLIT: byte k of every value, for k < ``split_width``; 0: PLAIN)."""
-    body = np.empty(8 + len(repetition) + len(definition) + len(values), np.uint8)
+    """A v1 data page before compression: each level stream with its u32 length, then the values of
+    rows ``items[starts[r] : starts[r] + counts[r]]``, PLAIN or BYTE_STREAM_SPLIT."""
+    size = int(counts.sum()) * items.itemsize
+    body = np.empty(8 + len(repetition) + len(definition) + size, np.uint8)
     at = 0
     for levels in (repetition, definition):
         body[at : at + 4] = np.frombuffer(struct.pack("<I", len(levels)), np.uint8)
         body[at + 4 : at + 4 + len(levels)] = levels
         at += 4 + len(levels)
-    if split_width and len(values):
-        body[at:].reshape(split_width, -1)[:] = values.reshape(-1, split_width).T
-    else:
-        body[at:] = values
+    _gather_values(items, starts, counts, split, body[at:])
     return body
+
+
+def _gather_values(
+    items: np.ndarray, starts: np.ndarray, counts: np.ndarray, split: bool, out: np.ndarray
+) -> None:
+    """Rows of ``items`` one after another into the bytes ``out`` (BYTE_STREAM_SPLIT if ``split``)."""
+    kernels = _kernels()
+    if kernels is not None:
+        kernels.gather_items(items, items.view(np.uint8), starts, counts, split, out)
+        return
+    written_before = np.cumsum(counts) - counts  # numpy: one index per value
+    values = items[np.arange(int(counts.sum())) + np.repeat(starts - written_before, counts)]
+    as_bytes = values.view(np.uint8)
+    out[:] = as_bytes.reshape(-1, items.itemsize).T.ravel() if split else as_bytes
+
+
+@functools.cache
+def _kernels() -> ModuleType | None:
+    """The compiled ``list_kernels`` when numba is installed (the ``collector`` extra), else ``None``."""
+    try:
+        from tinkertrace.spanstore import list_kernels
+    except ImportError:
+        return None
+    return list_kernels
 
 
 def _byte_offsets(packed: pa.Array) -> np.ndarray:

@@ -80,12 +80,12 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def sort_spans(table: pa.Table) -> pa.Table:
-    """``table`` with its rows in ``schemas.sort_keys("spans")`` order (the keys it has)."""
+def sort_order(table: pa.Table) -> pa.Array | None:
+    """The row order of ``schemas.sort_keys("spans")`` (the keys ``table`` has); ``None``: keep it."""
     keys = [(k, "ascending") for k in schemas.sort_keys("spans") if k in table.column_names]
     if not keys or table.num_rows < 2:
-        return table
-    return take_rows(table, pc.sort_indices(table, sort_keys=keys))
+        return None
+    return pc.sort_indices(table, sort_keys=keys)
 
 
 def take_rows(table: pa.Table, indices: pa.Array) -> pa.Table:
@@ -130,11 +130,14 @@ def write_parquet_atomic(table: pa.Table, path: Path, compression_level: int | N
     """Write ``table`` (sorted by the spans sort keys) to ``path`` via temp file + fsync + rename.
 
     Arrow writes every column but the token lists, which ``parquet_lists`` writes from their packed
-    values (Arrow's per-value level work was most of the file's cost); see that module.
+    values in sorted order (Arrow's per-value level work was most of the file's cost); see that module.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = sort_spans(table)
-    lists = _packed_lists(table)
+    order = sort_order(table)
+    lists = _packed_lists(table, None if order is None else order.to_numpy())
+    table = parquet_lists.as_nulls(table, lists)  # parquet_lists writes them, in sorted order
+    if order is not None:
+        table = take_rows(table, order)
     table = pa.Table.from_batches(table.to_batches(max_chunksize=WRITE_CHUNK_ROWS), table.schema)
     level = ZSTD_LEVEL if compression_level is None else compression_level
     pieces = parquet_lists.parquet_pieces(
@@ -158,8 +161,9 @@ def write_parquet_atomic(table: pa.Table, path: Path, compression_level: int | N
     fsync_path(path.parent)
 
 
-def _packed_lists(table: pa.Table) -> dict[str, parquet_lists.PackedList]:
-    """The token columns that ``parquet_lists`` can write (lists of non-null values), packed."""
+def _packed_lists(table: pa.Table, order: np.ndarray | None = None) -> dict[str, parquet_lists.PackedList]:
+    """The token columns that ``parquet_lists`` can write (lists of non-null values), packed, to be
+    written in ``order``."""
     lists = {}
     for name in TOKEN_COLUMNS:
         if name not in table.column_names:
@@ -167,7 +171,8 @@ def _packed_lists(table: pa.Table) -> dict[str, parquet_lists.PackedList]:
         packed = _lists_as_binary(table.column(name))
         if packed is not None and parquet_lists.writable(packed):
             field_ = table.schema.field(name)
-            lists[name] = parquet_lists.PackedList.of(field_, packed, name in BYTE_STREAM_SPLIT_COLUMNS)
+            split = name in BYTE_STREAM_SPLIT_COLUMNS
+            lists[name] = parquet_lists.PackedList.of(field_, packed, split, order)
     return lists
 
 
