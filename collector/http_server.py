@@ -1,12 +1,12 @@
 """A small HTTP/1.1 server for large request bodies: the httptools parser on an asyncio ``BufferedProtocol``.
 
-A request body with a ``Content-Length`` is received straight from the socket into one buffer of that
-size, in as few ``recv`` calls as the kernel allows: no 64 KiB chunk objects, no flow-control pauses,
-no join. For a 1.4 MB OTLP request that is about 30% less server CPU than uvicorn with httptools
-(benchmarks/collector_http.py). Chunked bodies go through the parser. Requests on one connection are
-answered in order (keep-alive and pipelining), ``Expect: 100-continue`` is honoured, and a request the
-handler refuses from its headers alone (:meth:`Handler.admit`) has its body read and dropped, so
-the connection stays usable.
+A request body with a ``Content-Length`` is received straight from the socket into the ``bytes``
+object the handler gets, in as few ``recv`` calls as the kernel allows: no 64 KiB chunk objects, no
+flow-control pauses, no join, no copy. For a 1.4 MB OTLP request that is about 30% less server CPU
+than uvicorn with httptools (benchmarks/collector_http.py). Chunked bodies go through the parser.
+Requests on one connection are answered in order (keep-alive and pipelining), ``Expect:
+100-continue`` is honoured, and a request the handler refuses from its headers alone
+(:meth:`Handler.admit`) has its body read and dropped, so the connection stays usable.
 
 The server runs its own event loop (uvloop when installed) in a thread of its own.
 """
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
 import logging
+import sys
 import threading
 import time
 import typing
@@ -70,6 +72,37 @@ class Response:
         return b"\r\n".join(lines) + b"\r\n\r\n" + self.body
 
 
+def _bytes_data_offset() -> int | None:
+    """Where a ``bytes`` object's contents start from its address, if this interpreter's ``bytes`` can be
+    filled in place (CPython: the contents follow the header, then a NUL; checked on a probe)."""
+    if sys.implementation.name != "cpython":
+        return None
+    offset = sys.getsizeof(b"") - 1
+    probe = _new_bytes(None, 4)
+    ctypes.memmove(id(probe) + offset, b"tt\x00t", 4)
+    return offset if probe == b"tt\x00t" else None
+
+
+_new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+_new_bytes.restype, _new_bytes.argtypes = ctypes.py_object, (ctypes.c_void_p, ctypes.c_ssize_t)
+_BYTES_DATA_OFFSET = _bytes_data_offset()
+
+
+def body_buffer(size: int) -> tuple[bytes | bytearray, memoryview]:
+    """A body of ``size`` bytes to receive into, and a writable view of it.
+
+    On CPython the body is a new ``bytes`` object whose contents are filled through the view, as
+    CPython's own readers do (``PyBytes_FromStringAndSize(NULL, size)``): for a 1.4 MB request this saves
+    zero-filling a ``bytearray`` and copying it into ``bytes``, ~0.5 ms (~1 µs per span) of the HTTP
+    thread. The object must not be used before it is filled. Elsewhere it is a ``bytearray``.
+    """
+    if _BYTES_DATA_OFFSET is None:
+        body = bytearray(size)
+        return body, memoryview(body)
+    body = _new_bytes(None, size)
+    return body, memoryview((ctypes.c_char * size).from_address(id(body) + _BYTES_DATA_OFFSET)).cast("B")
+
+
 class Handler(typing.Protocol):
     def admit(self, request: Request) -> Response | None:
         """Called with the headers (no body yet): a response refuses the request, ``None`` reads the body."""
@@ -104,7 +137,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.request: Request | None = None  # set once the head is complete
         self.refusal: Response | None = None
         self.keep_alive = True
-        self.body: bytearray | None = None  # a Content-Length body being filled
+        self.body: bytes | bytearray | None = None  # a Content-Length body being filled (body_buffer)
         self.body_view: memoryview | None = None
         self.filled = 0
         self.expected = 0  # Content-Length of the body being received
@@ -184,13 +217,12 @@ class _Connection(asyncio.BufferedProtocol):
         if length:
             self.expected = length
             if self.refusal is None:
-                self.body = bytearray(length)
-                self.body_view = memoryview(self.body)
+                self.body, self.body_view = body_buffer(length)
 
     def on_body(self, chunk: bytes) -> None:
         if self.expected:  # Content-Length: into the body buffer, or dropped if refused
-            if self.body is not None:
-                self.body[self.filled : self.filled + len(chunk)] = chunk
+            if self.body_view is not None:
+                self.body_view[self.filled : self.filled + len(chunk)] = chunk
             self.filled += len(chunk)
             return
         if self.refusal is not None or self.request is None:
@@ -206,7 +238,8 @@ class _Connection(asyncio.BufferedProtocol):
         if request is None or self.finished:
             return
         if self.refusal is None:
-            request.body = bytes(self.body) if self.body is not None else b"".join(self.chunks)
+            body = self.body if self.body is not None else b"".join(self.chunks)
+            request.body = bytes(body) if isinstance(body, bytearray) else body
         self.receiving = self.direct = False
         self.body = self.body_view = None
         self.chunks = []

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tinkertrace.collector import http_server
 from tinkertrace.collector.http_server import HttpServer, Request, Response
 from tinkertrace.netutil import free_port
 
@@ -66,7 +67,14 @@ def _read_responses(sock: socket.socket, count: int) -> list[bytes]:
     return bodies
 
 
-def test_bodies_of_every_size_arrive_whole_on_one_keep_alive_connection(server: tuple) -> None:
+@pytest.mark.parametrize("in_place", [True, False], ids=["filled-bytes", "bytearray-copy"])
+def test_bodies_of_every_size_arrive_whole_on_one_keep_alive_connection(
+    server: tuple, monkeypatch: pytest.MonkeyPatch, in_place: bool
+) -> None:
+    """Bodies are received into the ``bytes`` the handler gets (or, where bytes cannot be filled in
+    place, a bytearray then copied), whether they arrive with the head, after it, or over many reads."""
+    if not in_place:
+        monkeypatch.setattr(http_server, "_BYTES_DATA_OFFSET", None)
     http, handler = server
     sizes = [0, 1, 100, 65_535, 65_536, 65_537, 1_400_000, 3_000_000]
     payloads = [bytes((i * 7 + n) % 251 for i in range(n)) for n in sizes]
@@ -77,6 +85,7 @@ def test_bodies_of_every_size_arrive_whole_on_one_keep_alive_connection(server: 
             assert response.text == f"POST /echo {len(body)} {sum(body)}"
         assert len(http.connections) == 1  # every request reused the connection
     assert handler.bodies == payloads
+    assert {type(body) for body in handler.bodies} == {bytes}
 
 
 def test_chunked_body_query_string_and_size_limit(server: tuple) -> None:
