@@ -94,6 +94,32 @@ def test_mixed_resources_scopes_and_attribute_kinds_match_the_reference() -> Non
     _assert_same(_mixed_request().SerializeToString())
 
 
+def test_integer_attributes_of_every_size_match_the_reference() -> None:
+    """Integers not lifted into columns (token counts) get their digits from the join kernel: every
+    width and sign, the int64 extremes, another value on every span, keys that need escaping."""
+    request = llm_request(12, prompt_tokens=4, response_tokens=2, seed=18)
+    values = [0, 7, -1, 9, 10, -10, 99, 100, 12345, -987654321, 2**63 - 1, -(2**63)]
+    for span, value in zip(request.resource_spans[0].scope_spans[0].spans, values, strict=True):
+        span.attributes.extend(
+            [
+                _kv("count", int_value=value),
+                _kv("ratio", double_value=0.5),
+                _kv('ünï "q"', int_value=-(value // 3)),
+            ]
+        )
+    _assert_same(request.SerializeToString())
+
+
+def test_an_integer_attribute_with_a_key_that_is_not_utf8_is_left_to_the_reference_decoder() -> None:
+    request = llm_request(2, prompt_tokens=4, response_tokens=2, seed=19)
+    request.resource_spans[0].scope_spans[0].spans[1].attributes.append(_kv("KEYX", int_value=5))
+    body = request.SerializeToString().replace(b"KEYX", b"\xff\xfeKX")
+    assert otlp_fast.convert(body, T0) is None
+    result = body_to_table(body, T0)  # the reference rejects that span alone
+    assert (result.accepted, result.rejected) == (1, 1)
+    assert "malformed attribute" in result.errors[0] and "bad UTF-8" in result.errors[0]
+
+
 def test_empty_requests_match_the_reference() -> None:
     _assert_same(b"")
     request = ExportTraceServiceRequest()

@@ -26,12 +26,13 @@ def _reversed_kv(raw: bytes) -> bytes:
 
 
 def test_cached_and_uncached_conversions_agree() -> None:
+    """The reference decoder's memo of short attributes and event templates changes nothing."""
     body = llm_request(40, prompt_tokens=50, response_tokens=20, seed=4).SerializeToString()
     otlp_arrow._span_memo.clear()
     otlp_arrow._event_memo.clear()
-    cold = body_to_table(body, T0).table
+    cold = otlp_arrow.reference_body_to_table(body, T0).table
     assert otlp_arrow._span_memo, "short attributes should be cached"
-    warm = body_to_table(body, T0).table
+    warm = otlp_arrow.reference_body_to_table(body, T0).table
     assert cold.equals(warm)
 
 

@@ -178,7 +178,7 @@ _event_memo: dict[bytes, tuple[bytes, bytes]] = {}
 _ZERO_TRACE, _ZERO_SPAN = bytes(16), bytes(8)
 
 
-def _fragment(key: str, value: Any) -> bytes:
+def fragment(key: str, value: Any) -> bytes:
     """``"key":value`` as orjson writes it inside an object."""
     return orjson.dumps({key: value})[1:-1]
 
@@ -204,7 +204,7 @@ def _decodespan_attribute(raw: bytes) -> Decoded:
             return slot[0], key, _coerce(raw_value, slot[1])
         except (ValueError, TypeError, OverflowError):
             pass  # keep the odd value in the JSON attributes instead
-    return REST, key, _fragment(key, raw_value)
+    return REST, key, fragment(key, raw_value)
 
 
 def _packed_token(raw: bytes) -> Decoded | None:
@@ -279,7 +279,7 @@ def event_template(event: Any) -> tuple[bytes, bytes]:
             kv = KeyValue.FromString(raw)
         except DecodeError as exc:
             raise ValueError(f"malformed event attribute: {exc}") from None
-        fragments[kv.key] = _fragment(kv.key, any_value(kv.value))
+        fragments[kv.key] = fragment(kv.key, any_value(kv.value))
     head = b'{"name":%b,"time_unix_nano":' % orjson.dumps(event.name)
     return head, b',"attributes":{%b}}' % b",".join(fragments.values())
 

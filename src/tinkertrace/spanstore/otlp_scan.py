@@ -53,9 +53,10 @@ OK, GENERAL = 0, 1
 # number (int value, or the bits of a double), AnyValue kind
 L_VAL, L_LEN, L_NUM, L_VTYPE, L_WIDTH = range(5)
 
-# columns of the attribute matrix: the KeyValue bytes, its key, lifted slot (-1: other); the values
-# of lifted attributes go to the span matrix, the others are decoded from their bytes
-A_OFF, A_LEN, A_KEY, A_KEY_LEN, A_SLOT, A_WIDTH = range(6)
+# columns of the attribute matrix: the KeyValue bytes, its key, lifted slot (-1: other), AnyValue kind
+# and number (as L_VTYPE, L_NUM); the values of lifted attributes go to the span matrix, the others
+# are decoded from their bytes (integers: from the number)
+A_OFF, A_LEN, A_KEY, A_KEY_LEN, A_SLOT, A_VTYPE, A_NUM, A_WIDTH = range(8)
 # AnyValue kinds (the oneof field number; 0 = empty)
 V_NONE, V_STRING, V_BOOL, V_INT, V_DOUBLE, V_ARRAY, V_KVLIST, V_BYTES = range(8)
 
@@ -376,6 +377,8 @@ def _scan_span(
                 attrs[a, A_KEY] = key
                 attrs[a, A_KEY_LEN] = key_len
                 attrs[a, A_SLOT] = slot
+                attrs[a, A_VTYPE] = vtype
+                attrs[a, A_NUM] = num
             n_attr += 1
         elif number == 11:  # event
             if wire != 2 or value < 9 or buf[vstart] != 0x09:
@@ -584,10 +587,13 @@ def join_fragments(
     item_fragment: np.ndarray,
     fragments: np.ndarray,
     fragment_offsets: np.ndarray,
+    numeric: np.ndarray,
+    numbers: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per row ``{f1,f2,...}``: the fragments of items ``first[i] ..< first[i] + count[i]``.
 
-    ``item_fragment[j]`` is the fragment of item ``j``, or -1 to leave the item out.
+    ``item_fragment[j]`` is the fragment of item ``j``, or -1 to leave the item out; if ``numeric[j]``
+    the decimal digits of ``numbers[j]`` follow it.
     """
     n = len(first)
     sizes = np.full(n, 1, np.int64)  # the braces and the commas: 1 + one per fragment, at least 2
@@ -596,6 +602,8 @@ def join_fragments(
             f = item_fragment[j]
             if f >= 0:
                 sizes[i] += fragment_offsets[f + 1] - fragment_offsets[f] + 1
+                if numeric[j]:
+                    sizes[i] += _decimal_width(numbers[j])
     out_offsets, data = _allocate(np.maximum(sizes, 2))
     for i in range(n):
         o = out_offsets[i]
@@ -611,18 +619,44 @@ def join_fragments(
                 size = fragment_offsets[f + 1] - fragment_offsets[f]
                 _copy(data, o, fragments, fragment_offsets[f], size)
                 o += size
+                if numeric[j]:
+                    o = _put_decimal(data, o, numbers[j])
                 wrote = True
         data[o] = 0x7D  # }
     return data, out_offsets
 
 
 @njit(cache=True)
-def _digits(value: int) -> int:
-    count = 1
-    while value >= 10:
-        value //= 10
-        count += 1
-    return count
+def _magnitude(value: int) -> np.uint64:
+    """``abs(value)`` as uint64 (exact for the smallest int64 too)."""
+    return np.uint64(value) if value >= 0 else np.uint64(-(value + 1)) + np.uint64(1)
+
+
+@njit(cache=True)
+def _decimal_width(value: int) -> int:
+    """Characters of ``value`` in decimal, its sign included."""
+    rest = _magnitude(value)
+    width = 1 if value >= 0 else 2
+    while rest >= np.uint64(10):
+        rest //= np.uint64(10)
+        width += 1
+    return width
+
+
+@njit(cache=True)
+def _put_decimal(data: np.ndarray, o: int, value: int) -> int:
+    """Write ``value`` in decimal at ``data[o]``; returns the position after it."""
+    end = o + _decimal_width(value)
+    if value < 0:
+        data[o] = 0x2D  # -
+    rest = _magnitude(value)
+    at = end - 1
+    while True:  # digits from the last
+        data[at] = 0x30 + np.uint8(rest % np.uint64(10))
+        rest //= np.uint64(10)
+        at -= 1
+        if rest == np.uint64(0):
+            return end
 
 
 @njit(cache=True)
@@ -644,7 +678,7 @@ def join_events(
         for j in range(first[i], first[i] + count[i]):
             t = event_template[j]
             sizes[i] += head_offsets[t + 1] - head_offsets[t] + tail_offsets[t + 1] - tail_offsets[t]
-            sizes[i] += _digits(event_time[j])
+            sizes[i] += _decimal_width(event_time[j])
     out_offsets, data = _allocate(sizes)
     for i in range(n):
         o = out_offsets[i]
@@ -658,12 +692,7 @@ def join_events(
             size = head_offsets[t + 1] - head_offsets[t]
             _copy(data, o, heads, head_offsets[t], size)
             o += size
-            value = event_time[j]
-            width = _digits(value)
-            for k in range(width - 1, -1, -1):
-                data[o + k] = 0x30 + value % 10
-                value //= 10
-            o += width
+            o = _put_decimal(data, o, event_time[j])
             size = tail_offsets[t + 1] - tail_offsets[t]
             _copy(data, o, tails, tail_offsets[t], size)
             o += size
