@@ -48,13 +48,17 @@ def main() -> None:
     parser.add_argument(
         "--requests", type=int, default=20, help="requests per Parquet file in the write stage"
     )
+    parser.add_argument(
+        "--spread", type=float, default=0.5, help="each span's token counts vary by up to this fraction"
+    )
     parser.add_argument("--repeat", type=int, default=7, help="runs per stage; best and median are reported")
     args = parser.parse_args()
-    requests = [llm_request(args.spans, seed=s) for s in range(args.requests)]
+    requests = [llm_request(args.spans, seed=s, spread=args.spread) for s in range(args.requests)]
     bodies = [r.SerializeToString() for r in requests]
     n = args.spans
     print(
-        f"{n} spans/request, 300 prompt + 100 response token ids + 100 logprobs per span (packed); "
+        f"{n} spans/request, 300 prompt + 100 response token ids + 100 logprobs per span "
+        f"(±{args.spread:.0%}, packed); "
         f"{len(bodies[0]) / n:,.0f} OTLP bytes/span"
     )
     body_to_table(bodies[0], T0)  # warm the attribute cache, as a running collector has it

@@ -1,8 +1,9 @@
 """Sustained OTLP/HTTP protobuf ingest into a collector process; prints spans/s, MB/s and peak RSS.
 
 The collector runs as its own process (``python -m tinkertrace.collector``); client processes post
-pre-encoded requests of realistic LLM spans (packed token ids and logprobs) as fast as they are
-acknowledged. "end-to-end" counts until every span is in Parquet (SIGTERM flush included).
+pre-encoded requests of realistic LLM spans (packed token ids and logprobs; each span's token counts,
+and so its usage attributes, vary by ``--spread``) as fast as they are acknowledged. "end-to-end"
+counts until every span is in Parquet (SIGTERM flush included).
 Besides wall-clock rates it reads the collector's CPU seconds (user + system, all its threads) from
 ``/proc/<pid>/stat``, so "spans per collector CPU-second" (= spans/s on one fully used core) stays
 meaningful on a shared machine where the collector does not get a whole core.
@@ -33,11 +34,18 @@ from tinkertrace.spanstore.samples import llm_request
 
 
 def _client(
-    url: str, seconds: float, spans: int, prompt: int, response: int, seed: int, out: mp.Queue
+    url: str,
+    seconds: float,
+    spans: int,
+    prompt: int,
+    response: int,
+    spread: float,
+    seed: int,
+    out: mp.Queue,
 ) -> None:
     bodies = [
         llm_request(
-            spans, prompt_tokens=prompt, response_tokens=response, seed=seed * 1000 + i
+            spans, prompt_tokens=prompt, response_tokens=response, spread=spread, seed=seed * 1000 + i
         ).SerializeToString()
         for i in range(8)
     ]
@@ -102,7 +110,8 @@ def run(label: str, args: argparse.Namespace, clients: int, extra: list[str]) ->
         queue: mp.Queue = mp.Queue()
         procs = [
             mp.Process(
-                target=_client, args=(url, args.seconds, args.spans, args.prompt, args.response, c, queue)
+                target=_client,
+                args=(url, args.seconds, args.spans, args.prompt, args.response, args.spread, c, queue),
             )
             for c in range(clients)
         ]
@@ -135,7 +144,7 @@ def run(label: str, args: argparse.Namespace, clients: int, extra: list[str]) ->
         parquet_mb = sum(p.stat().st_size for p in out.rglob("*.parquet")) / 1e6
         print(
             f"== {label}: {clients} client process(es), {args.spans} spans/request, "
-            f"{args.prompt}+{args.response} token ids per span"
+            f"{args.prompt}+{args.response} token ids per span (±{args.spread:.0%})"
         )
         print(
             f"  acknowledged: {spans:,} spans in {acked_at - started:.1f}s = "
@@ -171,6 +180,9 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=300, help="prompt token ids per span")
     parser.add_argument(
         "--response", type=int, default=100, help="response token ids (and logprobs) per span"
+    )
+    parser.add_argument(
+        "--spread", type=float, default=0.5, help="each span's token counts vary by up to this fraction"
     )
     parser.add_argument("--no-overload", action="store_true", help="skip the overload run")
     parser.add_argument(

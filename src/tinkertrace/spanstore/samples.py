@@ -34,8 +34,12 @@ def llm_request(
     packed: bool = True,
     seed: int = 0,
     service: str = "agent",
+    spread: float = 0.0,
 ) -> ExportTraceServiceRequest:
-    """``n_spans`` LLM spans (10 per rollout, one trace per rollout) with token ids and logprobs."""
+    """``n_spans`` LLM spans (10 per rollout, one trace per rollout) with token ids and logprobs.
+
+    With ``spread`` each span's token counts are drawn uniformly within ±``spread`` of the given ones
+    (and its usage attributes say so), as real spans differ; 0 gives every span the same counts."""
     rng = np.random.default_rng(seed)
     request = ExportTraceServiceRequest()
     resource_spans = request.resource_spans.add()
@@ -53,9 +57,13 @@ def llm_request(
         span.kind = 3  # CLIENT
         span.start_time_unix_nano = base_ns + i * 1_000_000
         span.end_time_unix_nano = span.start_time_unix_nano + 500_000
-        prompt = rng.integers(0, 50_000, prompt_tokens, dtype=np.int32)
-        response = rng.integers(0, 50_000, response_tokens, dtype=np.int32)
-        logprobs = -rng.random(response_tokens, dtype=np.float32)
+        n_prompt, n_response = (
+            int(rng.integers(round(n * (1 - spread)), round(n * (1 + spread)) + 1)) if spread else n
+            for n in (prompt_tokens, response_tokens)
+        )
+        prompt = rng.integers(0, 50_000, n_prompt, dtype=np.int32)
+        response = rng.integers(0, 50_000, n_response, dtype=np.int32)
+        logprobs = -rng.random(n_response, dtype=np.float32)
         attributes: dict[str, str | int | float | bytes | list[int]] = {
             semconv.SPAN_TYPE: semconv.TYPE_LLM,
             semconv.ROLLOUT_ID: f"rollout-{seed}-{rollout}",
@@ -67,8 +75,8 @@ def llm_request(
             semconv.GENAI_PROVIDER: "openai",
             semconv.GENAI_REQUEST_MODEL: "tinkertrace/tiny-chat",
             semconv.GENAI_RESPONSE_ID: f"resp-{seed}-{i}",
-            semconv.GENAI_INPUT_TOKENS: prompt_tokens,
-            semconv.GENAI_OUTPUT_TOKENS: response_tokens,
+            semconv.GENAI_INPUT_TOKENS: n_prompt,
+            semconv.GENAI_OUTPUT_TOKENS: n_response,
             semconv.TOKEN_SOURCE: semconv.SOURCE_SERVER,
             semconv.POLICY_VERSION: 3,
         }
