@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
@@ -118,6 +119,27 @@ def test_an_integer_attribute_with_a_key_that_is_not_utf8_is_left_to_the_referen
     result = body_to_table(body, T0)  # the reference rejects that span alone
     assert (result.accepted, result.rejected) == (1, 1)
     assert "malformed attribute" in result.errors[0] and "bad UTF-8" in result.errors[0]
+
+
+@pytest.mark.parametrize("where", ["name", "status message", "lifted attribute"])
+def test_strings_that_are_not_utf8_are_left_to_the_reference_decoder(where: str) -> None:
+    """Every gathered string column is checked (in one call): a bad value in any of them declines."""
+    request = llm_request(4, prompt_tokens=4, response_tokens=2, seed=20)
+    span = request.resource_spans[0].scope_spans[0].spans[2]
+    if where == "name":
+        span.name = "QQQQ"
+    elif where == "status message":
+        span.status.message = "QQQQ"
+    else:
+        span.attributes.append(_kv(semconv.REWARD_NAME, string_value="QQQQ"))
+    body = request.SerializeToString().replace(b"QQQQ", b"Q\xc3\x28Q")
+    assert otlp_fast.convert(body, T0) is None
+    if where == "lifted attribute":  # the reference rejects that span alone
+        result = body_to_table(body, T0)
+        assert (result.accepted, result.rejected) == (3, 1) and "bad UTF-8" in result.errors[0]
+    else:  # a bad span field makes the whole request malformed (400)
+        with pytest.raises(DecodeError, match="bad UTF-8"):
+            body_to_table(body, T0)
 
 
 def test_empty_requests_match_the_reference() -> None:
