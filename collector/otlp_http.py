@@ -37,6 +37,10 @@ HEALTH_PATHS = ("/health", "/healthz")
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 JSON_TYPE = "application/json"
 JSON, PROTOBUF = JSON_TYPE.encode(), PROTOBUF_TYPES[0].encode()  # response content types
+# Requests that arrive while this many conversions wait for the WAL are converted together once one is
+# logged (group commit, one stage earlier); more than BATCH_BYTES waiting are converted at once.
+CONVERSIONS_AHEAD = 1
+BATCH_BYTES = 16 * 1024 * 1024
 
 
 class BadRequest(Exception):
@@ -121,6 +125,9 @@ class OtlpHttpHandler:
         self.max_request_bytes = max_request_bytes
         self.started = time.time()
         self._waiting: list[tuple[bytes, asyncio.Future[ExportTraceServiceResponse]]] = []
+        self._waiting_bytes = 0
+        self._accept_scheduled = False
+        self._in_flight = 0  # conversions submitted whose WAL write has not been answered yet
 
     def admit(self, request: Request) -> Response | None:
         """Everything decided by the head: routes, method, token, content type, declared size, capacity."""
@@ -161,14 +168,23 @@ class OtlpHttpHandler:
         return Response(200, response.SerializeToString(), PROTOBUF)
 
     async def _accept(self, payload: bytes) -> ExportTraceServiceResponse:
-        """Convert and durably queue one request, together with the others whose bodies completed in
-        the same event-loop turn (see :meth:`_accept_waiting`); the answer comes once it is in the WAL."""
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[ExportTraceServiceResponse] = loop.create_future()
+        """Convert and durably queue one request, together with the others waiting (see
+        :meth:`_accept_waiting`); the answer comes once it is in the WAL."""
+        answer: asyncio.Future[ExportTraceServiceResponse] = asyncio.get_running_loop().create_future()
         self._waiting.append((payload, answer))
-        if len(self._waiting) == 1:
-            loop.call_soon(self._accept_waiting)
+        self._waiting_bytes += len(payload)
+        self._schedule_accept()
         return await answer
+
+    def _schedule_accept(self) -> None:
+        """Accept the waiting requests in the next event-loop turn, unless CONVERSIONS_AHEAD of them are
+        already waiting for the WAL: their answers cannot come sooner than that WAL write, so requests
+        arriving meanwhile wait and are then converted as one (fewer, larger conversions)."""
+        pipeline_full = self._in_flight >= CONVERSIONS_AHEAD and self._waiting_bytes < BATCH_BYTES
+        if self._accept_scheduled or not self._waiting or pipeline_full:
+            return
+        self._accept_scheduled = True
+        asyncio.get_running_loop().call_soon(self._accept_waiting)
 
     def _accept_waiting(self) -> None:
         """Accept the waiting requests, converted as one when they can be.
@@ -180,6 +196,7 @@ class OtlpHttpHandler:
         that has rejected spans to report, is converted request by request instead, as a single one is.
         """
         waiting, self._waiting = self._waiting, []
+        self._waiting_bytes, self._accept_scheduled = 0, False
         try:
             self._accept_batch(waiting)
         except Exception as exc:  # a bug, not bad input: answer 500 rather than leave clients waiting
@@ -223,6 +240,8 @@ class OtlpHttpHandler:
         response = export_response(result)
 
         def answer(logged: asyncio.Future[None]) -> None:
+            self._in_flight -= 1
+            self._schedule_accept()
             error = logged.exception()
             for waiter in answers:
                 if waiter.done():  # its client went away
@@ -232,6 +251,7 @@ class OtlpHttpHandler:
                 else:
                     waiter.set_result(response)
 
+        self._in_flight += 1
         logged.add_done_callback(answer)
 
     def _authorize(self, headers: dict[bytes, bytes]) -> None:

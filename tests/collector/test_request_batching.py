@@ -1,9 +1,11 @@
-"""Requests whose bodies complete in the same event-loop turn are converted as one (otlp_http)."""
+"""Requests converted as one (otlp_http): bodies that complete in the same event-loop turn, and
+requests that arrive while a conversion waits for the WAL."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from tinkertrace.collector import otlp_http
 from tinkertrace.collector.http_server import Request, Response
 from tinkertrace.collector.ingest import IngestConfig, Ingestor
 from tinkertrace.collector.otlp_http import OtlpHttpHandler
@@ -97,6 +100,70 @@ def test_a_request_that_breaks_the_merged_conversion_is_answered_alone(tmp_path:
     assert [r.status for r in responses] == [200, 400, 200]
     assert ingestor.stats["batched_requests"] == 0
     assert _stored_span_ids(ingestor.config.out) == sorted(_ids(first) + _ids(second))
+
+
+def _slow_wal(ingestor: Ingestor, monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Make each WAL fsync take ``seconds`` longer, so later requests arrive while one is logged."""
+    sync = ingestor.wal.sync
+
+    def slow_sync() -> None:
+        time.sleep(seconds)
+        sync()
+
+    monkeypatch.setattr(ingestor.wal, "sync", slow_sync)
+
+
+async def _respond_later(handler: OtlpHttpHandler, body: bytes, delay: float) -> Response:
+    await asyncio.sleep(delay)
+    return await handler.respond(Request("POST", "/v1/traces", HEADERS, body))
+
+
+def test_requests_arriving_while_a_conversion_waits_for_the_wal_are_converted_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ingestor = _ingestor(tmp_path)
+    _slow_wal(ingestor, monkeypatch, 0.4)
+    handler = OtlpHttpHandler(ingestor, max_request_bytes=1 << 24)
+    requests = [llm_request(n, seed=seed) for n, seed in ((4, 21), (2, 22), (3, 23))]
+    bodies = [r.SerializeToString() for r in requests]
+    submitted_meanwhile = []
+
+    async def main() -> list[Response]:
+        first = asyncio.ensure_future(_respond_later(handler, bodies[0], 0))
+        later = [asyncio.ensure_future(_respond_later(handler, body, 0.1)) for body in bodies[1:]]
+        await asyncio.sleep(0.25)  # the first is still being logged; the others wait for it
+        submitted_meanwhile.append(ingestor.stats["requests"])
+        return await asyncio.gather(first, *later)
+
+    responses = asyncio.run(main())
+    ingestor.stop()
+    assert [r.status for r in responses] == [200, 200, 200]
+    assert submitted_meanwhile == [1]
+    assert ingestor.stats["requests"] == 3 and ingestor.stats["batched_requests"] == 2
+    assert _stored_span_ids(ingestor.config.out) == sorted(id_ for r in requests for id_ in _ids(r))
+
+
+def test_enough_waiting_bytes_are_converted_without_waiting_for_the_wal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ingestor = _ingestor(tmp_path)
+    _slow_wal(ingestor, monkeypatch, 0.4)
+    handler = OtlpHttpHandler(ingestor, max_request_bytes=1 << 24)
+    bodies = [llm_request(4, seed=seed).SerializeToString() for seed in (31, 32)]
+    monkeypatch.setattr(otlp_http, "BATCH_BYTES", len(bodies[1]))
+    submitted_meanwhile = []
+
+    async def main() -> list[Response]:
+        first = asyncio.ensure_future(_respond_later(handler, bodies[0], 0))
+        second = asyncio.ensure_future(_respond_later(handler, bodies[1], 0.1))
+        await asyncio.sleep(0.25)
+        submitted_meanwhile.append(ingestor.stats["requests"])
+        return await asyncio.gather(first, second)
+
+    responses = asyncio.run(main())
+    ingestor.stop()
+    assert [r.status for r in responses] == [200, 200]
+    assert submitted_meanwhile == [2]  # the second did not wait for the first's WAL write
 
 
 def _post_at_once(port: int, bodies: list[bytes]) -> list[int]:
