@@ -13,8 +13,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade "pip>=24"
 	$(BIN)/pip install --quiet "torch==2.13.0"
 	$(BIN)/pip install --quiet -e ".[engine,collector,dev]"
-	# compile the collector's span-scan kernels once (numba caches them next to the module)
-	$(BIN)/python -c "from tinkertrace.spanstore import otlp_fast; otlp_fast.warm_up()"
+	# compile the collector's span-scan and page-gather kernels once (numba caches them next to the modules)
+	$(BIN)/python -c "from tinkertrace.spanstore import otlp_fast, parquet_lists; otlp_fast.warm_up(); parquet_lists.warm_up()"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -177,9 +177,9 @@ class OtlpHttpHandler:
         return await answer
 
     def _schedule_accept(self) -> None:
-        """Accept the waiting requests in the next event-loop turn, unless CONVERSIONS_AHEAD of them are
-        already waiting for the WAL: their answers cannot come sooner than that WAL write, so requests
-        arriving meanwhile wait and are then converted as one (fewer, larger conversions)."""
+        """Accept the waiting requests in the next event-loop turn, unless CONVERSIONS_AHEAD earlier
+        conversions still wait for the WAL: requests arriving meanwhile are logged after that write
+        anyway, so they wait for it and are then converted as one (fewer, larger conversions)."""
         pipeline_full = self._in_flight >= CONVERSIONS_AHEAD and self._waiting_bytes < BATCH_BYTES
         if self._accept_scheduled or not self._waiting or pipeline_full:
             return

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 
 from tinkertrace.collector.ingest import IngestConfig, Ingestor
+from tinkertrace.spanstore import parquet_lists
 from tinkertrace.spanstore.otlp_arrow import fast_converter
 
 MiB = 1024 * 1024
@@ -42,7 +43,8 @@ class CollectorConfig:
 
 
 def _prepare_converter() -> None:
-    """Compile (first start after an install, ~15 s) or load the fast converter's kernels."""
+    """Compile (first start after an install, ~15 s) or load the kernels of the fast converter and of
+    the Parquet page writer."""
     fast = fast_converter()
     if fast is None:
         print(
@@ -53,6 +55,7 @@ def _prepare_converter() -> None:
         return
     started = time.monotonic()
     fast.warm_up()
+    parquet_lists.warm_up()
     if time.monotonic() - started > 2:
         print(
             f"tinkertrace collector: compiled the span-scan kernels in {time.monotonic() - started:.0f}s "

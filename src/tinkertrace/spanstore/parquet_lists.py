@@ -282,6 +282,17 @@ def _gather_values(
     out[:] = as_bytes.reshape(-1, items.itemsize).T.ravel() if split else as_bytes
 
 
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the page gather kernel before the first file needs it."""
+    kernels = _kernels()
+    if kernels is None:
+        return
+    items = np.frombuffer(bytes(8), "<u4")  # read-only, as the buffers of packed lists are
+    starts, counts = np.zeros(1, np.int64), np.full(1, 2, np.int64)
+    for split in (True, False):
+        kernels.gather_items(items, items.view(np.uint8), starts, counts, split, np.empty(9, np.uint8)[1:])
+
+
 @functools.cache
 def _kernels() -> ModuleType | None:
     """The compiled ``list_kernels`` when numba is installed (the ``collector`` extra), else ``None``."""
