@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tinkertrace.netutil import free_port, wait_for_port
+from tinkertrace.netutil import free_ports, wait_for_port
 from tinkertrace.spanstore.reader import open_spans
 
 
@@ -67,7 +67,7 @@ def start_collector(tmp_path: Path) -> Iterator[Callable[..., CollectorProcess]]
     started: list[CollectorProcess] = []
 
     def start(*args: str, out: Path | None = None) -> CollectorProcess:
-        collector = CollectorProcess(out or tmp_path / "spans", free_port(), free_port(), list(args))
+        collector = CollectorProcess(out or tmp_path / "spans", *free_ports(2), list(args))
         started.append(collector.start())
         return collector
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tinkertrace.netutil import free_port, wait_for_port
+from tinkertrace.netutil import free_ports, wait_for_port
 
 HELLO = Path(__file__).resolve().parents[2] / "examples" / "hello"
 TINKERTRACE = str(Path(sys.executable).with_name("tinkertrace"))
@@ -35,7 +35,7 @@ def _served_version(base: str) -> int:
 @pytest.mark.slow
 def test_hello_distributed_form_trains_and_publishes(tmp_path: Path) -> None:
     env = {**os.environ, "TINKERTRACE_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"}
-    otlp, port = free_port(), free_port()
+    otlp, port = free_ports(2)
     base = f"http://127.0.0.1:{port}"
     logs = {name: (tmp_path / f"{name}.log").open("wb") for name in ("collector", "serve", "train", "worker")}
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 import tinkertrace
-from tinkertrace.netutil import free_port, wait_for_port
+from tinkertrace.netutil import free_ports, wait_for_port
 from tinkertrace.spanstore.reader import open_spans
 
 ROLLOUTS = 5
@@ -45,7 +45,7 @@ def _rows_in(out: Path, want: int, timeout: float = 30) -> list[tuple]:
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_collector_down_then_back(openai_server, tmp_path: Path, protocol: str) -> None:
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port = free_ports(2)
     endpoint = f"http://127.0.0.1:{http_port}" if protocol == "http" else f"127.0.0.1:{grpc_port}"
     tinkertrace.init(endpoint, protocol=protocol, spool_dir=tmp_path / "spool", retry_interval_s=0.2)
 

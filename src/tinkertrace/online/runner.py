@@ -14,12 +14,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tinkertrace.netutil import BackgroundServer, free_port, wait_for_port
+from tinkertrace.netutil import BackgroundServer, free_port
 
 
 def serve_policy(service: Any, model: str, max_tokens: int) -> tuple[Any, BackgroundServer]:
@@ -38,6 +39,27 @@ def serve_policy(service: Any, model: str, max_tokens: int) -> tuple[Any, Backgr
     )
     server = BackgroundServer(create_app(holder, default_max_tokens=max_tokens)).start()
     return holder, server
+
+
+def _wait_for_collector(process: subprocess.Popen[bytes], port: int, timeout: float) -> None:
+    """Return once the collector started as ``process`` answers its health check on ``port``.
+
+    RuntimeError if it exits first (say, another server took the port: that one's answers do not
+    count), TimeoutError after ``timeout`` seconds.
+    """
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while process.poll() is None:
+        try:
+            if "pending_bytes" in httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json():
+                return  # the collector's own health document
+        except (httpx.HTTPError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no collector answered on port {port} after {timeout:.0f}s")
+        time.sleep(0.1)
+    raise RuntimeError(f"the collector exited with code {process.returncode}")
 
 
 @dataclass
@@ -83,6 +105,7 @@ class OnlineStack:
         s = self.settings
         for folder in (s.spans_dir, s.agents_dir, s.engine_dir):
             folder.mkdir(parents=True, exist_ok=True)
+        self._start_endpoint()  # first: its port is taken before the collector's is chosen
         port = free_port()
         self._collector = subprocess.Popen(
             [
@@ -102,13 +125,12 @@ class OnlineStack:
             stderr=subprocess.STDOUT,
         )
         self.collector_url = f"http://127.0.0.1:{port}"
-        self._start_endpoint()
         try:
-            wait_for_port(port, timeout=60)
-        except TimeoutError:
+            _wait_for_collector(self._collector, port, timeout=60)
+        except (TimeoutError, RuntimeError) as exc:
             self.stop()
             log = (s.out / "collector.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"the collector did not start on port {port}:\n{log}") from None
+            raise RuntimeError(f"the collector did not start on port {port} ({exc}):\n{log}") from None
         return self
 
     def _start_endpoint(self) -> None:
