@@ -113,9 +113,23 @@ def _slow_wal(ingestor: Ingestor, monkeypatch: pytest.MonkeyPatch, seconds: floa
     monkeypatch.setattr(ingestor.wal, "sync", slow_sync)
 
 
-async def _respond_later(handler: OtlpHttpHandler, body: bytes, delay: float) -> Response:
-    await asyncio.sleep(delay)
-    return await handler.respond(Request("POST", "/v1/traces", HEADERS, body))
+def _one_then_more(
+    handler: OtlpHttpHandler, ingestor: Ingestor, bodies: list[bytes]
+) -> tuple[list[Response], int]:
+    """Send the first request, the others 0.1 s later (while the first is being logged by a slow WAL);
+    the answers, and how many requests were submitted at 0.25 s (the first still being logged)."""
+
+    async def respond_later(body: bytes, delay: float) -> Response:
+        await asyncio.sleep(delay)
+        return await handler.respond(Request("POST", "/v1/traces", HEADERS, body))
+
+    async def main() -> tuple[list[Response], int]:
+        answers = [asyncio.ensure_future(respond_later(b, 0.1 if i else 0)) for i, b in enumerate(bodies)]
+        await asyncio.sleep(0.25)
+        submitted = ingestor.stats["requests"]
+        return await asyncio.gather(*answers), submitted
+
+    return asyncio.run(main())
 
 
 def test_requests_arriving_while_a_conversion_waits_for_the_wal_are_converted_together(
@@ -126,19 +140,10 @@ def test_requests_arriving_while_a_conversion_waits_for_the_wal_are_converted_to
     handler = OtlpHttpHandler(ingestor, max_request_bytes=1 << 24)
     requests = [llm_request(n, seed=seed) for n, seed in ((4, 21), (2, 22), (3, 23))]
     bodies = [r.SerializeToString() for r in requests]
-    submitted_meanwhile = []
-
-    async def main() -> list[Response]:
-        first = asyncio.ensure_future(_respond_later(handler, bodies[0], 0))
-        later = [asyncio.ensure_future(_respond_later(handler, body, 0.1)) for body in bodies[1:]]
-        await asyncio.sleep(0.25)  # the first is still being logged; the others wait for it
-        submitted_meanwhile.append(ingestor.stats["requests"])
-        return await asyncio.gather(first, *later)
-
-    responses = asyncio.run(main())
+    responses, submitted_meanwhile = _one_then_more(handler, ingestor, bodies)
     ingestor.stop()
     assert [r.status for r in responses] == [200, 200, 200]
-    assert submitted_meanwhile == [1]
+    assert submitted_meanwhile == 1  # the later two waited for the first's WAL write
     assert ingestor.stats["requests"] == 3 and ingestor.stats["batched_requests"] == 2
     assert _stored_span_ids(ingestor.config.out) == sorted(id_ for r in requests for id_ in _ids(r))
 
@@ -151,19 +156,10 @@ def test_enough_waiting_bytes_are_converted_without_waiting_for_the_wal(
     handler = OtlpHttpHandler(ingestor, max_request_bytes=1 << 24)
     bodies = [llm_request(4, seed=seed).SerializeToString() for seed in (31, 32)]
     monkeypatch.setattr(otlp_http, "BATCH_BYTES", len(bodies[1]))
-    submitted_meanwhile = []
-
-    async def main() -> list[Response]:
-        first = asyncio.ensure_future(_respond_later(handler, bodies[0], 0))
-        second = asyncio.ensure_future(_respond_later(handler, bodies[1], 0.1))
-        await asyncio.sleep(0.25)
-        submitted_meanwhile.append(ingestor.stats["requests"])
-        return await asyncio.gather(first, second)
-
-    responses = asyncio.run(main())
+    responses, submitted_meanwhile = _one_then_more(handler, ingestor, bodies)
     ingestor.stop()
     assert [r.status for r in responses] == [200, 200]
-    assert submitted_meanwhile == [2]  # the second did not wait for the first's WAL write
+    assert submitted_meanwhile == 2  # the second did not wait for the first's WAL write
 
 
 def _post_at_once(port: int, bodies: list[bytes]) -> list[int]:
