@@ -85,6 +85,12 @@ def _bytes_data_offset() -> int | None:
 
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
 _new_bytes.restype, _new_bytes.argtypes = ctypes.py_object, (ctypes.c_void_p, ctypes.c_ssize_t)
+_memory_view = ctypes.pythonapi.PyMemoryView_FromMemory  # a view of raw memory: no ctypes type per size
+_memory_view.restype, _memory_view.argtypes = (
+    ctypes.py_object,
+    (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int),
+)
+_PYBUF_WRITE = 0x200
 _BYTES_DATA_OFFSET = _bytes_data_offset()
 
 
@@ -100,7 +106,7 @@ def body_buffer(size: int) -> tuple[bytes | bytearray, memoryview]:
         body = bytearray(size)
         return body, memoryview(body)
     body = _new_bytes(None, size)
-    return body, memoryview((ctypes.c_char * size).from_address(id(body) + _BYTES_DATA_OFFSET)).cast("B")
+    return body, _memory_view(id(body) + _BYTES_DATA_OFFSET, size, _PYBUF_WRITE)
 
 
 class Handler(typing.Protocol):
