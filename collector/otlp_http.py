@@ -125,7 +125,6 @@ class OtlpHttpHandler:
         self.max_request_bytes = max_request_bytes
         self.started = time.time()
         self._waiting: list[tuple[bytes, asyncio.Future[ExportTraceServiceResponse]]] = []
-        self._waiting_bytes = 0
         self._accept_scheduled = False
         self._in_flight = 0  # conversions submitted whose WAL write has not been answered yet
 
@@ -172,7 +171,6 @@ class OtlpHttpHandler:
         :meth:`_accept_waiting`); the answer comes once it is in the WAL."""
         answer: asyncio.Future[ExportTraceServiceResponse] = asyncio.get_running_loop().create_future()
         self._waiting.append((payload, answer))
-        self._waiting_bytes += len(payload)
         self._schedule_accept()
         return await answer
 
@@ -180,8 +178,10 @@ class OtlpHttpHandler:
         """Accept the waiting requests in the next event-loop turn, unless CONVERSIONS_AHEAD earlier
         conversions still wait for the WAL: requests arriving meanwhile are logged after that write
         anyway, so they wait for it and are then converted as one (fewer, larger conversions)."""
-        pipeline_full = self._in_flight >= CONVERSIONS_AHEAD and self._waiting_bytes < BATCH_BYTES
-        if self._accept_scheduled or not self._waiting or pipeline_full:
+        if self._accept_scheduled or not self._waiting:
+            return
+        waiting_bytes = sum(len(payload) for payload, _ in self._waiting)
+        if self._in_flight >= CONVERSIONS_AHEAD and waiting_bytes < BATCH_BYTES:  # the pipeline is full
             return
         self._accept_scheduled = True
         asyncio.get_running_loop().call_soon(self._accept_waiting)
@@ -196,7 +196,7 @@ class OtlpHttpHandler:
         that has rejected spans to report, is converted request by request instead, as a single one is.
         """
         waiting, self._waiting = self._waiting, []
-        self._waiting_bytes, self._accept_scheduled = 0, False
+        self._accept_scheduled = False
         try:
             self._accept_batch(waiting)
         except Exception as exc:  # a bug, not bad input: answer 500 rather than leave clients waiting

@@ -102,15 +102,18 @@ def test_a_request_that_breaks_the_merged_conversion_is_answered_alone(tmp_path:
     assert _stored_span_ids(ingestor.config.out) == sorted(_ids(first) + _ids(second))
 
 
-def _slow_wal(ingestor: Ingestor, monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    """Make each WAL fsync take ``seconds`` longer, so later requests arrive while one is logged."""
+def _slow_wal_handler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Ingestor, OtlpHttpHandler]:
+    """An ingestor whose WAL fsyncs take 0.4 s longer (so later requests arrive while one is logged),
+    and a handler in front of it."""
+    ingestor = _ingestor(tmp_path)
     sync = ingestor.wal.sync
 
     def slow_sync() -> None:
-        time.sleep(seconds)
+        time.sleep(0.4)
         sync()
 
     monkeypatch.setattr(ingestor.wal, "sync", slow_sync)
+    return ingestor, OtlpHttpHandler(ingestor, max_request_bytes=1 << 24)
 
 
 def _one_then_more(
@@ -135,9 +138,7 @@ def _one_then_more(
 def test_requests_arriving_while_a_conversion_waits_for_the_wal_are_converted_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ingestor = _ingestor(tmp_path)
-    _slow_wal(ingestor, monkeypatch, 0.4)
-    handler = OtlpHttpHandler(ingestor, max_request_bytes=1 << 24)
+    ingestor, handler = _slow_wal_handler(tmp_path, monkeypatch)
     requests = [llm_request(n, seed=seed) for n, seed in ((4, 21), (2, 22), (3, 23))]
     bodies = [r.SerializeToString() for r in requests]
     responses, submitted_meanwhile = _one_then_more(handler, ingestor, bodies)
@@ -151,9 +152,7 @@ def test_requests_arriving_while_a_conversion_waits_for_the_wal_are_converted_to
 def test_enough_waiting_bytes_are_converted_without_waiting_for_the_wal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ingestor = _ingestor(tmp_path)
-    _slow_wal(ingestor, monkeypatch, 0.4)
-    handler = OtlpHttpHandler(ingestor, max_request_bytes=1 << 24)
+    ingestor, handler = _slow_wal_handler(tmp_path, monkeypatch)
     bodies = [llm_request(4, seed=seed).SerializeToString() for seed in (31, 32)]
     monkeypatch.setattr(otlp_http, "BATCH_BYTES", len(bodies[1]))
     responses, submitted_meanwhile = _one_then_more(handler, ingestor, bodies)

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from tinkertrace.netutil import BackgroundServer, free_port
 
 
@@ -47,8 +49,6 @@ def _wait_for_collector(process: subprocess.Popen[bytes], port: int, timeout: fl
     RuntimeError if it exits first (say, another server took the port: that one's answers do not
     count), TimeoutError after ``timeout`` seconds.
     """
-    import httpx
-
     deadline = time.monotonic() + timeout
     while process.poll() is None:
         try:
