@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ class CollectorProcess:
     http_port: int
     grpc_port: int
     args: list[str]
+    env: dict[str, str] | None = None  # added to this process's environment
     proc: subprocess.Popen[str] | None = None
 
     @property
@@ -36,7 +38,10 @@ class CollectorProcess:
         command = [sys.executable, "-m", "tinkertrace.collector", "--out", str(self.out)]
         command += ["--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
         command += ["--instance", "test", *self.args]
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env = {**os.environ, **(self.env or {})}
+        self.proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
         wait_for_port(self.http_port, timeout=60)
         wait_for_port(self.grpc_port, timeout=60)
         return self
@@ -66,8 +71,8 @@ def start_collector(tmp_path: Path) -> Iterator[Callable[..., CollectorProcess]]
     """``start_collector(*extra_args)`` starts a collector writing to ``tmp_path/spans``."""
     started: list[CollectorProcess] = []
 
-    def start(*args: str, out: Path | None = None) -> CollectorProcess:
-        collector = CollectorProcess(out or tmp_path / "spans", *free_ports(2), list(args))
+    def start(*args: str, out: Path | None = None, env: dict[str, str] | None = None) -> CollectorProcess:
+        collector = CollectorProcess(out or tmp_path / "spans", *free_ports(2), list(args), env)
         started.append(collector.start())
         return collector
 

@@ -190,3 +190,19 @@ def test_overload_answers_429_with_retry_after_then_recovers(tmp_path: Path) -> 
     ingestor.stop()
     assert ingestor.stats["overloaded"] == 1 and ingestor.writer.rows_written == 10
     assert isinstance(filler.table, pa.Table)
+
+
+@pytest.mark.skipif(
+    pa.default_memory_pool().backend_name != "mimalloc", reason="pyarrow built without mimalloc"
+)
+@pytest.mark.parametrize(("given", "expected"), [(None, "60000"), ("250", "250")])
+def test_collector_keeps_freed_arrow_memory_for_a_minute(
+    start_collector: Callable[..., Any], given: str | None, expected: str
+) -> None:
+    """The collector process sets mimalloc's purge delay before pyarrow loads; a value set by the user
+    wins. mimalloc prints the options it runs with when MIMALLOC_VERBOSE is set."""
+    env = {"MIMALLOC_VERBOSE": "1"} | ({"MIMALLOC_PURGE_DELAY": given} if given else {})
+    collector = start_collector(env=env)
+    assert httpx.get(f"http://127.0.0.1:{collector.http_port}/health").status_code == 200
+    output = collector.stop()
+    assert f"option 'purge_delay': {expected}" in output
