@@ -42,8 +42,12 @@ class CollectorProcess:
         self.proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
-        wait_for_port(self.http_port, timeout=60)
-        wait_for_port(self.grpc_port, timeout=60)
+        try:
+            wait_for_port(self.http_port, timeout=60)
+            wait_for_port(self.grpc_port, timeout=60)
+        except TimeoutError:  # never leave a collector running behind a failed test
+            self.kill()
+            raise
         return self
 
     def stop(self) -> str:
