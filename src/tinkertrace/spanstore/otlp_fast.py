@@ -10,6 +10,7 @@ module reproduces exactly (tests/collector/test_fast_conversion.py compares the 
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from collections.abc import Callable
 
@@ -361,5 +362,6 @@ def _distinct(
     for i in range(n_parts):
         pieces = [d[i] for d in decoded]
         parts.append(np.frombuffer(b"".join(pieces), dtype=np.uint8))
-        parts.append(np.cumsum([0, *map(len, pieces)], dtype=np.int64))
+        # a handful of distinct values: a Python running sum beats numpy's conversion of the list
+        parts.append(np.array(list(itertools.accumulate(map(len, pieces), initial=0)), dtype=np.int64))
     return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), tuple(parts)
