@@ -168,7 +168,8 @@ class Ingestor:
             self.check_capacity()
             self._pending_bytes += cost
             self.stats["spans"] += result.accepted
-        self._wal_q.put(_Item(payloads, result.table, received_at_ns, cost, future))
+            # queued under the lock: once the WAL has failed, _refuse_queued finds every item queued
+            self._wal_q.put(_Item(payloads, result.table, received_at_ns, cost, future))
         return future
 
     @property
@@ -215,6 +216,7 @@ class Ingestor:
                     self._writer_q.put(("open", self.wal.open_segment()))
         except Exception as exc:  # disk full, permissions, ...: stop acknowledging anything
             self._fail(f"write-ahead log failed: {exc!r}")
+            self._refuse_queued()
             self._writer_q.put(_STOP)
 
     def _log_batch(self, items: list[_Item]) -> None:
@@ -226,8 +228,10 @@ class Ingestor:
                     self.wal.append(payload, item.received_at_ns)
             self.wal.sync()
         except Exception as exc:
-            for item in items:
-                item.future.set_exception(Unavailable(f"write-ahead log failed: {exc!r}"))
+            with self._lock:
+                for item in items:
+                    self._pending_bytes -= item.cost
+                    item.future.set_exception(Unavailable(f"write-ahead log failed: {exc!r}"))
             raise
         for item in items:
             self._writer_q.put(("table", item))
@@ -257,3 +261,16 @@ class Ingestor:
     def _fail(self, reason: str) -> None:
         log.error(reason)
         self.failure = reason
+
+    def _refuse_queued(self) -> None:
+        """Answer the requests still waiting for the failed WAL (their clients retry elsewhere or later);
+        ``submit`` refuses new ones, since ``failure`` is set."""
+        with self._lock:
+            while True:
+                try:
+                    item = self._wal_q.get_nowait()
+                except queue.Empty:
+                    return
+                if item is not _STOP:
+                    self._pending_bytes -= item.cost
+                    item.future.set_exception(Unavailable(self.failure or "write-ahead log failed"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -18,7 +19,7 @@ import pytest
 from google.rpc import status_pb2
 
 from tinkertrace.collector.http_server import HttpServer
-from tinkertrace.collector.ingest import IngestConfig, Ingestor, file_tag
+from tinkertrace.collector.ingest import IngestConfig, Ingestor, Unavailable, file_tag
 from tinkertrace.collector.otlp_http import OtlpHttpHandler
 from tinkertrace.collector.wal import MAGIC, WriteAheadLog, read_segment, segment_ids
 from tinkertrace.netutil import free_port
@@ -190,6 +191,35 @@ def test_overload_answers_429_with_retry_after_then_recovers(tmp_path: Path) -> 
     ingestor.stop()
     assert ingestor.stats["overloaded"] == 1 and ingestor.writer.rows_written == 10
     assert isinstance(filler.table, pa.Table)
+
+
+def test_a_failed_wal_answers_every_queued_request_and_refuses_new_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests queued behind a WAL write that fails get Unavailable (HTTP 503) instead of no answer."""
+    out = tmp_path / "spans"
+    ingestor = Ingestor(IngestConfig(out=out, wal_dir=out / "_wal" / "x", instance="x"))
+    syncing, release = threading.Event(), threading.Event()
+
+    def failing_sync() -> None:
+        syncing.set()
+        release.wait(10)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ingestor.wal, "sync", failing_sync)
+    result = request_to_table(llm_request(5, seed=1), 1_767_225_600_000_000_000)
+    ingestor.start()
+    first = ingestor.submit([b"first"], result, 1_767_225_600_000_000_000)
+    assert syncing.wait(10)  # the WAL thread is inside the failing fsync; these wait in its queue
+    queued = [ingestor.submit([b"queued"], result, 1_767_225_600_000_000_000) for _ in range(3)]
+    release.set()
+    for future in [first, *queued]:
+        with pytest.raises(Unavailable, match="No space left on device"):
+            future.result(timeout=10)
+    with pytest.raises(Unavailable, match="write-ahead log failed"):
+        ingestor.submit([b"later"], result, 1_767_225_600_000_000_000)
+    assert ingestor.pending_bytes == 0
+    ingestor.stop()
 
 
 @pytest.mark.skipif(
