@@ -116,7 +116,8 @@ def run(label: str, args: argparse.Namespace, clients: int, bodies: int, extra: 
         command = [sys.executable, "-m", "tinkertrace.collector", "--out", str(out), "--http-port", str(port)]
         if args.collector_cpu is not None:  # pin the collector (all its threads) to one core
             command = ["taskset", "-c", str(args.collector_cpu), *command]
-        collector = subprocess.Popen([*command, "--no-grpc", *extra], stdout=subprocess.PIPE, text=True)
+        command += ["--no-grpc", "--zstd-level", str(args.zstd_level), *extra]
+        collector = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         wait_for_port(port, timeout=60)
         url = f"http://127.0.0.1:{port}/v1/traces"
         queue: mp.Queue = mp.Queue()
@@ -225,6 +226,9 @@ def main() -> None:
         default=128,
         help="distinct requests each client encodes and cycles through; more than a Parquet file holds "
         "(~90 of 512 spans), so files hold no repeated spans, which zstd would compress for free",
+    )
+    parser.add_argument(
+        "--zstd-level", type=int, default=1, help="the collector's --zstd-level (1 is its default)"
     )
     parser.add_argument("--no-overload", action="store_true", help="skip the overload run")
     parser.add_argument(

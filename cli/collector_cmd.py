@@ -14,6 +14,7 @@ TOKEN_ENV = "TINKERTRACE_COLLECTOR_TOKEN"
 # memory back in, zeroed as huge pages: ~2% of its CPU. After a minute unused it still goes back.
 # mimalloc reads this when pyarrow loads; a value already in the environment wins.
 ALLOCATOR_ENV = {"MIMALLOC_PURGE_DELAY": "60000"}
+ZSTD_LEVELS = (-131072, 22)  # what zstd accepts (pyarrow.Codec.minimum/maximum_compression_level)
 
 
 def mib_bytes(mib: float) -> int:
@@ -59,6 +60,16 @@ def collector(
     roll_seconds: Annotated[
         float, typer.Option(help="Roll the WAL segment and write Parquet files at least this often, seconds.")
     ] = 30.0,
+    zstd_level: Annotated[
+        int,
+        typer.Option(
+            min=ZSTD_LEVELS[0],
+            max=ZSTD_LEVELS[1],
+            help="zstd level of the Parquet files. 1 is fast; negative levels take less CPU for larger "
+            "files (-1: ~30% larger token pages on multi-turn rollouts, see docs/collector.md). "
+            "'tinkertrace spans compact --zstd-level' can recompress closed hours harder.",
+        ),
+    ] = 1,
 ) -> None:
     """Receive OTLP traces (HTTP and gRPC) and write them durably to hive-partitioned Parquet."""
     for name, value in ALLOCATOR_ENV.items():
@@ -77,6 +88,7 @@ def collector(
         max_queue_bytes=mib_bytes(max_queue_mb),
         max_file_bytes=mib_bytes(max_file_mb),
         roll_seconds=roll_seconds,
+        zstd_level=zstd_level,
     )
     raise typer.Exit(run_collector(config))
 

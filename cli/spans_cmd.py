@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from tinkertrace.cli.collector_cmd import ZSTD_LEVELS
+
 spans_app = typer.Typer(
     help="Inspect and maintain span Parquet folders (written by the collector or the SDK)."
 )
@@ -22,6 +24,15 @@ def compact(
     grace_seconds: Annotated[
         float, typer.Option(help="Only touch partitions whose hour ended at least this long ago.")
     ] = 300,
+    zstd_level: Annotated[
+        int,
+        typer.Option(
+            min=ZSTD_LEVELS[0],
+            max=ZSTD_LEVELS[1],
+            help="zstd level of the merged files (the collector writes level 1; higher levels, e.g. 3 to "
+            "9, store closed hours smaller for more CPU once).",
+        ),
+    ] = 1,
 ) -> None:
     """Merge small files of closed partitions (atomic, no duplicates, safe while a collector runs)."""
     from rich.console import Console
@@ -34,6 +45,7 @@ def compact(
         small_file_bytes=mib_bytes(small_mb),
         target_file_bytes=mib_bytes(target_mb),
         grace_s=grace_seconds,
+        zstd_level=zstd_level,
     )
     console = Console()
     console.print(

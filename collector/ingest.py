@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from tinkertrace.collector.wal import WriteAheadLog, iter_records
 from tinkertrace.spanstore.otlp_arrow import ConversionResult, body_to_table
-from tinkertrace.spanstore.writer import TEMP_PREFIX, PartitionedParquetWriter
+from tinkertrace.spanstore.writer import TEMP_PREFIX, ZSTD_LEVEL, PartitionedParquetWriter
 
 log = logging.getLogger("tinkertrace.collector")
 
@@ -52,6 +52,7 @@ class IngestConfig:
     roll_seconds: float = 30.0
     wal_segment_bytes: int = 256 * 1024 * 1024
     retry_after_s: int = 1
+    zstd_level: int = ZSTD_LEVEL
 
 
 @dataclass
@@ -95,6 +96,7 @@ class Ingestor:
             config.out,
             max_file_bytes=config.max_file_bytes,
             max_file_age_s=max(config.roll_seconds * 2, 1.0),
+            compression_level=config.zstd_level,
         )
         self._wal_q: queue.Queue[Any] = queue.Queue()
         self._writer_q: queue.Queue[Any] = queue.Queue()

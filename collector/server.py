@@ -18,6 +18,7 @@ from types import FrameType
 from tinkertrace.collector.ingest import IngestConfig, Ingestor
 from tinkertrace.spanstore import parquet_lists
 from tinkertrace.spanstore.otlp_arrow import fast_converter
+from tinkertrace.spanstore.writer import ZSTD_LEVEL
 
 MiB = 1024 * 1024
 
@@ -35,6 +36,7 @@ class CollectorConfig:
     max_queue_bytes: int = 256 * MiB
     max_file_bytes: int = 128 * MiB
     roll_seconds: float = 30.0
+    zstd_level: int = ZSTD_LEVEL
     grpc_workers: int = 8
 
     def resolved_instance(self) -> str:
@@ -81,6 +83,7 @@ def run_collector(config: CollectorConfig) -> int:
             max_queue_bytes=config.max_queue_bytes,
             max_file_bytes=config.max_file_bytes,
             roll_seconds=config.roll_seconds,
+            zstd_level=config.zstd_level,
         )
     )
     _prepare_converter()

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
 import duckdb
 from typer.testing import CliRunner
 
+from tinkertrace.cli import collector_cmd, spans_cmd
 from tinkertrace.cli.main import app
 from tinkertrace.spanstore.compact import compact
 from tinkertrace.spanstore.otlp_arrow import request_to_table
 from tinkertrace.spanstore.reader import open_spans
 from tinkertrace.spanstore.samples import llm_request
-from tinkertrace.spanstore.writer import PartitionedParquetWriter
+from tinkertrace.spanstore.writer import ZSTD_LEVEL, PartitionedParquetWriter
 
 T0 = 1_767_225_600_000_000_000  # 2026-01-01T00:00Z: long closed
 HOUR_NS = 3_600_000_000_000
@@ -76,3 +78,18 @@ def test_cli_stats_and_compact(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "compacted 4 files into 1 (40 rows)" in result.output
     assert "junk.parquet" in result.output
+
+
+def test_cli_compact_zstd_level(tmp_path: Path) -> None:
+    """``spans compact --zstd-level`` recompresses the merged file; both commands default to the writer's
+    level."""
+    sizes = {}
+    for level in ("-7", "19"):
+        root = tmp_path / f"level{level}"
+        _write_small_files(root, "sdk", range(4), T0)
+        result = CliRunner().invoke(app, ["spans", "compact", str(root), "--zstd-level", level])
+        assert result.exit_code == 0 and "compacted 4 files into 1" in result.output, result.output
+        sizes[level] = sum(path.stat().st_size for path in root.rglob("*.parquet"))
+    assert sizes["19"] < 0.97 * sizes["-7"]
+    for command in (spans_cmd.compact, collector_cmd.collector):
+        assert inspect.signature(command).parameters["zstd_level"].default == ZSTD_LEVEL

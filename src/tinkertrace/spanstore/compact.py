@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tinkertrace.spanstore.writer import TEMP_PREFIX, fsync_path, write_parquet_atomic
+from tinkertrace.spanstore.writer import TEMP_PREFIX, ZSTD_LEVEL, fsync_path, write_parquet_atomic
 
 JOURNAL_DIR = "_compact"
 WAL_DIR = "_wal"
@@ -96,8 +96,10 @@ def compact(
     small_file_bytes: int = 64 * 1024 * 1024,
     target_file_bytes: int = 256 * 1024 * 1024,
     grace_s: float = 300.0,
+    zstd_level: int = ZSTD_LEVEL,
 ) -> CompactReport:
-    """Merge files under ``small_file_bytes`` in partitions closed for ``grace_s`` into ~target-size files."""
+    """Merge files under ``small_file_bytes`` in partitions closed for ``grace_s`` into ~target-size files
+    compressed at ``zstd_level``."""
     base = Path(root)
     report = CompactReport()
     if not base.is_dir():
@@ -119,7 +121,7 @@ def compact(
                 continue
             report.partitions.append(str(partition.relative_to(base)))
             for batch in _batches(candidates, target_file_bytes):
-                _merge(base, partition, batch, report)
+                _merge(base, partition, batch, report, zstd_level)
     return report
 
 
@@ -143,7 +145,7 @@ def _batches(paths: list[Path], target: int) -> list[list[Path]]:
     return [b for b in batches if len(b) > 1]
 
 
-def _merge(root: Path, partition: Path, batch: list[Path], report: CompactReport) -> None:
+def _merge(root: Path, partition: Path, batch: list[Path], report: CompactReport, zstd_level: int) -> None:
     tables: list[pa.Table] = []
     inputs: list[Path] = []
     for path in batch:
@@ -165,7 +167,7 @@ def _merge(root: Path, partition: Path, batch: list[Path], report: CompactReport
         os.fsync(handle.fileno())
     os.replace(tmp, journal)
     fsync_path(journal.parent)
-    write_parquet_atomic(merged, output)
+    write_parquet_atomic(merged, output, zstd_level)
     for path in inputs:
         path.unlink()
     fsync_path(partition)
