@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -15,6 +15,11 @@ TOKEN_ENV = "TINKERTRACE_COLLECTOR_TOKEN"
 # mimalloc reads this when pyarrow loads; a value already in the environment wins.
 ALLOCATOR_ENV = {"MIMALLOC_PURGE_DELAY": "60000"}
 ZSTD_LEVELS = (-131072, 22)  # what zstd accepts (pyarrow.Codec.minimum/maximum_compression_level)
+
+
+def zstd_level_option(help: str) -> Any:
+    """The ``--zstd-level`` option of the commands that write span files (``help`` says what for)."""
+    return typer.Option(min=ZSTD_LEVELS[0], max=ZSTD_LEVELS[1], help=help)
 
 
 def mib_bytes(mib: float) -> int:
@@ -62,12 +67,10 @@ def collector(
     ] = 30.0,
     zstd_level: Annotated[
         int,
-        typer.Option(
-            min=ZSTD_LEVELS[0],
-            max=ZSTD_LEVELS[1],
-            help="zstd level of the Parquet files. 1 is fast; negative levels take less CPU for larger "
+        zstd_level_option(
+            "zstd level of the Parquet files. 1 is fast; negative levels take less CPU for larger "
             "files (-1: ~30% larger token pages on multi-turn rollouts, see docs/collector.md). "
-            "'tinkertrace spans compact --zstd-level' can recompress closed hours harder.",
+            "'tinkertrace spans compact --zstd-level' can recompress closed hours harder."
         ),
     ] = 1,
 ) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tinkertrace.cli.collector_cmd import ZSTD_LEVELS
+from tinkertrace.cli.collector_cmd import zstd_level_option
 
 spans_app = typer.Typer(
     help="Inspect and maintain span Parquet folders (written by the collector or the SDK)."
@@ -26,11 +26,9 @@ def compact(
     ] = 300,
     zstd_level: Annotated[
         int,
-        typer.Option(
-            min=ZSTD_LEVELS[0],
-            max=ZSTD_LEVELS[1],
-            help="zstd level of the merged files (the collector writes level 1; higher levels, e.g. 3 to "
-            "9, store closed hours smaller for more CPU once).",
+        zstd_level_option(
+            "zstd level of the merged files (the collector writes level 1; higher levels, e.g. 3 to "
+            "9, store closed hours smaller for more CPU once)."
         ),
     ] = 1,
 ) -> None:

@@ -218,7 +218,7 @@ class Ingestor:
                     self._writer_q.put(("open", self.wal.open_segment()))
         except Exception as exc:  # disk full, permissions, ...: stop acknowledging anything
             self._fail(f"write-ahead log failed: {exc!r}")
-            self._refuse_queued()
+            self._refuse_queued(f"write-ahead log failed: {exc!r}")
             self._writer_q.put(_STOP)
 
     def _log_batch(self, items: list[_Item]) -> None:
@@ -230,10 +230,7 @@ class Ingestor:
                     self.wal.append(payload, item.received_at_ns)
             self.wal.sync()
         except Exception as exc:
-            with self._lock:
-                for item in items:
-                    self._pending_bytes -= item.cost
-                    item.future.set_exception(Unavailable(f"write-ahead log failed: {exc!r}"))
+            self._refuse(items, f"write-ahead log failed: {exc!r}")
             raise
         for item in items:
             self._writer_q.put(("table", item))
@@ -264,15 +261,22 @@ class Ingestor:
         log.error(reason)
         self.failure = reason
 
-    def _refuse_queued(self) -> None:
+    def _refuse_queued(self, reason: str) -> None:
         """Answer the requests still waiting for the failed WAL (their clients retry elsewhere or later);
         ``submit`` refuses new ones, since ``failure`` is set."""
-        with self._lock:
+        queued = []
+        with self._lock:  # submit() queues under it: nothing is queued after this drain
             while True:
                 try:
-                    item = self._wal_q.get_nowait()
+                    queued.append(self._wal_q.get_nowait())
                 except queue.Empty:
-                    return
-                if item is not _STOP:
-                    self._pending_bytes -= item.cost
-                    item.future.set_exception(Unavailable(self.failure or "write-ahead log failed"))
+                    break
+        self._refuse([item for item in queued if item is not _STOP], reason)
+
+    def _refuse(self, items: list[_Item], reason: str) -> None:
+        """Answer ``items`` with :class:`Unavailable` and take them out of the queued bytes."""
+        with self._lock:
+            for item in items:
+                self._pending_bytes -= item.cost
+        for item in items:
+            item.future.set_exception(Unavailable(reason))

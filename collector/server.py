@@ -16,8 +16,7 @@ from pathlib import Path
 from types import FrameType
 
 from tinkertrace.collector.ingest import IngestConfig, Ingestor
-from tinkertrace.spanstore import parquet_lists
-from tinkertrace.spanstore.otlp_arrow import fast_converter
+from tinkertrace.spanstore.otlp_arrow import fast_converter, warm_up_kernels
 from tinkertrace.spanstore.writer import ZSTD_LEVEL
 
 MiB = 1024 * 1024
@@ -47,8 +46,7 @@ class CollectorConfig:
 def _prepare_converter() -> None:
     """Compile (first start after an install, ~15 s) or load the kernels of the fast converter and of
     the Parquet page writer."""
-    fast = fast_converter()
-    if fast is None:
+    if fast_converter() is None:
         print(
             "tinkertrace collector: numba is not installed, so spans are converted by the reference decoder "
             "(about 3.5x more CPU per span); pip install 'tinkertrace[collector]' for the compiled one",
@@ -56,8 +54,7 @@ def _prepare_converter() -> None:
         )
         return
     started = time.monotonic()
-    fast.warm_up()
-    parquet_lists.warm_up()
+    warm_up_kernels()
     if time.monotonic() - started > 2:
         print(
             f"tinkertrace collector: compiled the span-scan kernels in {time.monotonic() - started:.0f}s "

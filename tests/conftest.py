@@ -13,13 +13,9 @@ from tinkertrace.testing.openai_server import RunningServer, ServerOptions, star
 def _compiled_span_scan() -> None:
     """Compile (or load from numba's cache) the span converter's kernels once, before any test, so no
     test's embedded sink or collector pays the first compilation inside its own timeouts."""
-    from tinkertrace.spanstore import parquet_lists
-    from tinkertrace.spanstore.otlp_arrow import fast_converter
+    from tinkertrace.spanstore.otlp_arrow import warm_up_kernels
 
-    fast = fast_converter()
-    if fast is not None:
-        fast.warm_up()
-        parquet_lists.warm_up()
+    warm_up_kernels()
 
 
 @pytest.fixture(scope="session")

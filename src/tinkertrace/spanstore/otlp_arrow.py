@@ -312,6 +312,19 @@ def fast_converter() -> ModuleType | None:
     return otlp_fast
 
 
+def warm_up_kernels() -> bool:
+    """Compile (first run after an install, ~15 s) or load from numba's cache the compiled kernels: the
+    span scan and the Parquet page gather. ``False`` when numba is not installed."""
+    fast = fast_converter()
+    if fast is None:
+        return False
+    from tinkertrace.spanstore import parquet_lists
+
+    fast.warm_up()
+    parquet_lists.warm_up()
+    return True
+
+
 def id_problem(
     trace_len: int, trace_zero: bool, span_len: int, span_zero: bool, parent_len: int
 ) -> str | None:
