@@ -1,10 +1,13 @@
 """Local engine speed: forward_backward + optim_step, a plain PyTorch loop on the same batch, sampling.
 
-Prints, per built-in size: training tokens/s through the engine (full fine-tuning and LoRA), the
-same step written as a plain PyTorch loop (and the engine/plain ratio), and sampling tokens/s.
-Uses CUDA when available.
+Prints, per model: training tokens/s through the engine (full fine-tuning and LoRA), the same step
+written as a plain PyTorch loop (and the engine/plain ratio), and sampling tokens/s. Uses CUDA when
+available. Models are built-in sizes, local Hugging Face folders, or randomly initialised Llama
+shapes written to a temporary folder (``--random HIDDENxLAYERS``; nothing is downloaded), which
+measure the engine on larger models, e.g. on a GPU:
 
     .venv/bin/python benchmarks/engine_step.py --sizes nano small base --threads 1
+    python benchmarks/engine_step.py --sizes --random 1024x16 2048x16 --skip-full
 """
 
 from __future__ import annotations
@@ -15,16 +18,46 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
 from tinker import types
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from tinkertrace.engine import BUILTIN_SIZES, ServiceClient
 from tinkertrace.engine.model import load_base_model, parameter_count
-from tinkertrace.tokenizer import BUILTIN_MODEL
+from tinkertrace.tokenizer import BUILTIN_MODEL, builtin_tokenizer
+
+HEAD_DIM = 64
+"""Head size of the ``--random`` shapes (as in Llama-style models of a few hundred million weights)."""
+
+
+def write_random_llama(folder: Path, shape: str, vocab_size: int) -> Path:
+    """A randomly initialised Llama of ``HIDDENxLAYERS`` with the built-in tokenizer, saved to ``folder``.
+
+    The vocabulary is ``vocab_size`` (the tokenizer covers its first ids), so the unembedding costs
+    what a real model's does; the MLP is 8/3 of the hidden size, as in Llama.
+    """
+    hidden, layers = (int(x) for x in shape.lower().split("x"))
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=(hidden * 8 // 3 + 255) // 256 * 256,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // HEAD_DIM,
+        num_key_value_heads=hidden // HEAD_DIM,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        eos_token_id=258,
+        pad_token_id=259,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    builtin_tokenizer().save_pretrained(folder)
+    return folder
 
 
 def make_batch(batch: int, seq_len: int, vocab: int, seed: int = 0) -> list[types.Datum]:
@@ -111,7 +144,19 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--sizes", nargs="+", default=["nano", "small", "base"], choices=sorted(BUILTIN_SIZES)
+        "--sizes", nargs="*", default=["nano", "small", "base"], choices=sorted(BUILTIN_SIZES)
+    )
+    parser.add_argument("--models", nargs="*", default=[], help="local Hugging Face model folders")
+    parser.add_argument(
+        "--random", nargs="*", default=[], metavar="HIDDENxLAYERS", help="random Llama shapes, e.g. 1024x16"
+    )
+    parser.add_argument("--vocab", type=int, default=32_000, help="vocabulary of the --random shapes")
+    parser.add_argument("--skip-full", action="store_true", help="skip full fine-tuning (LoRA rows only)")
+    parser.add_argument(
+        "--matmul-precision",
+        choices=["highest", "high", "medium"],
+        default=None,
+        help="torch.set_float32_matmul_precision (high = TF32 on CUDA); default: torch's",
     )
     parser.add_argument("--batch", type=int, default=8, help="sequences per training step")
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
@@ -123,16 +168,24 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     args = parser.parse_args()
 
+    if args.matmul_precision:
+        torch.set_float32_matmul_precision(args.matmul_precision)
     console = Console(width=150)
     with tempfile.TemporaryDirectory() as tmp:
         service = ServiceClient(tmp, device=args.device, cpu_threads=args.threads)
         device = service.device
+        models = [(size, f"{BUILTIN_MODEL}:{size}") for size in args.sizes]
+        models += [(Path(folder).name, folder) for folder in args.models]
+        for shape in args.random:
+            folder = write_random_llama(Path(tmp) / f"llama-{shape}", shape, args.vocab)
+            models.append((f"llama {shape}", str(folder)))
+        precision = torch.get_float32_matmul_precision()
         table = Table(
-            title=f"{BUILTIN_MODEL} on the local engine, {device} ({torch.get_num_threads()} CPU threads), "
-            f"training batch {args.batch} x {args.seq_len} tokens"
+            title=f"The local engine on {device} ({torch.get_num_threads()} CPU threads, float32 matmul "
+            f"precision {precision}), training batch {args.batch} x {args.seq_len} tokens"
         )
         for col in (
-            "size",
+            "model",
             "params",
             "full FT tok/s",
             "plain torch tok/s",
@@ -144,23 +197,26 @@ def main() -> None:
             table.add_column(col, justify="right")
         data = make_batch(args.batch, args.seq_len, vocab=256)
         tokens = args.batch * args.seq_len
-        for size in args.sizes:
-            name = f"{BUILTIN_MODEL}:{size}"
+        for label, name in models:
             params = parameter_count(load_base_model(name, device))
-            full = engine_step_seconds(service, name, 0, data, args.steps)
-            plain = plain_step_seconds(name, data, device, args.steps)
+            full = plain = None
+            if not args.skip_full:
+                full = engine_step_seconds(service, name, 0, data, args.steps)
+                plain = plain_step_seconds(name, data, device, args.steps)
             lora = engine_step_seconds(service, name, args.lora_rank, data, args.steps)
             sample = sampling_tokens_per_s(service, name, args.samples, args.max_tokens)
             table.add_row(
-                size,
+                label,
                 f"{params / 1e6:.2f}M",
-                f"{tokens / full:,.0f}",
-                f"{tokens / plain:,.0f}",
-                f"{plain / full:.2f}",
+                f"{tokens / full:,.0f}" if full else "-",
+                f"{tokens / plain:,.0f}" if plain else "-",
+                f"{plain / full:.2f}" if full and plain else "-",
                 f"{tokens / lora:,.0f}",
-                f"{full * 1000:.1f}",
+                f"{full * 1000:.1f}" if full else "-",
                 f"{sample:,.0f}",
             )
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         console.print(table)
 
 
