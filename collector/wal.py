@@ -5,11 +5,14 @@ A segment starts with :data:`MAGIC`, then records ``<u32 length><u32 crc32c><i64
 span). Segments without the magic were written by earlier versions with zlib's crc32 and are still
 replayed. Segments are named by their creation time in nanoseconds (``<20 digits>.wal``) so names grow
 across restarts. A torn record at the end of a segment (a crash mid-append, never acknowledged) ends
-that segment's replay.
+that segment's replay, and so does zero padding (see :class:`WriteAheadLog`).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import mmap
 import os
 import struct
 import time
@@ -23,6 +26,8 @@ import google_crc32c
 _HEADER = struct.Struct("<IIq")
 SUFFIX = ".wal"
 MAGIC = b"TTWAL\x00\x02\n"  # format 2: CRC-32C records
+BLOCK = 4096  # O_DIRECT writes whole blocks of this size, from memory aligned to it
+STAGE_BYTES = 4 * 1024 * 1024  # staged bytes beyond this are written out before the batch's sync
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,10 @@ def read_segment(path: Path) -> tuple[list[WalRecord], str | None]:
         if offset + _HEADER.size > len(data):
             return records, f"{path.name}: torn header at byte {offset} dropped"
         length, crc, received = _HEADER.unpack_from(data, offset)
+        if length == crc == received == 0:  # the zero padding of the last block: the end
+            if data.count(0, offset) == len(data) - offset:
+                return records, None
+            return records, f"{path.name}: torn data after the padding at byte {offset} dropped"
         start = offset + _HEADER.size
         payload = data[start : start + length]
         if len(payload) != length or checksum(payload) != crc:
@@ -72,22 +81,45 @@ def iter_records(wal_dir: Path) -> Iterator[tuple[int, list[WalRecord], str | No
 
 
 class WriteAheadLog:
-    """Appends records to the current segment; the caller fsyncs a batch with :meth:`sync`."""
+    """Appends records to the current segment; :meth:`sync` writes a batch and makes it durable.
 
-    def __init__(self, wal_dir: Path) -> None:
+    Records are staged in page-aligned memory and written by :meth:`sync`. Where the file system
+    allows, a segment is opened with ``O_DIRECT``: its bytes go from that memory to the disk without
+    being copied into the page cache, which took ~35% less CPU per 1.4 MB record (measured, see
+    docs/collector.md) and leaves the other threads' caches alone. ``O_DIRECT`` writes whole
+    blocks (:data:`BLOCK`), so each sync pads the last block with zeros and the next one writes that block
+    again, completed; replay stops at the padding. Elsewhere (tmpfs, not Linux) the writes are plain.
+    """
+
+    def __init__(self, wal_dir: Path, *, direct: bool = True) -> None:
         self.dir = wal_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.segment = 0
         self.segment_bytes = 0
         self.segment_started = 0.0
+        self.direct = False  # whether the open segment is written with O_DIRECT
+        self._try_direct = direct and hasattr(os, "O_DIRECT")
         self._fd = -1
+        self._offset = 0  # where in the segment the staged bytes go (a block boundary when direct)
+        self._stage = mmap.mmap(-1, STAGE_BYTES + 2 * BLOCK)  # page-aligned
+        self._staged = 0
 
     def open_segment(self) -> int:
         """Start a new segment whose id is above every existing one; returns the id."""
         newest = max(segment_ids(self.dir), default=0)
         self.segment = max(time.time_ns(), newest + 1, self.segment + 1)
-        self._fd = os.open(segment_path(self.dir, self.segment), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        self._write_all(MAGIC)  # made durable by the first batch's sync, before any acknowledgement
+        path, flags = segment_path(self.dir, self.segment), os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        self.direct = self._try_direct
+        try:
+            self._fd = os.open(path, flags | (os.O_DIRECT if self.direct else 0), 0o644)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or not self.direct:
+                raise
+            path.unlink(missing_ok=True)
+            self.direct = self._try_direct = False  # this file system refuses O_DIRECT
+            self._fd = os.open(path, flags, 0o644)
+        self._offset = self._staged = 0
+        self._add(MAGIC)  # made durable by the first batch's sync, before any acknowledgement
         self.segment_bytes = 0
         self.segment_started = time.monotonic()
         fd = os.open(self.dir, os.O_RDONLY)
@@ -98,22 +130,22 @@ class WriteAheadLog:
         return self.segment
 
     def append(self, payload: bytes, received_at_ns: int) -> None:
-        header = _HEADER.pack(len(payload), google_crc32c.value(payload), received_at_ns)
-        written = os.writev(self._fd, [header, payload])
-        if written != len(header) + len(payload):  # short write: finish it
-            self._write_all((header + payload)[written:])
-        self.segment_bytes += len(header) + len(payload)
-
-    def _write_all(self, data: bytes) -> None:
-        while data:
-            data = data[os.write(self._fd, data) :]
+        """Stage one record (``payload`` must not be empty); :meth:`sync` writes it."""
+        if not payload:
+            raise ValueError("a WAL record needs a payload")
+        self._add(_HEADER.pack(len(payload), google_crc32c.value(payload), received_at_ns))
+        self._add(payload)
+        self.segment_bytes += _HEADER.size + len(payload)
 
     def sync(self) -> None:
+        """Write everything staged and make it durable."""
+        self._write(final=True)
         os.fdatasync(self._fd)
 
     def close_segment(self) -> int:
-        """Fsync and close the current segment; returns its id."""
+        """Write what is staged, fsync and close the current segment; returns its id."""
         if self._fd >= 0:
+            self._write(final=True)
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = -1
@@ -121,3 +153,44 @@ class WriteAheadLog:
 
     def delete(self, segment: int) -> None:
         segment_path(self.dir, segment).unlink(missing_ok=True)
+
+    def _add(self, data: bytes) -> None:
+        """Copy ``data`` into the staging memory, writing out whole blocks whenever it is full."""
+        view = memoryview(data)
+        while view:
+            room = STAGE_BYTES + BLOCK - self._staged
+            self._stage[self._staged : self._staged + min(room, len(view))] = view[:room]
+            self._staged += min(room, len(view))
+            view = view[room:]
+            if self._staged >= STAGE_BYTES:
+                self._write(final=False)
+
+    def _write(self, *, final: bool) -> None:
+        """Write the staged bytes at ``_offset``. Direct: the whole blocks, and if ``final`` the last
+        partial block padded with zeros, which stays staged to be written again, completed, later."""
+        staged = self._staged
+        if not self.direct:
+            self._pwrite(staged)
+            self._offset, self._staged = self._offset + staged, 0
+            return
+        whole = staged // BLOCK * BLOCK
+        end = -(-staged // BLOCK) * BLOCK if final else whole
+        self._stage[staged:end] = bytes(end - staged)
+        self._pwrite(end)
+        self._stage.move(0, whole, staged - whole)  # the partial block moves to the front
+        self._offset, self._staged = self._offset + whole, staged - whole
+
+    def _pwrite(self, size: int) -> None:
+        view, done = memoryview(self._stage), 0
+        try:
+            while done < size:
+                try:
+                    done += os.pwrite(self._fd, view[done:size], self._offset + done)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL or not self.direct:
+                        raise
+                    # the file system took O_DIRECT at open but refuses its writes: write plainly
+                    fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                    self.direct = self._try_direct = False
+        finally:
+            view.release()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import gzip
+import os
 import struct
 import threading
 import time
@@ -14,6 +17,7 @@ from typing import Any
 
 import grpc
 import httpx
+import numpy as np
 import pyarrow as pa
 import pytest
 from google.rpc import status_pb2
@@ -21,7 +25,7 @@ from google.rpc import status_pb2
 from tinkertrace.collector.http_server import HttpServer
 from tinkertrace.collector.ingest import IngestConfig, Ingestor, Unavailable, file_tag
 from tinkertrace.collector.otlp_http import OtlpHttpHandler
-from tinkertrace.collector.wal import MAGIC, WriteAheadLog, read_segment, segment_ids
+from tinkertrace.collector.wal import BLOCK, MAGIC, STAGE_BYTES, WriteAheadLog, read_segment, segment_ids
 from tinkertrace.netutil import free_port
 from tinkertrace.spanstore.otlp_arrow import request_to_table
 from tinkertrace.spanstore.samples import llm_request
@@ -66,9 +70,10 @@ def test_recovery_replaces_partial_files_of_a_segment(tmp_path: Path) -> None:
     for request in requests:
         wal.append(request.SerializeToString(), 1_767_225_600_000_000_000)
     wal.sync()
-    with open(wal.dir / f"{segment:020d}.wal", "ab") as torn:
-        torn.write(b"\x10\x00\x00\x00garbage")  # a record cut short by the crash: never acknowledged
     wal.close_segment()
+    with open(wal.dir / f"{segment:020d}.wal", "r+b") as torn:  # after the last record (and over any padding)
+        torn.seek(len(MAGIC) + wal.segment_bytes)
+        torn.write(b"\x10\x00\x00\x00garbage")  # a record cut short by the crash: never acknowledged
     # before the crash the writer had already written the first request of this segment
     partial = PartitionedParquetWriter(out, file_prefix=file_tag("c1", segment))
     partial.write(request_to_table(requests[0], 1_767_225_600_000_000_000).table)
@@ -87,14 +92,23 @@ def test_recovery_replaces_partial_files_of_a_segment(tmp_path: Path) -> None:
     assert segment_ids(wal_dir) == []
 
 
-def test_wal_reads_its_crc32c_records_and_legacy_crc32_segments(tmp_path: Path) -> None:
-    wal = WriteAheadLog(tmp_path)
-    segment = wal.open_segment()
+def open_wal(path: Path, direct: bool) -> WriteAheadLog:
+    """A WAL with a fresh segment, skipping the test if ``direct`` is asked where O_DIRECT is refused."""
+    wal = WriteAheadLog(path, direct=direct)
+    wal.open_segment()
+    if direct and not wal.direct:
+        pytest.skip(f"the file system of {path} refuses O_DIRECT")
+    return wal
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
+def test_wal_reads_its_crc32c_records_and_legacy_crc32_segments(tmp_path: Path, direct: bool) -> None:
+    wal = open_wal(tmp_path, direct)
     wal.append(b"first", 1)
     wal.append(b"second", 2)
     wal.sync()
     wal.close_segment()
-    path = tmp_path / f"{segment:020d}.wal"
+    path = tmp_path / f"{wal.segment:020d}.wal"
     data = path.read_bytes()
     assert data.startswith(MAGIC)
     records, note = read_segment(path)
@@ -102,7 +116,9 @@ def test_wal_reads_its_crc32c_records_and_legacy_crc32_segments(tmp_path: Path) 
         (1, b"first"),
         (2, b"second"),
     ] and note is None
-    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # one flipped bit in the last payload
+    end = len(MAGIC) + wal.segment_bytes
+    assert len(data) == (-(-end // BLOCK) * BLOCK if direct else end)  # O_DIRECT pads the last block
+    path.write_bytes(data[: end - 1] + bytes([data[end - 1] ^ 1]) + data[end:])  # a flipped payload bit
     records, note = read_segment(path)
     assert [r.payload for r in records] == [b"first"] and "corrupt record" in str(note)
     path.write_bytes(MAGIC[:3])  # crash while the segment header was written: nothing was acknowledged
@@ -110,6 +126,70 @@ def test_wal_reads_its_crc32c_records_and_legacy_crc32_segments(tmp_path: Path) 
     legacy = tmp_path / "legacy.wal"  # written before the magic: <len><zlib crc32><ns><payload>
     legacy.write_bytes(b"".join(struct.pack("<IIq", len(p), zlib.crc32(p), 7) + p for p in (b"a", b"bc")))
     assert [r.payload for r in read_segment(legacy)[0]] == [b"a", b"bc"]
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
+def test_wal_batches_of_any_size_replay_exactly(tmp_path: Path, direct: bool) -> None:
+    """Batches end anywhere in a block (O_DIRECT rewrites the last block, completed, with the next
+    batch), and records larger than the staging memory are written in pieces."""
+    wal = open_wal(tmp_path, direct)
+    rng = np.random.default_rng(0)
+    sizes = [[1], [BLOCK - 16], [3, 5000, 17], [STAGE_BYTES + 12_345], [BLOCK], [70_000] * 80, [9]]
+    batches = [[rng.bytes(size) for size in batch] for batch in sizes]
+    for number, batch in enumerate(batches):
+        for payload in batch:
+            wal.append(payload, number)
+        wal.sync()
+        records, note = read_segment(tmp_path / f"{wal.segment:020d}.wal")  # what a crash now leaves
+        assert note is None
+        assert [r.payload for r in records] == [p for b in batches[: number + 1] for p in b]
+    wal.close_segment()
+    path = tmp_path / f"{wal.segment:020d}.wal"
+    records, note = read_segment(path)
+    assert [(r.received_at_ns, r.payload) for r in records] == [
+        (number, p) for number, batch in enumerate(batches) for p in batch
+    ] and note is None
+    if direct:  # a crash mid-batch left new bytes beyond the padding: they were never acknowledged
+        with path.open("ab") as torn:
+            torn.write(b"\x01" * 100)
+        records, note = read_segment(path)
+        assert len(records) == sum(map(len, batches)) and "torn data after the padding" in str(note)
+    with pytest.raises(ValueError, match="needs a payload"):
+        wal.append(b"", 0)
+
+
+@pytest.mark.parametrize("refused_by", ["open", "write"])
+def test_wal_writes_plainly_where_o_direct_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused_by: str
+) -> None:
+    """A file system that refuses O_DIRECT (tmpfs, some network file systems) at open or only at the
+    first write gets plain writes, and loses nothing."""
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT on this platform")
+    real_open, real_pwrite = os.open, os.pwrite
+
+    def refusing_open(path: Any, flags: int, *args: Any) -> int:
+        if refused_by == "open" and flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    def refusing_pwrite(fd: int, data: Any, offset: int) -> int:
+        if refused_by == "write" and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    monkeypatch.setattr(os, "pwrite", refusing_pwrite)
+    wal = WriteAheadLog(tmp_path)
+    for first in (b"one", b"three"):  # two segments: the second starts plain at once
+        wal.open_segment()
+        wal.append(first, 1)
+        wal.append(b"two", 2)
+        wal.sync()
+        wal.close_segment()
+        assert not wal.direct
+        records, note = read_segment(tmp_path / f"{wal.segment:020d}.wal")
+        assert [r.payload for r in records] == [first, b"two"] and note is None
 
 
 @pytest.mark.slow
