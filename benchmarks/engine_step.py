@@ -42,6 +42,7 @@ def write_random_llama(folder: Path, shape: str, vocab_size: int) -> Path:
     what a real model's does; the MLP is 8/3 of the hidden size, as in Llama.
     """
     hidden, layers = (int(x) for x in shape.lower().split("x"))
+    tokenizer = builtin_tokenizer()
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -51,12 +52,12 @@ def write_random_llama(folder: Path, shape: str, vocab_size: int) -> Path:
         num_key_value_heads=hidden // HEAD_DIM,
         max_position_embeddings=4096,
         tie_word_embeddings=False,
-        eos_token_id=258,
-        pad_token_id=259,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
-    builtin_tokenizer().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     return folder
 
 

@@ -97,11 +97,10 @@ class WriteAheadLog:
         self.segment = 0
         self.segment_bytes = 0
         self.segment_started = 0.0
-        self.direct = False  # whether the open segment is written with O_DIRECT
-        self._try_direct = direct and hasattr(os, "O_DIRECT")
+        self.direct = direct and hasattr(os, "O_DIRECT")  # False once the file system refuses it
         self._fd = -1
         self._offset = 0  # where in the segment the staged bytes go (a block boundary when direct)
-        self._stage = mmap.mmap(-1, STAGE_BYTES + 2 * BLOCK)  # page-aligned
+        self._stage = memoryview(mmap.mmap(-1, STAGE_BYTES + 2 * BLOCK))  # page-aligned
         self._staged = 0
 
     def open_segment(self) -> int:
@@ -109,14 +108,13 @@ class WriteAheadLog:
         newest = max(segment_ids(self.dir), default=0)
         self.segment = max(time.time_ns(), newest + 1, self.segment + 1)
         path, flags = segment_path(self.dir, self.segment), os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        self.direct = self._try_direct
         try:
             self._fd = os.open(path, flags | (os.O_DIRECT if self.direct else 0), 0o644)
         except OSError as exc:
             if exc.errno != errno.EINVAL or not self.direct:
                 raise
             path.unlink(missing_ok=True)
-            self.direct = self._try_direct = False  # this file system refuses O_DIRECT
+            self.direct = False  # this file system refuses O_DIRECT
             self._fd = os.open(path, flags, 0o644)
         self._offset = self._staged = 0
         self._add(MAGIC)  # made durable by the first batch's sync, before any acknowledgement
@@ -158,10 +156,10 @@ class WriteAheadLog:
         """Copy ``data`` into the staging memory, writing out whole blocks whenever it is full."""
         view = memoryview(data)
         while view:
-            room = STAGE_BYTES + BLOCK - self._staged
-            self._stage[self._staged : self._staged + min(room, len(view))] = view[:room]
-            self._staged += min(room, len(view))
-            view = view[room:]
+            taken = min(STAGE_BYTES + BLOCK - self._staged, len(view))
+            self._stage[self._staged : self._staged + taken] = view[:taken]
+            self._staged += taken
+            view = view[taken:]
             if self._staged >= STAGE_BYTES:
                 self._write(final=False)
 
@@ -177,20 +175,17 @@ class WriteAheadLog:
         end = -(-staged // BLOCK) * BLOCK if final else whole
         self._stage[staged:end] = bytes(end - staged)
         self._pwrite(end)
-        self._stage.move(0, whole, staged - whole)  # the partial block moves to the front
+        self._stage[: staged - whole] = self._stage[whole:staged]  # the partial block moves to the front
         self._offset, self._staged = self._offset + whole, staged - whole
 
     def _pwrite(self, size: int) -> None:
-        view, done = memoryview(self._stage), 0
-        try:
-            while done < size:
-                try:
-                    done += os.pwrite(self._fd, view[done:size], self._offset + done)
-                except OSError as exc:
-                    if exc.errno != errno.EINVAL or not self.direct:
-                        raise
-                    # the file system took O_DIRECT at open but refuses its writes: write plainly
-                    fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-                    self.direct = self._try_direct = False
-        finally:
-            view.release()
+        done = 0
+        while done < size:
+            try:
+                done += os.pwrite(self._fd, self._stage[done:size], self._offset + done)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL or not self.direct:
+                    raise
+                # the file system took O_DIRECT at open but refuses its writes: write plainly
+                fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                self.direct = False
