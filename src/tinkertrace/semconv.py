@@ -81,6 +81,13 @@ RESPONSE_PROMPT_TOKEN_IDS: Final = "prompt_token_ids"
 RESPONSE_CHOICE_TOKEN_IDS: Final = "token_ids"
 RESPONSE_POLICY_VERSION: Final = "policy_version"
 HEADER_POLICY_VERSION: Final = "x-tinkertrace-policy-version"
+# The same extension on the Responses API (/v1/responses): the request asks with REQUEST_RETURN_TOKEN_IDS
+# (logprobs with include=["message.output_text.logprobs"]); the Response object (non-streaming, and the
+# `response` of the `response.completed` stream event) carries these top-level fields. Output ids are every
+# sampled token, tool-call tokens included; the logprobs are aligned with them.
+RESPONSES_PROMPT_TOKEN_IDS: Final = "prompt_token_ids"
+RESPONSES_OUTPUT_TOKEN_IDS: Final = "output_token_ids"
+RESPONSES_OUTPUT_LOGPROBS: Final = "output_token_logprobs"
 
 # --- Agent-lightning span forms (v0.2–v0.3), read by the builder ------------------------------------
 AGL_ANNOTATION_SPAN: Final = "agentlightning.annotation"
