@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -155,6 +156,14 @@ def train(
     publish_token: Annotated[
         str | None, typer.Option(help="--follow: the endpoint's admin token (or $TINKERTRACE_ADMIN_TOKEN).")
     ] = None,
+    admission: Annotated[
+        bool,
+        typer.Option(
+            help="--follow with --publish-url: tell the endpoint how many rollouts each step consumes, so it "
+            "starts a new rollout only while it will be trained within --max-staleness versions (agents "
+            "wait instead of sampling rollouts that would be dropped as stale)."
+        ),
+    ] = True,
 ) -> None:
     """Train the policy with RL on traced trajectories, on the local engine or hosted Tinker.
 
@@ -194,20 +203,21 @@ def train(
             overrides["loss_config"] = parse_key_values(loss_config)
         settings = make_config(config, overrides)
         if follow:
-            _follow(
-                settings,
-                console,
-                progress,
-                max_steps,
-                group_size,
-                group_timeout,
-                max_staleness,
-                staleness_mode,
-                poll_seconds,
-                idle_timeout,
-                publish_url,
-                publish_token,
+            from tinkertrace.online.follow import FollowOptions
+
+            options = FollowOptions(
+                group_size=group_size,
+                group_timeout_s=group_timeout,
+                max_staleness=max_staleness,
+                staleness_mode=staleness_mode,  # type: ignore[arg-type]
+                poll_s=poll_seconds,
+                max_steps=max_steps,
+                idle_timeout_s=idle_timeout,
+                publish_url=publish_url,
+                publish_token=publish_token or os.environ.get("TINKERTRACE_ADMIN_TOKEN"),
+                admission=admission,
             )
+            _follow(settings, options, console, progress)
             return
         result = run_training(settings, progress=progress, console=console)
     except TrainingError as exc:
@@ -227,26 +237,13 @@ def train(
         typer.echo(f"state: {final['state_path']}")
 
 
-def _follow(settings: Any, console: Any, progress: bool, *follow_args: Any) -> None:
+def _follow(settings: Any, options: Any, console: Any, progress: bool) -> None:
     """`train --follow`: run the follow trainer until stopped (Ctrl-C) or --max-steps."""
-    import os
     import signal
     import threading
 
-    from tinkertrace.online.follow import FollowOptions, FollowTrainer
+    from tinkertrace.online.follow import FollowTrainer
 
-    max_steps, group_size, timeout, staleness, mode, poll, idle, url, token = follow_args
-    options = FollowOptions(
-        group_size=group_size,
-        group_timeout_s=timeout,
-        max_staleness=staleness,
-        staleness_mode=mode,
-        poll_s=poll,
-        max_steps=max_steps,
-        idle_timeout_s=idle,
-        publish_url=url,
-        publish_token=token or os.environ.get("TINKERTRACE_ADMIN_TOKEN"),
-    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

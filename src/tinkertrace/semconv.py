@@ -81,6 +81,8 @@ RESPONSE_PROMPT_TOKEN_IDS: Final = "prompt_token_ids"
 RESPONSE_CHOICE_TOKEN_IDS: Final = "token_ids"
 RESPONSE_POLICY_VERSION: Final = "policy_version"
 HEADER_POLICY_VERSION: Final = "x-tinkertrace-policy-version"
+# Sent by the SDK with every LLM call inside a rollout: the endpoint admits new rollouts by it.
+HEADER_ROLLOUT_ID: Final = "x-tinkertrace-rollout-id"
 # The same extension on the Responses API (/v1/responses): the request asks with REQUEST_RETURN_TOKEN_IDS
 # (logprobs with include=["message.output_text.logprobs"]); the Response object (non-streaming, and the
 # `response` of the `response.completed` stream event) carries these top-level fields. Output ids are every

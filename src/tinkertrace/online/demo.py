@@ -42,7 +42,7 @@ class DemoSettings:
     group_size: int = 8
     groups_per_batch: int = 4
     max_tokens: int = 20
-    max_staleness: int = 3
+    max_staleness: int = 1
 
 
 def sparkline(values: list[float]) -> str:
@@ -143,15 +143,15 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
             around=Live(display, console=console, refresh_per_second=4, transient=False),
         )
         served = stack.holder.version
+        admission = stack.holder.admission.stats()
         agent_rows = stack.agent_results()
     summary = summarize(
         config.log_dir,
         agent_rows,
+        result,
         elapsed_s=time.monotonic() - started,
-        lags_s=result.lags_s,
-        dropped_stale=result.rollouts_dropped_stale,
-        dropped_constant=result.rollouts_dropped_constant,
         served_version=served,
+        admission=admission,
     )
     summary["out"] = str(out)
     summary_path, curve = write_report(out, summary)

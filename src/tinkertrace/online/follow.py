@@ -1,15 +1,19 @@
 """Tail-follow training: train on rollouts as their spans arrive, publish each new policy version.
 
-Each poll builds only new complete rollouts (:class:`~tinkertrace.online.tail.SpanTail`) into a
-buffer. A group (the GRPO group key) is ready once it holds ``group_size`` rollouts, or at least
-two after waiting ``group_timeout_s``. When ``groups_per_batch`` groups are ready (or the oldest
-ready one waited ``group_timeout_s``) one step runs: advantages and Datums as in batch mode
-(the shared step of ``training.step``), then a checkpoint whose record lists
-the rollouts trained (and dropped), then the new weights are published as policy version = steps.
+Each poll builds only new complete rollouts (:class:`~tinkertrace.online.tail.SpanTail`, polled on
+its own thread so building overlaps training) into a buffer. A group (the GRPO group key) is ready
+once it holds ``group_size`` rollouts, or at least two after waiting ``group_timeout_s``. When
+``groups_per_batch`` groups are ready (or the oldest ready one waited ``group_timeout_s``) one step
+runs: advantages and Datums as in batch mode (the shared step of ``training.step``), then a
+checkpoint whose record lists the rollouts trained (and dropped), then the new weights are published
+as policy version = steps.
 
 Staleness: a rollout sampled by policy version ``v`` is ``step - v`` versions old at training time;
 beyond ``max_staleness`` it is dropped (``staleness_mode="drop"``) or its advantage is scaled by
 ``staleness_decay ** (age - max_staleness)`` (``"downweight"``). Dropped counts are logged.
+Staleness is bounded at the source too: the trainer states its demand (rollouts per step, max
+staleness) to the endpoint it publishes to, whose admission gate starts only as many new rollouts
+as the trainer will consume in time (:mod:`tinkertrace.serving.admission`).
 
 Exactly-once: every step is checkpointed with its rollout ids; a restart reloads the last state with
 its optimizer and skips every recorded rollout, so nothing is trained twice.
@@ -24,7 +28,7 @@ from collections.abc import Callable
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +36,7 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from tinkertrace.online.tail import SpanTail
+from tinkertrace.online.tail import BackgroundTail, SpanTail
 from tinkertrace.training import step as shared_step
 from tinkertrace.training.backends import make_service_client
 from tinkertrace.training.checkpoints import read_checkpoints
@@ -42,7 +46,22 @@ from tinkertrace.training.errors import ConfigError, DataError, raise_problems
 
 FOLLOW_MODE = "follow"
 StepCallback = Callable[[int, dict[str, Any]], None]
-Publisher = Callable[[dict[str, Any]], None]
+LAG_PARTS = ("arrive", "queue", "train")  # rollout end → built → its step starts → its step ends
+
+
+class Publisher(Protocol):
+    """Where the follow trainer states its demand and publishes each new policy version."""
+
+    def demand(self, rollouts_per_step: int, max_staleness: int) -> None:
+        """Before the first step: what the trainer consumes (the endpoint admits rollouts by it)."""
+
+    def publish(self, record: dict[str, Any]) -> None:
+        """A new version (a checkpoint record with its trained and dropped rollout ids)."""
+
+
+def consumed_ids(record: dict[str, Any]) -> list[str]:
+    """The rollouts a checkpoint record consumed: trained or dropped."""
+    return [*record.get("trained_rollout_ids", []), *record.get("dropped_rollout_ids", [])]
 
 
 @dataclass
@@ -59,6 +78,7 @@ class FollowOptions:
     idle_timeout_s: float | None = None
     publish_url: str | None = None
     publish_token: str | None = None
+    admission: bool = True  # state the demand to the endpoint published to (see serving.admission)
 
     def validate(self) -> FollowOptions:
         """Check ranges; returns self."""
@@ -86,37 +106,67 @@ class FollowResult:
     rollouts_dropped_stale: int = 0
     rollouts_dropped_constant: int = 0
     lags_s: list[float] = field(default_factory=list)
+    lag_parts_s: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in LAG_PARTS})
     rewards: list[float] = field(default_factory=list)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     last_metrics: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
-def admin_publisher(url: str, token: str | None) -> Publisher:
-    """Publish through a sampling endpoint's ``POST /admin/policy`` (``tinkertrace serve --admin-token``)."""
-    import httpx
+@dataclass
+class AdminPublisher:
+    """Publish through a sampling endpoint's admin API (``tinkertrace serve --admin-token``):
+    ``POST /admin/policy`` swaps the weights, ``POST /admin/admission`` feeds its admission gate."""
 
-    def publish(record: dict[str, Any]) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        body = {"model_path": record["sampler_path"], "version": record["policy_version"]}
-        response = httpx.post(url.rstrip("/") + "/admin/policy", json=body, headers=headers, timeout=60)
-        if response.status_code not in (200, 409):  # 409: that version (or newer) is already served
+    url: str
+    token: str | None = None
+
+    def _post(self, path: str, body: dict[str, Any], ok: tuple[int, ...] = (200,)) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        response = httpx.post(self.url.rstrip("/") + path, json=body, headers=headers, timeout=60)
+        if response.status_code not in ok:
             raise RuntimeError(
-                f"publishing to {url} failed: HTTP {response.status_code} {response.text[:200]}"
+                f"publishing to {self.url}{path} failed: HTTP {response.status_code} {response.text[:200]}"
             )
 
-    return publish
+    def demand(self, rollouts_per_step: int, max_staleness: int) -> None:
+        body = {"rollouts_per_step": rollouts_per_step, "max_staleness": max_staleness}
+        self._post("/admin/admission", body)
+
+    def publish(self, record: dict[str, Any]) -> None:
+        body = {"model_path": record["sampler_path"], "version": record["policy_version"]}
+        self._post("/admin/policy", body, ok=(200, 409))  # 409: that version or newer is served already
+        self._post("/admin/admission", {"rollout_ids": consumed_ids(record)})
+
+
+@dataclass
+class HolderPublisher:
+    """Publish into an in-process ``serving.policy.PolicyHolder`` (swap without dropping requests)
+    and its admission gate."""
+
+    holder: Any
+
+    def demand(self, rollouts_per_step: int, max_staleness: int) -> None:
+        self.holder.admission.set_demand(rollouts_per_step, max_staleness)
+
+    def publish(self, record: dict[str, Any]) -> None:
+        from tinkertrace.serving.policy import StalePolicyError
+
+        with suppress(StalePolicyError):
+            self.holder.load(record["sampler_path"], record["policy_version"])
+        self.holder.admission.consume(consumed_ids(record))
+
+
+def admin_publisher(url: str, token: str | None) -> Publisher:
+    """A :class:`Publisher` for a `tinkertrace serve` in another process."""
+    return AdminPublisher(url, token)
 
 
 def holder_publisher(holder: Any) -> Publisher:
-    """Publish into an in-process ``serving.policy.PolicyHolder`` (swap without dropping requests)."""
-    from tinkertrace.serving.policy import StalePolicyError
-
-    def publish(record: dict[str, Any]) -> None:
-        with suppress(StalePolicyError):
-            holder.load(record["sampler_path"], record["policy_version"])
-
-    return publish
+    """A :class:`Publisher` for an endpoint served in this process."""
+    return HolderPublisher(holder)
 
 
 def _percentiles(values: list[float] | np.ndarray) -> tuple[float, float]:
@@ -160,7 +210,7 @@ class FollowTrainer:
         """
         if table.num_rows == 0:
             return
-        now = time.monotonic()
+        now = time.time()
         for rid in pc.unique(table["rollout_id"]).to_pylist():
             self._arrived.setdefault(rid, now)
         self.buffer = table if self.buffer.num_columns == 0 else pa.concat_tables([self.buffer, table])
@@ -181,7 +231,7 @@ class FollowTrainer:
         """The rows of the groups to train now (and their ids), or None to keep waiting."""
         if self.buffer.num_rows == 0:
             return None
-        o, now = self.options, time.monotonic()
+        o, now = self.options, time.time()
         keys = group_keys(self.buffer, self.config.group_by)
         arrived = pa.array([self._arrived[r] for r in self.buffer["rollout_id"].to_pylist()], pa.float64())
         frame = pa.table({"key": keys, "rollout_id": self.buffer["rollout_id"], "arrived": arrived})
@@ -232,8 +282,11 @@ class FollowTrainer:
         )
         service = self.service or make_service_client(config.backend, engine_dir=config.engine_dir)
         training_client = shared_step.open_training_client(service, config, resume_from)
-        if resume_from is not None and self.publish is not None:
-            self.publish(resume_from)
+        if self.publish is not None:
+            if o.admission and o.max_staleness is not None:  # the endpoint starts only what will be trained
+                self.publish.demand(config.groups_per_batch * o.group_size, o.max_staleness)
+            if resume_from is not None:
+                self.publish.publish(resume_from)
         adam = shared_step.adam_params(config)
         tail = SpanTail(Path(config.source), resolved=set(done), group_by=config.group_by)  # type: ignore[arg-type]
         result = FollowResult(log_dir=log_dir, start_step=step, steps=step)
@@ -242,31 +295,37 @@ class FollowTrainer:
         logger = shared_step.open_metrics_logger(config, log_dir, step)
         result.notes.extend(logger.notes)
         bar = _follow_progress(progress, console)
-        with logger, bar if bar is not None else nullcontext():
+        feed = BackgroundTail(tail, o.poll_s)
+        with logger, feed, bar if bar is not None else nullcontext():
             task = (
                 bar.add_task("follow", total=o.max_steps, completed=step, status="waiting for rollouts")
                 if bar
                 else None
             )
             while not stop.is_set() and (o.max_steps is None or step < o.max_steps):
-                polled = tail.poll()
-                result.notes.extend(f"skipped span file {s}" for s in polled.skipped_files)
-                self.add(polled.trajectories)
+                polls = feed.take()
+                for polled in polls:
+                    result.notes.extend(f"skipped span file {s}" for s in polled.skipped_files)
+                    for rid in pc.unique(polled.trajectories["rollout_id"]).to_pylist():
+                        self._arrived.setdefault(rid, polled.built_at)
+                    self.add(polled.trajectories)
                 stale = self._drop_stale(step)
                 result.rollouts_dropped_stale += len(stale)
                 dropped_since_save.extend(stale)
-                if polled.rollouts_built or stale:
+                if any(p.rollouts_built for p in polls) or stale:
                     last_activity = time.monotonic()
                 picked = self._select()
                 if picked is None:
                     if o.idle_timeout_s is not None and time.monotonic() - last_activity > o.idle_timeout_s:
                         result.notes.append(f"stopped: no new rollouts for {o.idle_timeout_s:.0f}s")
                         break
-                    stop.wait(o.poll_s)
+                    feed.wait(o.poll_s)
                     continue
                 table, ids = picked
                 step_started = time.monotonic()
-                metrics = self._train(training_client, adam, table, step, result, dropped_since_save, stale)
+                metrics = self._train(
+                    training_client, adam, table, step, result, dropped_since_save, stale, time.time()
+                )
                 if metrics is None:
                     continue
                 record = {
@@ -282,7 +341,7 @@ class FollowTrainer:
                 dropped_since_save.clear()
                 published = time.monotonic()
                 if self.publish is not None:
-                    self.publish(saved)
+                    self.publish.publish(saved)
                 metrics["time/publish"] = time.monotonic() - published
                 result.checkpoints.append(saved)
                 metrics["time/step"] = time.monotonic() - step_started
@@ -312,6 +371,7 @@ class FollowTrainer:
         result: FollowResult,
         dropped: list[str],
         stale_now: list[str],
+        started_at: float,
     ) -> dict[str, Any] | None:
         """One step on ``table``; None when nothing in it could be trained (constant-reward groups)."""
         config, o = self.config, self.options
@@ -341,8 +401,11 @@ class FollowTrainer:
         }
         if batch.data:
             metrics.update(shared_step.train_step(client, batch, config, adam))
-        lags = self._lags(table, kept)
+        lags, parts = self._lags(table, kept, started_at)
         result.lags_s.extend(lags)
+        for name, values in parts.items():
+            result.lag_parts_s[name].extend(values)
+            metrics[f"lag/{name}_p95_s"] = _percentiles(values)[1]
         result.rollouts_trained += len(kept)
         p50, p95 = _percentiles(lags)
         metrics.update(
@@ -369,14 +432,19 @@ class FollowTrainer:
         versions = pc.take(per["policy_version_min"], index)
         return np.asarray(pc.fill_null(versions, step).to_numpy(zero_copy_only=False), dtype=np.int64)
 
-    @staticmethod
-    def _lags(table: pa.Table, kept: set[str]) -> list[float]:
-        """Seconds from each kept rollout's end to now."""
+    def _lags(
+        self, table: pa.Table, kept: set[str], step_started: float
+    ) -> tuple[list[float], dict[str, list[float]]]:
+        """Seconds from each kept rollout's end to now, and that lag's parts (:data:`LAG_PARTS`):
+        until it was built from the spans, then until its step started, then the step."""
         per = table.group_by("rollout_id").aggregate([("end_time", "max")])
         per = per.filter(pc.is_in(per["rollout_id"], pa.array(sorted(kept), pa.string())))
         per = per.filter(pc.is_valid(per["end_time_max"]))
-        ends = pc.cast(per["end_time_max"], pa.int64()).to_numpy(zero_copy_only=False)
-        return (time.time() - ends / 1e9).tolist()
+        ends = pc.cast(per["end_time_max"], pa.int64()).to_numpy(zero_copy_only=False) / 1e9
+        arrived = np.array([self._arrived.pop(r) for r in per["rollout_id"].to_pylist()], dtype=np.float64)
+        now = time.time()
+        parts = {"arrive": arrived - ends, "queue": step_started - arrived, "train": now - step_started}
+        return (now - ends).tolist(), {k: np.broadcast_to(v, ends.shape).tolist() for k, v in parts.items()}
 
 
 def _status(metrics: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
+from tinkertrace.online.follow import FollowResult
 from tinkertrace.training.metrics import read_metrics
 
 REWARD_KEY = "env/all/reward/total"
@@ -28,38 +29,49 @@ def first_last(values: list[float] | np.ndarray, window: int = 3) -> tuple[float
 def summarize(
     log_dir: Path,
     agent_rows: list[dict[str, Any]],
+    result: FollowResult,
     *,
     elapsed_s: float,
-    lags_s: list[float],
-    dropped_stale: int,
-    dropped_constant: int,
     served_version: int,
+    admission: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The run's figures, from the metrics file and the agents' logs (nothing asserted)."""
+    """The run's figures, from the metrics file, the follow result and the agents' logs (nothing
+    asserted). Every sampled rollout is counted once: trained, dropped (by reason), or still in flight
+    at the end (sampled but not yet built or not yet picked for a step)."""
     records = read_metrics(log_dir)
     rewards = [float(r[REWARD_KEY]) for r in records if r.get(REWARD_KEY) is not None]
     first, last = first_last(rewards)
     ok = [r for r in agent_rows if "reward" in r]
     span = (max(r["end"] for r in ok) - min(r["start"] for r in ok)) if ok else 0.0
     tokens = sum(int(r.get("completion_tokens") or 0) for r in ok)
-    lag = np.asarray(lags_s, dtype=np.float64)
-    return {
+    lag = np.asarray(result.lags_s, dtype=np.float64)
+    trained = result.rollouts_trained
+    dropped = {"stale": result.rollouts_dropped_stale, "constant_reward": result.rollouts_dropped_constant}
+    summary: dict[str, Any] = {
         "steps": len(records),
         "elapsed_s": round(elapsed_s, 1),
         "rollouts_sampled": len(ok),
         "rollouts_failed": len(agent_rows) - len(ok),
-        "rollouts_trained": int(sum(int(r.get("follow/rollouts_trained", 0)) for r in records)),
-        "dropped_stale": dropped_stale,
-        "dropped_constant_reward": dropped_constant,
+        "rollouts_trained": trained,
+        "rollouts_dropped": dropped,
+        "rollouts_in_flight_at_end": len(ok) - trained - sum(dropped.values()),
+        "trained_fraction": trained / len(ok) if ok else None,
         "reward_first": first,
         "reward_last": last,
         "rewards_per_step": rewards,
         "lag_p50_s": float(np.percentile(lag, 50)) if lag.size else None,
         "lag_p95_s": float(np.percentile(lag, 95)) if lag.size else None,
+        "lag_parts_p95_s": {
+            name: float(np.percentile(v, 95)) if v else None for name, v in result.lag_parts_s.items()
+        },
+        "step_time_mean_s": float(np.mean([r["time/step"] for r in records])) if records else None,
         "completions_per_s": len(ok) / span if span > 0 else None,
         "tokens_per_s": tokens / span if span > 0 else None,
         "served_policy_version": served_version,
     }
+    if admission is not None:
+        summary["admission"] = admission
+    return summary
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:
@@ -79,8 +91,9 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("rollouts sampled / trained", f"{summary['rollouts_sampled']} / {summary['rollouts_trained']}"),
         (
             "rollouts dropped (stale / constant reward)",
-            f"{summary['dropped_stale']} / {summary['dropped_constant_reward']}",
+            f"{summary['rollouts_dropped']['stale']} / {summary['rollouts_dropped']['constant_reward']}",
         ),
+        ("rollouts in flight at the end", _fmt(summary["rollouts_in_flight_at_end"])),
         (
             "reward, first steps → last steps",
             f"{_fmt(summary['reward_first'])} → {_fmt(summary['reward_last'])}",
@@ -94,7 +107,16 @@ def summary_table(summary: dict[str, Any]) -> Table:
             f"{_fmt(summary['completions_per_s'], '.1f')}, {_fmt(summary['tokens_per_s'], '.0f')}",
         ),
         ("policy version served at the end", _fmt(summary["served_policy_version"])),
+        ("step time, mean", f"{_fmt(summary['step_time_mean_s'], '.2f')} s"),
     ]
+    gate = summary.get("admission")
+    if gate and gate.get("enabled"):
+        rows.append(
+            (
+                "endpoint admission: admitted / held, wait p95",
+                f"{gate['admitted']} / {gate['held']}, {_fmt(gate['wait_p95_s'], '.2f')} s",
+            )
+        )
     for label, value in rows:
         table.add_row(label, value)
     return table

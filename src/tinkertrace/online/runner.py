@@ -68,8 +68,8 @@ class StackSettings:
 
     out: Path
     model: str = "tinkertrace/tiny-chat:small"
-    roll_seconds: float = 0.5
-    export_delay_s: float = 0.1
+    roll_seconds: float = 0.2  # collector Parquet roll: a rollout is buildable this soon after it ends
+    export_delay_s: float = 0.05  # the agents' span export delay
     group_size: int = 8
     max_tokens: int = 20
     agent_module: str = "tinkertrace.online.demo_agent"

@@ -9,12 +9,14 @@ resolved is never read again, so the work per poll follows the new data, not the
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from tinkertrace import schemas
 from tinkertrace.builder import BuildOptions, build_trajectories
@@ -31,6 +33,7 @@ class TailPoll:
     rollouts_built: int = 0
     rollouts_incomplete: int = 0
     skipped_files: list[str] = field(default_factory=list)
+    built_at: float = field(default_factory=time.time)  # wall clock when the poll finished
 
 
 @dataclass
@@ -49,19 +52,16 @@ class SpanTail:
     _seen: set[Path] = field(default_factory=set)
     _pending: dict[Path, tuple[frozenset[str], float]] = field(default_factory=dict)
 
-    def _rollouts_by_file(self, files: list[Path]) -> dict[Path, frozenset[str]]:
-        out: dict[Path, frozenset[str]] = {f: frozenset() for f in files}
-        con = duckdb.connect()
-        try:
-            rows = con.execute(
-                "SELECT filename, list(DISTINCT rollout_id) FROM read_parquet($files, filename = true, "
-                "union_by_name = true) WHERE rollout_id IS NOT NULL GROUP BY filename",
-                {"files": [str(f) for f in files]},
-            ).fetchall()
-        finally:
-            con.close()
-        for name, ids in rows:
-            out[Path(name)] = frozenset(ids)
+    @staticmethod
+    def _rollouts_by_file(files: list[Path]) -> dict[Path, frozenset[str]]:
+        """The rollout ids each file holds (its ``rollout_id`` column alone is read)."""
+        out: dict[Path, frozenset[str]] = {}
+        for path in files:
+            if "rollout_id" not in pq.read_schema(path).names:
+                out[path] = frozenset()
+                continue
+            ids = pc.unique(pq.read_table(path, columns=["rollout_id"])["rollout_id"]).drop_null()
+            out[path] = frozenset(ids.to_pylist())
         return out
 
     def poll(self) -> TailPoll:
@@ -105,3 +105,57 @@ class SpanTail:
             rollouts_incomplete=len(result.summary.incomplete_rollout_ids),
             skipped_files=skipped + [f"{p}: {why}" for p, why in result.summary.corrupt_files],
         )
+
+
+class BackgroundTail:
+    """Polls a :class:`SpanTail` on its own thread, so building new rollouts overlaps training.
+
+    Without it, a trainer polls only between steps and a rollout that lands during a step waits for
+    the step, the checkpoint and the publish before it is even built. Use as a context manager;
+    :meth:`take` returns every poll that found something since the last call (re-raising an error
+    the poller hit), :meth:`wait` sleeps until the next such poll or ``timeout``.
+    """
+
+    def __init__(self, tail: SpanTail, poll_s: float) -> None:
+        self.tail = tail
+        self.poll_s = poll_s
+        self._ready: list[TailPoll] = []
+        self._error: BaseException | None = None
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tt-follow-tail", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                polled = self.tail.poll()
+            except BaseException as exc:  # handed to the trainer's thread by take()
+                with self._changed:
+                    self._error = exc
+                    self._changed.notify_all()
+                return
+            if polled.trajectories.num_rows or polled.skipped_files:
+                with self._changed:
+                    self._ready.append(polled)
+                    self._changed.notify_all()
+            self._stop.wait(self.poll_s)
+
+    def take(self) -> list[TailPoll]:
+        with self._changed:
+            if self._error is not None:
+                raise self._error
+            ready, self._ready = self._ready, []
+            return ready
+
+    def wait(self, timeout: float) -> None:
+        with self._changed:
+            if not self._ready and self._error is None:
+                self._changed.wait(timeout)
+
+    def __enter__(self) -> BackgroundTail:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -315,7 +315,8 @@ def _classify(request: Any) -> str | None:
 def begin(lib: ModuleType, request: Any) -> LlmCall | None:
     """An :class:`LlmCall` for an LLM request inside a rollout, else None. Never raises."""
     kind = _classify(request)
-    if kind is None or ROLLOUT.get() is None:
+    rollout = ROLLOUT.get()
+    if kind is None or rollout is None:
         return None
     rt = runtime.current()
     if rt is None:
@@ -327,6 +328,7 @@ def begin(lib: ModuleType, request: Any) -> LlmCall | None:
             return None
         call = LlmCall(rt, kind, request, body, raw)
         call.inject(lib, request)
+        request.headers[semconv.HEADER_ROLLOUT_ID] = rollout.rollout_id
         return call
     except Exception as exc:  # an unreadable request is passed on untraced
         log.debug("tinkertrace: not capturing %s: %s", request.url, exc)

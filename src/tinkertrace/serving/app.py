@@ -2,8 +2,10 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models[/{id}]``,
 ``GET /health``, and the admin routes ``GET|POST /admin/policy`` (enabled by an admin token) that
-show or swap the served weights from another process. Every answer names the policy version that
-produced it (``policy_version`` field and ``x-tinkertrace-policy-version`` header).
+show or swap the served weights from another process, and ``POST /admin/admission`` through which
+the trainer states its demand and consumption (:mod:`tinkertrace.serving.admission`). Every answer
+names the policy version that produced it (``policy_version`` field and
+``x-tinkertrace-policy-version`` header).
 """
 
 from __future__ import annotations
@@ -140,10 +142,16 @@ class SamplingEndpoint:
                 code="model_not_found",
             )
 
+    async def _admit(self, request: Request) -> None:
+        """Hold the first call of a new rollout until the trainer's demand has room for it."""
+        rollout_id = request.headers.get(semconv.HEADER_ROLLOUT_ID)
+        await self.policy.admission.admit(rollout_id)
+
     # --- OpenAI routes -------------------------------------------------------------------------------
     async def chat(self, request: Request) -> Response:
         req = proto.parse_chat_request(await _json_body(request))
         self._check_model(req.model)
+        await self._admit(request)
         policy = self.policy.current()  # this request samples with this snapshot to the end
         prompt_ids = self.generator.chat_prompt(req.messages, req.tools)
         choices = await self.generator.generate(policy.sampling_client, prompt_ids, req.options)
@@ -157,6 +165,7 @@ class SamplingEndpoint:
     async def completions(self, request: Request) -> Response:
         req = proto.parse_completion_request(await _json_body(request))
         self._check_model(req.model)
+        await self._admit(request)
         policy = self.policy.current()
         prompts = [self.generator.text_prompt(p, i) for i, p in enumerate(req.prompts)]
         per_prompt = await asyncio.gather(
@@ -185,7 +194,13 @@ class SamplingEndpoint:
 
     # --- health and admin ----------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", semconv.RESPONSE_POLICY_VERSION: self.policy.version})
+        return JSONResponse(
+            {
+                "status": "ok",
+                semconv.RESPONSE_POLICY_VERSION: self.policy.version,
+                "admission": self.policy.admission.stats(),
+            }
+        )
 
     def _policy_info(self) -> dict[str, Any]:
         current = self.policy.current()
@@ -197,6 +212,7 @@ class SamplingEndpoint:
             "swaps": self.policy.swaps,
             "requests_served": self.requests_served,
             "sample_calls": self.generator.batcher.calls,
+            "admission": self.policy.admission.stats(),
         }
         if self.watcher is not None:
             info["watch"] = self.watcher.describe()
@@ -230,6 +246,30 @@ class SamplingEndpoint:
         return JSONResponse(
             self._policy_info(), headers={semconv.HEADER_POLICY_VERSION: str(self.policy.version)}
         )
+
+    async def set_admission(self, request: Request) -> Response:
+        """The trainer's demand (``rollouts_per_step``, ``max_staleness``) and/or the ``rollout_ids``
+        it trained or dropped: see :mod:`.admission`."""
+        body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise proto.ApiError(400, "The request body must be a JSON object.")
+        gate = self.policy.admission
+        if "rollouts_per_step" in body or "max_staleness" in body:
+            per_step, staleness = body.get("rollouts_per_step"), body.get("max_staleness")
+            if type(per_step) is not int or type(staleness) is not int or per_step < 1 or staleness < 0:
+                raise proto.ApiError(
+                    400,
+                    "'rollouts_per_step' (an integer >= 1) and 'max_staleness' (an integer >= 0) "
+                    "go together.",
+                    param="rollouts_per_step",
+                )
+            gate.set_demand(per_step, staleness)
+        if "rollout_ids" in body:
+            ids = body["rollout_ids"]
+            if not isinstance(ids, list) or not all(isinstance(r, str) for r in ids):
+                raise proto.ApiError(400, "'rollout_ids' must be a list of strings.", param="rollout_ids")
+            gate.consume(ids)
+        return JSONResponse(gate.stats())
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -290,6 +330,7 @@ def create_app(
         Route("/health", endpoint.health, methods=["GET"]),
         Route("/admin/policy", g(endpoint.get_policy, admin=True), methods=["GET"]),
         Route("/admin/policy", g(endpoint.set_policy, admin=True), methods=["POST"]),
+        Route("/admin/admission", g(endpoint.set_admission, admin=True), methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
     app.state.endpoint = endpoint

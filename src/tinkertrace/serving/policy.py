@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tinkertrace.serving.admission import AdmissionGate
+
 SamplerLoader = Callable[[str], Any]
 """Turns a ``tinker://.../sampler_weights/...`` path into a SamplingClient (e.g. a ServiceClient's
 ``create_sampling_client(model_path=...)``)."""
@@ -46,6 +48,8 @@ class PolicyHolder:
 
     ``tokenizer`` and ``model_name`` stay fixed for the holder's life: new weights are LoRA weights
     (or a fine-tune) of the same base model, so the chat template and vocabulary do not change.
+    ``admission`` is the gate that decides which new rollouts may start sampling
+    (:mod:`tinkertrace.serving.admission`); the trainer that publishes versions feeds it.
     """
 
     def __init__(
@@ -65,6 +69,7 @@ class PolicyHolder:
         self._load_lock = threading.Lock()
         self._policy = Policy(resolve_client(sampling_client), version, model_path)
         self.swaps = 0
+        self.admission = AdmissionGate()  # which new rollouts may start: set by the trainer's demand
 
     def current(self) -> Policy:
         """The snapshot to use for one whole request."""

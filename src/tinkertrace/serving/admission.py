@@ -1,0 +1,161 @@
+"""Staleness-aware admission: the endpoint starts only the rollouts the trainer will train.
+
+An agent traced by tinkertrace sends its rollout id with every LLM call
+(``x-tinkertrace-rollout-id``). The *first* call of a new rollout is admitted only while the
+rollouts that were started but not yet consumed by the trainer fit in what the trainer will consume
+before they go stale: ``rollouts_per_step × (max_staleness + 1)`` (the trainer states both, its
+*demand*). Later calls of an admitted rollout always pass, so no rollout waits on itself. A held call
+waits at the endpoint, in arrival order, up to ``max_wait_s`` and then passes anyway (counted): the
+client sees latency, never an error.
+
+The trainer reports each step's trained and dropped rollouts (:meth:`AdmissionGate.consume`), which
+frees their places; a rollout the trainer never reports (its agent died) gives its place back after
+``expire_s``. Until a demand is stated, and for calls without a rollout id, everything passes.
+
+The gate is shared between the event loop that serves requests and the trainer's thread: its state
+sits under one lock, and waiting requests poll it briefly (no cross-thread wake-ups to get wrong).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What the trainer consumes: rollouts per step, and how many versions old a rollout may be."""
+
+    rollouts_per_step: int
+    max_staleness: int
+
+    @property
+    def capacity(self) -> int:
+        """Rollouts that may be started and not yet consumed at once."""
+        return self.rollouts_per_step * (self.max_staleness + 1)
+
+
+class AdmissionGate:
+    """Admits new rollouts while the trainer's demand has room (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        max_wait_s: float = 30.0,
+        poll_s: float = 0.02,
+        expire_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_wait_s = max_wait_s
+        self.poll_s = poll_s
+        self.expire_s = expire_s
+        self.clock = clock
+        self.demand: Demand | None = None
+        self._lock = threading.Lock()
+        self._open: dict[str, float] = {}  # admitted rollout id -> when
+        self._queue: deque[int] = deque()  # tickets of held first calls, in arrival order
+        self._tickets = itertools.count()
+        self.admitted = 0  # rollouts admitted (first calls)
+        self.held = 0  # of those, how many had to wait
+        self.timed_out = 0  # of those, how many passed after max_wait_s
+        self.consumed = 0  # rollouts the trainer reported trained or dropped
+        self.expired = 0  # rollouts whose place was given back without a report
+        self._waits: deque[float] = deque(maxlen=4096)
+
+    # --- the trainer's side ------------------------------------------------------------------------
+    def set_demand(self, rollouts_per_step: int, max_staleness: int) -> None:
+        """State (or change) what the trainer consumes; the gate is open until this is called."""
+        if rollouts_per_step < 1 or max_staleness < 0:
+            raise ValueError("rollouts_per_step must be at least 1 and max_staleness 0 or more")
+        with self._lock:
+            self.demand = Demand(rollouts_per_step, max_staleness)
+
+    def consume(self, rollout_ids: Iterable[str]) -> None:
+        """The trainer has trained or dropped ``rollout_ids``: free their places (and those of
+        rollouts admitted more than ``expire_s`` ago)."""
+        with self._lock:
+            for rid in rollout_ids:
+                if self._open.pop(rid, None) is not None:
+                    self.consumed += 1
+            horizon = self.clock() - self.expire_s
+            gone = [rid for rid, at in self._open.items() if at < horizon]
+            for rid in gone:
+                del self._open[rid]
+            self.expired += len(gone)
+
+    # --- the endpoint's side -----------------------------------------------------------------------
+    def _room(self) -> bool:
+        return self.demand is None or len(self._open) < self.demand.capacity
+
+    def _try_admit(self, rollout_id: str, ticket: int | None) -> bool:
+        """Admit ``rollout_id`` if it is open already, or if there is room and no earlier waiter."""
+        with self._lock:
+            if rollout_id in self._open:
+                return True
+            head = self._queue[0] if self._queue else None
+            if head != ticket or not self._room():  # a newcomer (ticket None) goes only if none wait
+                return False
+            self._open[rollout_id] = self.clock()
+            self.admitted += 1
+            if ticket is not None:
+                self._queue.popleft()
+            return True
+
+    async def admit(self, rollout_id: str | None) -> float:
+        """Wait until the call of ``rollout_id`` may be sampled; returns the seconds waited.
+        Never raises for capacity: past ``max_wait_s`` it passes."""
+        if not rollout_id or self._try_admit(rollout_id, None):
+            return 0.0
+        started = self.clock()
+        with self._lock:
+            ticket = next(self._tickets)
+            self._queue.append(ticket)
+            self.held += 1
+        try:
+            while not self._try_admit(rollout_id, ticket):
+                if self.clock() - started >= self.max_wait_s:
+                    with self._lock:
+                        self._queue.remove(ticket)
+                        self._open[rollout_id] = self.clock()
+                        self.admitted += 1
+                        self.timed_out += 1
+                    break
+                await asyncio.sleep(self.poll_s)
+        except BaseException:  # the client went away while held: leave the line
+            with self._lock, contextlib.suppress(ValueError):
+                self._queue.remove(ticket)
+            raise
+        waited = self.clock() - started
+        self._waits.append(waited)
+        return waited
+
+    def stats(self) -> dict[str, Any]:
+        """Counts and wait times (seconds) of held first calls, for /health and the demo summary."""
+        with self._lock:
+            waits = np.asarray(self._waits, dtype=np.float64)
+            demand = self.demand
+            return {
+                "enabled": demand is not None,
+                "capacity": demand.capacity if demand else None,
+                "rollouts_per_step": demand.rollouts_per_step if demand else None,
+                "max_staleness": demand.max_staleness if demand else None,
+                "open": len(self._open),
+                "waiting": len(self._queue),
+                "admitted": self.admitted,
+                "held": self.held,
+                "timed_out": self.timed_out,
+                "consumed": self.consumed,
+                "expired": self.expired,
+                "wait_p50_s": float(np.percentile(waits, 50)) if waits.size else 0.0,
+                "wait_p95_s": float(np.percentile(waits, 95)) if waits.size else 0.0,
+                "wait_max_s": float(waits.max()) if waits.size else 0.0,
+            }
