@@ -1,0 +1,157 @@
+"""Staleness-aware admission: the gate alone (asyncio), and the real endpoint driven by the real
+OpenAI client and by a traced agent (the SDK sends its rollout id with every call)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+import tinkertrace
+from tinkertrace import semconv
+from tinkertrace.online.follow import admin_publisher
+from tinkertrace.sdk.context import current_rollout
+from tinkertrace.serving.admission import AdmissionGate
+from tinkertrace.serving.policy import PolicyHolder
+
+
+def test_gate_admits_up_to_capacity_then_in_arrival_order() -> None:
+    async def scenario() -> list[str]:
+        gate = AdmissionGate(poll_s=0.005)
+        gate.set_demand(rollouts_per_step=1, max_staleness=1)  # capacity 2
+        order: list[str] = []
+        assert await gate.admit("a") == 0.0 and await gate.admit("b") == 0.0
+
+        async def later(rid: str) -> None:
+            await gate.admit(rid)
+            order.append(rid)
+
+        held = [asyncio.create_task(later("c")), asyncio.create_task(later("d"))]
+        await asyncio.sleep(0.05)
+        assert order == [] and gate.stats()["waiting"] == 2
+        assert await gate.admit("a") == 0.0  # a later call of an admitted rollout never waits
+        gate.consume(["a"])
+        await asyncio.sleep(0.05)
+        assert order == ["c"]  # one place freed: the first in line, not the newest
+        gate.consume(["b", "unknown-id"])
+        await asyncio.gather(*held)
+        stats = gate.stats()
+        assert (stats["admitted"], stats["held"], stats["consumed"], stats["open"]) == (4, 2, 2, 2)
+        return order
+
+    assert asyncio.run(scenario()) == ["c", "d"]
+
+
+def test_gate_is_open_without_demand_or_rollout_id_and_bounded_in_wait() -> None:
+    async def scenario() -> None:
+        gate = AdmissionGate(max_wait_s=0.1, poll_s=0.005)
+        for i in range(50):  # no demand stated: everything passes
+            assert await gate.admit(f"r{i}") == 0.0
+        gate.set_demand(rollouts_per_step=1, max_staleness=0)
+        assert await gate.admit(None) == 0.0  # a call outside any rollout is not gated
+        waited = await gate.admit("late")  # full: waits its bound, then passes (no error)
+        assert 0.1 <= waited < 1.0
+        assert gate.stats()["timed_out"] == 1
+
+    asyncio.run(scenario())
+
+
+def test_gate_forgets_a_waiter_that_went_away() -> None:
+    async def scenario() -> None:
+        gate = AdmissionGate(poll_s=0.005)
+        gate.set_demand(rollouts_per_step=1, max_staleness=0)
+        await gate.admit("a")
+        task = asyncio.create_task(gate.admit("gone"))
+        await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gate.consume(["a"])
+        assert await gate.admit("next") == 0.0  # the cancelled one does not block the line
+        assert gate.stats()["waiting"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_endpoint_holds_a_new_rollout_until_the_trainer_consumes(scripted_server, openai_client) -> None:
+    server, _, policy = scripted_server
+    policy.admission.set_demand(rollouts_per_step=1, max_staleness=1)
+    client = openai_client(server)
+
+    def call(rid: str) -> float:
+        started = time.monotonic()
+        client.chat.completions.create(
+            model="scripted-model",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={semconv.HEADER_ROLLOUT_ID: rid},
+        )
+        return time.monotonic() - started
+
+    call("r1")
+    call("r2")
+    with ThreadPoolExecutor(1) as pool:
+        third = pool.submit(call, "r3")
+        time.sleep(0.5)
+        assert not third.done()  # capacity 2 is taken by r1 and r2
+        call("r1")  # r1's next turn passes while r3 waits
+        policy.admission.consume(["r1"])
+        assert third.result(timeout=10) >= 0.5
+    health = httpx.get(server.url + "/health").json()["admission"]
+    assert health["admitted"] == 3 and health["held"] == 1 and health["open"] == 2
+
+
+def test_admin_admission_route_feeds_the_gate_and_refuses_bad_bodies(
+    tokenizer, scripted, start_server
+) -> None:
+    policy = PolicyHolder(scripted(["ok"]), tokenizer, "scripted-model")
+    server = start_server(policy, admin_token="secret")
+    publisher = admin_publisher(server.url, "secret")
+    publisher.demand(rollouts_per_step=8, max_staleness=2)
+    assert policy.admission.stats()["capacity"] == 24
+    auth = {"Authorization": "Bearer secret"}
+    for bad in ({"rollouts_per_step": 0, "max_staleness": 1}, {"rollouts_per_step": 4}, {"rollout_ids": "x"}):
+        answer = httpx.post(server.url + "/admin/admission", json=bad, headers=auth)
+        assert answer.status_code == 400, bad
+        assert answer.json()["error"]["message"]
+    assert httpx.post(server.url + "/admin/admission", json={"rollout_ids": []}).status_code == 401
+    assert policy.admission.stats()["capacity"] == 24  # refused bodies changed nothing
+
+
+def test_traced_agent_sends_its_rollout_id(scripted_server, tmp_path: Path) -> None:
+    """Two calls of one rollout pass a gate of capacity 1; the next rollout waits for the trainer."""
+    import openai
+
+    server, _, policy = scripted_server
+    policy.admission.set_demand(rollouts_per_step=1, max_staleness=0)
+    tinkertrace.init(spans_dir=tmp_path / "spans")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    finished: list[str] = []
+    rollout_ids: list[str] = []
+
+    @tinkertrace.traced_rollout
+    def agent(task: dict) -> float:
+        rollout_ids.append(current_rollout().rollout_id)
+        for _ in range(2):
+            client.chat.completions.create(
+                model="scripted-model", messages=[{"role": "user", "content": "q"}]
+            )
+        finished.append(task["id"])
+        return 1.0
+
+    try:
+        agent({"id": "first"})
+        assert policy.admission.stats()["open"] == 1
+        second = threading.Thread(target=agent, args=({"id": "second"},))
+        second.start()
+        time.sleep(0.5)
+        assert finished == ["first"]
+        policy.admission.consume(rollout_ids[:1])  # the trainer consumed the first
+        second.join(timeout=10)
+        assert finished == ["first", "second"]
+    finally:
+        tinkertrace.shutdown()
