@@ -1,89 +1,88 @@
-"""Online loop figures: rollout-end → trained lag (p50/p95) and endpoint throughput with N agents.
+"""Online loop figures: what is sampled vs trained, the rollout-end → trained lag and where it goes.
 
-Starts the real stack (collector subprocess, local-engine endpoint, N agent worker processes running
-the demo's identity agent), trains in follow mode for ``--steps`` steps publishing each version into
-the endpoint, and prints:
+Runs the demo's whole stack (collector subprocess, local-engine endpoint, agent worker processes,
+follow trainer publishing into the endpoint) once per arm and prints, for each run:
 
-- lag: seconds from a rollout's end (its root span) to the end of the step that trained it;
-- endpoint throughput: completions/s and completion tokens/s over the agents' active time;
-- rollouts sampled / trained / dropped as stale, and the step time.
+- rollouts sampled, trained, dropped (stale / constant reward) and in flight at the end;
+- lag from a rollout's end to the end of the step that trained it, p50/p95, and its parts (p95):
+  ``arrive`` (span export + collector roll + tail build), ``queue`` (waiting for the rest of its
+  group and batch and for the step before), ``train`` (its own step);
+- training step time, wall seconds per step, and the reward first → last steps;
+- the endpoint's admission counts (admitted / held, wait p95).
 
-Usage: ``python benchmarks/online_lag.py --workers 2 --steps 15``
+Arms (``--arms``, interleaved ``--pairs`` times so the machine's drift hits both alike):
+
+- ``before``: no admission, max staleness 3, collector roll 0.5 s, span export delay 0.1 s (the
+  demo's settings before admission);
+- ``after``: the demo's defaults (admission on, max staleness 1, roll 0.2 s, export 0.05 s).
+
+Usage: ``python benchmarks/online_lag.py --pairs 2 --steps 30``
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import platform
 import tempfile
-import threading
-import time
 from pathlib import Path
+from typing import Any
 
-import numpy as np
+from rich.console import Console
 
-from tinkertrace.online.follow import FollowOptions, FollowTrainer, holder_publisher
-from tinkertrace.online.runner import OnlineStack, StackSettings
-from tinkertrace.training.config import TrainConfig
-from tinkertrace.training.metrics import read_metrics
+from tinkertrace.online.demo import DemoSettings, run_demo
+
+ARMS: dict[str, dict[str, Any]] = {
+    "before": {"admission": False, "max_staleness": 3, "roll_seconds": 0.5, "export_delay_s": 0.1},
+    "after": {},
+}
+
+
+def _row(name: str, s: dict[str, Any]) -> str:
+    dropped, parts, gate = s["rollouts_dropped"], s["lag_parts_p95_s"], s.get("admission") or {}
+    admission = "off"
+    if gate.get("enabled"):
+        admission = f"{gate['admitted']}/{gate['held']} wait p95 {gate['wait_p95_s']:.2f}s"
+    trained = f"{s['rollouts_trained']:5d} ({100 * (s['trained_fraction'] or 0):.0f}%)"
+    return (
+        f"{name:6} steps {s['steps']:3d}  wall/step {s['elapsed_s'] / max(1, s['steps']):.2f}s  "
+        f"step {s['step_time_mean_s']:.2f}s  sampled {s['rollouts_sampled']:5d}  trained {trained}  "
+        f"stale {dropped['stale']:4d}  const {dropped['constant_reward']:3d}  "
+        f"in flight {s['rollouts_in_flight_at_end']:3d}  "
+        f"lag p50 {s['lag_p50_s']:.2f}s p95 {s['lag_p95_s']:.2f}s (arrive {parts['arrive']:.2f} queue "
+        f"{parts['queue']:.2f} train {parts['train']:.2f})  reward {s['reward_first']:.3f}->"
+        f"{s['reward_last']:.3f}  admitted/held {admission}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, default=2, help="concurrent agent worker processes")
-    parser.add_argument("--steps", type=int, default=15, help="training steps to run")
-    parser.add_argument("--group-size", type=int, default=8, help="rollouts per group")
-    parser.add_argument("--groups-per-batch", type=int, default=4, help="groups per step")
-    parser.add_argument("--model", default="tinkertrace/tiny-chat:small", help="built-in model size")
-    parser.add_argument("--max-seconds", type=float, default=240, help="stop training after this long")
+    parser.add_argument("--pairs", type=int, default=1, help="interleaved rounds of every arm")
+    parser.add_argument("--steps", type=int, default=30, help="training steps per run")
+    parser.add_argument("--max-seconds", type=float, default=240, help="cap of each run's training")
+    parser.add_argument("--workers", type=int, default=2, help="agent worker processes")
+    parser.add_argument("--arms", default="before,after", help=f"comma-separated, of {', '.join(ARMS)}")
     args = parser.parse_args()
-
-    with tempfile.TemporaryDirectory(prefix="tt-online-bench-") as tmp:
-        out = Path(tmp)
-        settings = StackSettings(out=out, model=args.model, group_size=args.group_size)
-        config = TrainConfig(
-            source=settings.spans_dir,
-            model=args.model,
-            learning_rate=5e-3,
-            groups_per_batch=args.groups_per_batch,
-            log_dir=out / "train",
-            engine_dir=settings.engine_dir,
-        )
-        options = FollowOptions(
-            group_size=args.group_size, group_timeout_s=10, max_staleness=3, poll_s=0.25, max_steps=args.steps
-        )
-        with OnlineStack(settings) as stack:
-            trainer = FollowTrainer(
-                config, options, publish=holder_publisher(stack.holder), service=stack.service
-            )
-            stop = threading.Event()
-            timer = threading.Timer(args.max_seconds, stop.set)
-            stack.start_workers(args.workers)
-            timer.start()
-            started = time.monotonic()
-            result = trainer.run(stop=stop, progress=False)
-            elapsed = time.monotonic() - started
-            timer.cancel()
-            stack.stop_workers()
-            rows = [r for r in stack.agent_results() if "reward" in r]
-        step_times = [m["time/step"] for m in read_metrics(out / "train")]
-
-    span = max(r["end"] for r in rows) - min(r["start"] for r in rows)
-    tokens = sum(int(r.get("completion_tokens") or 0) for r in rows)
-    lag = np.asarray(result.lags_s)
+    arms = args.arms.split(",")
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        parser.error(f"unknown arm(s): {', '.join(sorted(unknown))}")
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores (shared with other work if any)")
-    print(
-        f"setup: {args.workers} workers x {args.group_size} concurrent rollouts, {args.model}, "
-        f"{args.groups_per_batch} groups/step"
-    )
-    print(f"steps: {result.steps} in {elapsed:.1f}s, step time mean {np.mean(step_times):.2f}s")
-    print(
-        f"rollouts: sampled {len(rows)}, trained {result.rollouts_trained}, "
-        f"dropped stale {result.rollouts_dropped_stale}"
-    )
-    print(f"lag rollout end -> trained: p50 {np.percentile(lag, 50):.2f}s  p95 {np.percentile(lag, 95):.2f}s")
-    print(f"endpoint throughput: {len(rows) / span:.1f} completions/s, {tokens / span:.0f} tokens/s")
+    print(f"each run: {args.steps} steps (cap {args.max_seconds:.0f}s), {args.workers} workers, demo model")
+    quiet = Console(file=io.StringIO())
+    for pair in range(args.pairs):
+        for name in arms:
+            with tempfile.TemporaryDirectory(prefix="tt-online-bench-") as tmp:
+                settings = DemoSettings(
+                    out=Path(tmp),
+                    steps=args.steps,
+                    workers=args.workers,
+                    max_seconds=args.max_seconds,
+                    **ARMS[name],
+                )
+                summary = run_demo(settings, console=quiet)
+            print(f"[{pair + 1}] " + _row(name, summary), flush=True)
 
 
 if __name__ == "__main__":

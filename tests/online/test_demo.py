@@ -28,5 +28,15 @@ def test_short_demo_writes_summary_metrics_and_png(tmp_path: Path) -> None:
     assert summary["rollouts_trained"] >= 3 * 4
     assert summary["served_policy_version"] == 3  # every step was published to the endpoint
     assert summary["completions_per_s"] > 0
+    # every sampled rollout is counted once: trained, dropped (by reason) or in flight at the end
+    dropped = summary["rollouts_dropped"]
+    assert summary["rollouts_sampled"] == (
+        summary["rollouts_trained"] + dropped["stale"] + dropped["constant_reward"]
+        + summary["rollouts_in_flight_at_end"]
+    )  # fmt: skip
+    assert summary["rollouts_in_flight_at_end"] >= 0
+    gate = summary["admission"]  # the endpoint admitted rollouts by the trainer's demand
+    assert gate["enabled"] and gate["capacity"] == 4 * 4 * 2  # 4 groups of 4, max staleness 1
+    assert gate["admitted"] >= summary["rollouts_sampled"] and gate["consumed"] >= summary["rollouts_trained"]
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(read_metrics(out / "train")) == 3

@@ -78,6 +78,21 @@ def test_gate_forgets_a_waiter_that_went_away() -> None:
     asyncio.run(scenario())
 
 
+def test_a_withdrawn_demand_releases_held_calls_at_once() -> None:
+    async def scenario() -> None:
+        gate = AdmissionGate(poll_s=0.005, max_wait_s=30)
+        gate.set_demand(rollouts_per_step=1, max_staleness=0)
+        await gate.admit("a")
+        held = asyncio.create_task(gate.admit("b"))
+        await asyncio.sleep(0.05)
+        assert not held.done()
+        gate.withdraw()  # the trainer stopped: nobody is held for it any more
+        assert await asyncio.wait_for(held, timeout=1) < 1
+        assert gate.stats()["enabled"] is False and gate.stats()["timed_out"] == 0
+
+    asyncio.run(scenario())
+
+
 def test_endpoint_holds_a_new_rollout_until_the_trainer_consumes(scripted_server, openai_client) -> None:
     server, _, policy = scripted_server
     policy.admission.set_demand(rollouts_per_step=1, max_staleness=1)
@@ -120,6 +135,8 @@ def test_admin_admission_route_feeds_the_gate_and_refuses_bad_bodies(
         assert answer.json()["error"]["message"]
     assert httpx.post(server.url + "/admin/admission", json={"rollout_ids": []}).status_code == 401
     assert policy.admission.stats()["capacity"] == 24  # refused bodies changed nothing
+    publisher.withdraw()  # the trainer stopped
+    assert policy.admission.stats()["enabled"] is False
 
 
 def test_traced_agent_sends_its_rollout_id(scripted_server, tmp_path: Path) -> None:

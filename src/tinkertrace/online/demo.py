@@ -43,6 +43,9 @@ class DemoSettings:
     groups_per_batch: int = 4
     max_tokens: int = 20
     max_staleness: int = 1
+    admission: bool = True  # the endpoint starts only rollouts the trainer will take within max_staleness
+    roll_seconds: float = StackSettings.roll_seconds
+    export_delay_s: float = StackSettings.export_delay_s
 
 
 def sparkline(values: list[float]) -> str:
@@ -101,7 +104,12 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
     out = settings.out
     out.mkdir(parents=True, exist_ok=True)
     stack_settings = StackSettings(
-        out=out, model=settings.model, group_size=settings.group_size, max_tokens=settings.max_tokens
+        out=out,
+        model=settings.model,
+        group_size=settings.group_size,
+        max_tokens=settings.max_tokens,
+        roll_seconds=settings.roll_seconds,
+        export_delay_s=settings.export_delay_s,
     )
     config = TrainConfig(
         source=stack_settings.spans_dir,
@@ -119,6 +127,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
         max_staleness=settings.max_staleness,
         poll_s=0.25,
         max_steps=settings.steps,
+        admission=settings.admission,
     )
     started = time.monotonic()
     console.print(

@@ -24,8 +24,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
-from contextlib import nullcontext, suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -57,6 +57,9 @@ class Publisher(Protocol):
 
     def publish(self, record: dict[str, Any]) -> None:
         """A new version (a checkpoint record with its trained and dropped rollout ids)."""
+
+    def withdraw(self) -> None:
+        """The trainer stopped: the endpoint no longer holds new rollouts for it."""
 
 
 def consumed_ids(record: dict[str, Any]) -> list[str]:
@@ -135,6 +138,12 @@ class AdminPublisher:
         body = {"rollouts_per_step": rollouts_per_step, "max_staleness": max_staleness}
         self._post("/admin/admission", body)
 
+    def withdraw(self) -> None:
+        import httpx
+
+        with suppress(httpx.HTTPError, RuntimeError):  # an endpoint that is gone holds nothing back
+            self._post("/admin/admission", {"withdraw": True})
+
     def publish(self, record: dict[str, Any]) -> None:
         body = {"model_path": record["sampler_path"], "version": record["policy_version"]}
         self._post("/admin/policy", body, ok=(200, 409))  # 409: that version or newer is served already
@@ -150,6 +159,9 @@ class HolderPublisher:
 
     def demand(self, rollouts_per_step: int, max_staleness: int) -> None:
         self.holder.admission.set_demand(rollouts_per_step, max_staleness)
+
+    def withdraw(self) -> None:
+        self.holder.admission.withdraw()
 
     def publish(self, record: dict[str, Any]) -> None:
         from tinkertrace.serving.policy import StalePolicyError
@@ -251,6 +263,20 @@ class FollowTrainer:
         return selected, pc.unique(selected["rollout_id"]).to_pylist()
 
     # --- run -----------------------------------------------------------------------------------------
+    @contextmanager
+    def _demand_stated(self) -> Iterator[None]:
+        """While training: the endpoint published to starts only the rollouts this trainer will take
+        within ``max_staleness`` versions (its admission gate); withdrawn when the run ends."""
+        o = self.options
+        if self.publish is None or not o.admission or o.max_staleness is None:
+            yield
+            return
+        self.publish.demand(self.config.groups_per_batch * o.group_size, o.max_staleness)
+        try:
+            yield
+        finally:
+            self.publish.withdraw()
+
     def _resume(self) -> tuple[int, dict[str, Any] | None, set[str]]:
         records = read_checkpoints(self.config.log_dir)
         if not records:
@@ -282,11 +308,8 @@ class FollowTrainer:
         )
         service = self.service or make_service_client(config.backend, engine_dir=config.engine_dir)
         training_client = shared_step.open_training_client(service, config, resume_from)
-        if self.publish is not None:
-            if o.admission and o.max_staleness is not None:  # the endpoint starts only what will be trained
-                self.publish.demand(config.groups_per_batch * o.group_size, o.max_staleness)
-            if resume_from is not None:
-                self.publish.publish(resume_from)
+        if resume_from is not None and self.publish is not None:
+            self.publish.publish(resume_from)
         adam = shared_step.adam_params(config)
         tail = SpanTail(Path(config.source), resolved=set(done), group_by=config.group_by)  # type: ignore[arg-type]
         result = FollowResult(log_dir=log_dir, start_step=step, steps=step)
@@ -296,7 +319,7 @@ class FollowTrainer:
         result.notes.extend(logger.notes)
         bar = _follow_progress(progress, console)
         feed = BackgroundTail(tail, o.poll_s)
-        with logger, feed, bar if bar is not None else nullcontext():
+        with logger, feed, self._demand_stated(), bar if bar is not None else nullcontext():
             task = (
                 bar.add_task("follow", total=o.max_steps, completed=step, status="waiting for rollouts")
                 if bar

@@ -79,6 +79,11 @@ class AdmissionGate:
         with self._lock:
             self.demand = Demand(rollouts_per_step, max_staleness)
 
+    def withdraw(self) -> None:
+        """The trainer stopped consuming: open the gate (held calls pass at once)."""
+        with self._lock:
+            self.demand = None
+
     def consume(self, rollout_ids: Iterable[str]) -> None:
         """The trainer has trained or dropped ``rollout_ids``: free their places (and those of
         rollouts admitted more than ``expire_s`` ago)."""
@@ -96,18 +101,22 @@ class AdmissionGate:
     def _room(self) -> bool:
         return self.demand is None or len(self._open) < self.demand.capacity
 
+    def _pass_all(self) -> bool:
+        return self.demand is None
+
     def _try_admit(self, rollout_id: str, ticket: int | None) -> bool:
         """Admit ``rollout_id`` if it is open already, or if there is room and no earlier waiter."""
         with self._lock:
             if rollout_id in self._open:
                 return True
             head = self._queue[0] if self._queue else None
-            if head != ticket or not self._room():  # a newcomer (ticket None) goes only if none wait
+            # a newcomer (ticket None) goes only if none wait; an open gate lets everyone through
+            if not self._pass_all() and (head != ticket or not self._room()):
                 return False
             self._open[rollout_id] = self.clock()
             self.admitted += 1
             if ticket is not None:
-                self._queue.popleft()
+                self._queue.remove(ticket)
             return True
 
     async def admit(self, rollout_id: str | None) -> float:

@@ -248,12 +248,14 @@ class SamplingEndpoint:
         )
 
     async def set_admission(self, request: Request) -> Response:
-        """The trainer's demand (``rollouts_per_step``, ``max_staleness``) and/or the ``rollout_ids``
-        it trained or dropped: see :mod:`.admission`."""
+        """The trainer's demand (``rollouts_per_step``, ``max_staleness``; ``withdraw: true`` when it
+        stops) and/or the ``rollout_ids`` it trained or dropped: see :mod:`.admission`."""
         body = await _json_body(request)
         if not isinstance(body, dict):
             raise proto.ApiError(400, "The request body must be a JSON object.")
         gate = self.policy.admission
+        if body.get("withdraw") is True:
+            gate.withdraw()
         if "rollouts_per_step" in body or "max_staleness" in body:
             per_step, staleness = body.get("rollouts_per_step"), body.get("max_staleness")
             if type(per_step) is not int or type(staleness) is not int or per_step < 1 or staleness < 0:
