@@ -42,7 +42,7 @@ ARMS: dict[str, dict[str, Any]] = {
 def _row(name: str, s: dict[str, Any]) -> str:
     dropped, parts, gate = s["rollouts_dropped"], s["lag_parts_p95_s"], s.get("admission") or {}
     admission = "off"
-    if gate.get("enabled"):
+    if gate.get("capacity"):
         admission = f"{gate['admitted']}/{gate['held']} wait p95 {gate['wait_p95_s']:.2f}s"
     trained = f"{s['rollouts_trained']:5d} ({100 * (s['trained_fraction'] or 0):.0f}%)"
     return (

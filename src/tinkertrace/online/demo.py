@@ -94,8 +94,18 @@ class _Display:
                 f"{m.get('lag/staleness_max', 0)}  ·  dropped stale {m.get('follow/dropped_stale_total', 0)}",
                 style="dim",
             ),
+            Text(_admission_line(self.stack.holder.admission.stats()), style="dim"),
         ]
         return Group(*lines)
+
+
+def _admission_line(gate: dict[str, Any]) -> str:
+    if not gate["enabled"]:
+        return "endpoint admission: off (every new rollout starts at once)"  # not stated, or withdrawn
+    return (
+        f"endpoint admission: {gate['open']}/{gate['capacity']} rollouts started and not yet trained  ·  "
+        f"{gate['held']} of {gate['admitted']} waited, p95 {gate['wait_p95_s']:.2f}s"
+    )
 
 
 def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str, Any]:

@@ -110,7 +110,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("step time, mean", f"{_fmt(summary['step_time_mean_s'], '.2f')} s"),
     ]
     gate = summary.get("admission")
-    if gate and gate.get("enabled"):
+    if gate and gate.get("capacity"):
         rows.append(
             (
                 "endpoint admission: admitted / held, wait p95",

@@ -60,6 +60,7 @@ class AdmissionGate:
         self.expire_s = expire_s
         self.clock = clock
         self.demand: Demand | None = None
+        self.last_demand: Demand | None = None  # kept after a withdrawal, for the figures
         self._lock = threading.Lock()
         self._open: dict[str, float] = {}  # admitted rollout id -> when
         self._queue: deque[int] = deque()  # tickets of held first calls, in arrival order
@@ -77,7 +78,7 @@ class AdmissionGate:
         if rollouts_per_step < 1 or max_staleness < 0:
             raise ValueError("rollouts_per_step must be at least 1 and max_staleness 0 or more")
         with self._lock:
-            self.demand = Demand(rollouts_per_step, max_staleness)
+            self.demand = self.last_demand = Demand(rollouts_per_step, max_staleness)
 
     def withdraw(self) -> None:
         """The trainer stopped consuming: open the gate (held calls pass at once)."""
@@ -148,12 +149,13 @@ class AdmissionGate:
         return waited
 
     def stats(self) -> dict[str, Any]:
-        """Counts and wait times (seconds) of held first calls, for /health and the demo summary."""
+        """Counts and wait times (seconds) of held first calls, for /health and the demo summary.
+        ``enabled``: a demand holds now; the demand figures are the last one stated."""
         with self._lock:
             waits = np.asarray(self._waits, dtype=np.float64)
-            demand = self.demand
+            demand = self.last_demand
             return {
-                "enabled": demand is not None,
+                "enabled": self.demand is not None,
                 "capacity": demand.capacity if demand else None,
                 "rollouts_per_step": demand.rollouts_per_step if demand else None,
                 "max_staleness": demand.max_staleness if demand else None,
