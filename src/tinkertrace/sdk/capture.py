@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from tinkertrace import semconv
-from tinkertrace.sdk import runtime
+from tinkertrace.sdk import responses_api, runtime
 from tinkertrace.sdk.context import ROLLOUT
 from tinkertrace.sdk.response_parse import ResponseRecord, parse_json, parse_sse
 from tinkertrace.sdk.spans import context_attributes
@@ -61,6 +61,7 @@ class LlmCall:
         self.raw = raw
         self.url = request.url
         self.injected: list[str] = []
+        self.raw_sent = raw  # the body as sent (the agent's, or re-serialised with an extended include)
         self._chunks: list[bytes] = []
         self._done = False
         self._closed_early = False
@@ -76,6 +77,8 @@ class LlmCall:
 
     # --- request side ------------------------------------------------------------------------------
     def input_messages(self) -> list[dict[str, Any]]:
+        if self.kind == "responses":
+            return responses_api.input_messages(self.body)
         if self.kind == "chat":
             messages = self.body.get("messages")
             return messages if isinstance(messages, list) else []
@@ -105,7 +108,7 @@ class LlmCall:
         for key, attr in (("temperature", semconv.GENAI_TEMPERATURE), ("top_p", semconv.GENAI_TOP_P)):
             if isinstance(body.get(key), int | float):
                 attributes[attr] = float(body[key])
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", body.get("max_output_tokens")))
         if isinstance(max_tokens, int):
             attributes[semconv.GENAI_MAX_TOKENS] = max_tokens
         stop = body.get("stop")
@@ -128,12 +131,26 @@ class LlmCall:
         if self.body.get(semconv.REQUEST_RETURN_TOKEN_IDS) is None:
             add += b',"' + semconv.REQUEST_RETURN_TOKEN_IDS.encode() + b'":true'
             self.injected.append(semconv.REQUEST_RETURN_TOKEN_IDS)
-        if self.body.get("logprobs") is None:
+        if self.kind == "responses":
+            include = self.body.get("include")
+            if include is None:
+                add += b',"include":["' + responses_api.INCLUDE_LOGPROBS.encode() + b'"]'
+                self.injected.append("include")
+            elif isinstance(include, list) and responses_api.INCLUDE_LOGPROBS not in include:
+                # the agent's own list gains one value: the one case where the body is re-serialised
+                extended = {**self.body, "include": [*include, responses_api.INCLUDE_LOGPROBS]}
+                self.injected.append("include")
+                self.raw_sent = orjson.dumps(extended)
+        elif self.body.get("logprobs") is None:
             add += b',"logprobs":true' if self.kind == "chat" else b',"logprobs":1'
             self.injected.append("logprobs")
-        raw = self.raw.rstrip()
-        if not add or not raw.endswith(b"}") or raw == b"{}":
-            self.injected = []
+        raw = self.raw_sent.rstrip()
+        if not raw.endswith(b"}") or raw == b"{}":
+            self.injected, self.raw_sent = [], self.raw
+            return
+        if not add:
+            if self.raw_sent is not self.raw:
+                _set_body(lib, request, self.raw_sent)
             return
         # Splice the fields in before the closing brace: no re-serialisation of the agent's body.
         _set_body(lib, request, raw[:-1] + add + b"}")
@@ -195,7 +212,7 @@ class LlmCall:
     def build_span(self) -> ReadableSpan:
         """The finished span (on the export thread)."""
         model = self.body.get("model")
-        operation = "chat" if self.kind == "chat" else "text_completion"
+        operation = "text_completion" if self.kind == "completion" else "chat"
         attributes = {
             **self.context_attributes,
             semconv.GENAI_OPERATION: operation,
@@ -237,7 +254,10 @@ class LlmCall:
         try:
             body = self._body()
             streaming = "text/event-stream" in self.headers.get("content-type", "")
-            record = parse_sse(body) if streaming else parse_json(body)
+            if self.kind == "responses":
+                record = responses_api.parse_sse(body) if streaming else responses_api.parse_json(body)
+            else:
+                record = parse_sse(body) if streaming else parse_json(body)
             attrs.update(self._response_attributes(record))
             attrs.update(token_attributes(self.rt, self.kind, self.body, record))
         except Exception as exc:
@@ -305,6 +325,8 @@ def _classify(request: Any) -> str | None:
     if request.method != "POST":
         return None
     path = request.url.path
+    if path.endswith("/responses"):
+        return "responses"
     if path.endswith("/chat/completions"):
         return "chat"
     if path.endswith("/completions"):

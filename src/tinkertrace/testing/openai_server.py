@@ -6,7 +6,9 @@ logprob is a fixed function of its byte (:func:`byte_logprob`), so tests can com
 value. Replies come from a pluggable responder (default :func:`echo_responder`).
 
 It answers ``/v1/chat/completions`` and ``/v1/completions`` (streaming as SSE or not, with vLLM-style
-``return_token_ids`` and OpenAI-style ``logprobs``) and ``/v1/models``::
+``return_token_ids`` and OpenAI-style ``logprobs``), ``/v1/responses`` (the Responses API, streaming
+or not, with the token-id extension of :mod:`tinkertrace.semconv`; see :mod:`.responses_route`) and
+``/v1/models``::
 
     server = OpenAITestServer()
     with BackgroundServer(server.app) as bg:
@@ -47,7 +49,21 @@ class ReplyRequest:
     choice_index: int
 
 
-Responder = Callable[[ReplyRequest], str]
+@dataclass(frozen=True)
+class ToolCall:
+    """A reply that calls a function (served as a ``function_call`` item on ``/v1/responses``; the chat
+    endpoints send its :meth:`text`). Its sampled tokens are the bytes of :meth:`text`, as a model that
+    writes ``<tool_call>`` blocks samples them."""
+
+    name: str
+    arguments: str  # JSON text
+    call_id: str = "call_1"
+
+    def text(self) -> str:
+        return "<tool_call>" + json.dumps({"name": self.name, "arguments": self.arguments}) + "</tool_call>"
+
+
+Responder = Callable[[ReplyRequest], "str | ToolCall"]
 
 
 def _content_text(content: Any) -> str:
@@ -136,6 +152,7 @@ class OpenAITestServer:
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/responses", self._responses, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
             ]
         )
@@ -176,6 +193,7 @@ class OpenAITestServer:
             text = self.options.responder(
                 ReplyRequest(req.kind, req.model, req.body, req.messages, req.prompt, i)
             )
+            text = text.text() if isinstance(text, ToolCall) else text
             ids = list(text.encode())
             finish = "stop"
             if len(ids) > max_tokens:
@@ -375,6 +393,12 @@ class OpenAITestServer:
             return out
 
         return self._sse(chunks())
+
+    async def _responses(self, request: Request) -> Response:
+        from tinkertrace.testing.responses_route import answer
+
+        body = await self._read(request)
+        return body if isinstance(body, Response) else answer(self, body)
 
     def _sse(self, chunks: list[dict[str, Any]]) -> Response:
         delay = self.options.latency_s / 10
