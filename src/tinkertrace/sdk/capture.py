@@ -3,12 +3,13 @@
 ``install()`` wraps ``Client._send_single_request`` and ``AsyncClient._send_single_request`` of both
 libraries (the one point every request passes, whatever the transport: the OpenAI client 3.x uses
 ``httpx2``, LiteLLM and others ``httpx``, some with their own transports). Inside a rollout, a POST
-to a path ending in ``/chat/completions`` or ``/completions``:
+to a path ending in ``/chat/completions``, ``/completions`` or ``/responses``:
 
-* gets ``return_token_ids: true`` and ``logprobs`` (chat: ``true``; completions: ``1``) added when
-  absent (``request_token_ids=False`` turns this off). The agent then receives those extra response
-  fields too; OpenAI client objects keep them as extra attributes. A server that answers 400 to the
-  extended request is asked again with the original body, and not extended again.
+* gets ``return_token_ids: true`` and ``logprobs`` (chat: ``true``; completions: ``1``; responses:
+  ``include: ["message.output_text.logprobs"]``) added when absent (``request_token_ids=False``
+  turns this off). The agent then receives those extra response fields too; OpenAI client objects
+  keep them as extra attributes. A 400 to the extended request is answered by sending the original
+  body again; only if that is taken is the host left unextended (see :mod:`.refusals`).
 * becomes a GenAI CLIENT span whose response body is teed: the agent reads every byte (every SSE
   chunk) unchanged, and the span ends when the body is exhausted or closed.
 """
@@ -60,6 +61,7 @@ class LlmCall:
         self.body = body
         self.raw = raw
         self.url = request.url
+        self.host = self.url.netloc.decode("ascii", "replace")
         self.injected: list[str] = []
         self.raw_sent = raw  # the body as sent (the agent's, or re-serialised with an extended include)
         self._chunks: list[bytes] = []
@@ -124,8 +126,7 @@ class LlmCall:
         """Ask the server for token ids and logprobs (fields absent from the request only)."""
         if not self.rt.config.request_token_ids:
             return
-        host = self.url.netloc
-        if host in self.rt.no_inject_hosts:
+        if self.rt.refused_hosts.skip(self.host):
             return
         add = b""
         if self.body.get(semconv.REQUEST_RETURN_TOKEN_IDS) is None:
@@ -156,11 +157,19 @@ class LlmCall:
         _set_body(lib, request, raw[:-1] + add + b"}")
 
     def drop_injection(self, lib: ModuleType, request: Any) -> None:
-        """The server refused the extended request: restore the agent's body, stop extending."""
-        self.rt.no_inject_hosts.add(self.url.netloc)
+        """The extended request got a 400: restore the agent's body to send it again."""
         _set_body(lib, request, self.raw)
-        self.events.append(Event("tinkertrace.injection_refused", {"fields": tuple(self.injected)}))
-        self.injected = []
+        self._refused_fields, self.injected = tuple(self.injected), []
+
+    def judge_refusal(self, status: int) -> None:
+        """After the agent's own body was sent again: if it was taken, the added fields were what the
+        server refused, and the host is not extended again until the mark is re-checked; if it also
+        got a 400 the error was the request's own (e.g. context length) and nothing is marked."""
+        refused = status < 400
+        if refused:
+            self.rt.refused_hosts.mark(self.host)
+        name = "tinkertrace.injection_refused" if refused else "tinkertrace.injection_not_at_fault"
+        self.events.append(Event(name, {"fields": self._refused_fields, "retry_status": status}))
 
     # --- response side -----------------------------------------------------------------------------
     def attach(self, response: Any, tee: type) -> Any:
@@ -423,6 +432,7 @@ def _wrap_sync(lib: ModuleType, original: Callable[..., Any], tee: type) -> Call
                 response.close()
                 call.drop_injection(lib, request)
                 response = original(self, request)
+                call.judge_refusal(response.status_code)
         except BaseException as exc:
             call.fail(exc)
             raise
@@ -443,6 +453,7 @@ def _wrap_async(lib: ModuleType, original: Callable[..., Any], tee: type) -> Cal
                 await response.aclose()
                 call.drop_injection(lib, request)
                 response = await original(self, request)
+                call.judge_refusal(response.status_code)
         except BaseException as exc:
             call.fail(exc)
             raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from tinkertrace.sdk import config as cfg
 from tinkertrace.sdk import context
 from tinkertrace.sdk.export import QueueExportProcessor, Target
+from tinkertrace.sdk.refusals import RefusedHosts
 from tinkertrace.sdk.stats import ExportStats
 
 log = logging.getLogger("tinkertrace")
@@ -37,7 +38,7 @@ class Runtime:
     processor: QueueExportProcessor
     stats: ExportStats
     scope: InstrumentationScope
-    no_inject_hosts: set[bytes] = field(default_factory=set)  # URL netlocs
+    refused_hosts: RefusedHosts
     _tokenizer: Any = None
     _tokenizer_failed: bool = False
 
@@ -152,7 +153,8 @@ def _build(config: cfg.TraceConfig) -> Runtime:
     provider.add_span_processor(processor)
     scope = InstrumentationScope("tinkertrace.sdk", __version__)
     tracer = provider.get_tracer(scope.name, scope.version)
-    runtime = Runtime(config, provider, tracer, processor, stats, scope)
+    refused = RefusedHosts(config.token_ids_recheck_calls, config.token_ids_recheck_s)
+    runtime = Runtime(config, provider, tracer, processor, stats, scope, refused)
     if config.capture_http:
         from tinkertrace.sdk import capture
 

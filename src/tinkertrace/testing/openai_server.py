@@ -128,6 +128,7 @@ class ServerOptions:
     fail_times: int = 0  # ... for this many requests (then succeed again); -1: always
     chunk_chars: int = 1  # characters per streamed chunk
     reject_fields: tuple[str, ...] = ()  # answer 400 to requests with these fields (a strict server)
+    max_context_tokens: int | None = None  # answer vLLM's context-length 400 to longer prompts
 
 
 @dataclass
@@ -182,6 +183,17 @@ class OpenAITestServer:
         if unknown:
             return _error(400, f"Unrecognized request argument supplied: {', '.join(unknown)}")
         return body
+
+    def context_error(self, prompt_tokens: int) -> Response | None:
+        """vLLM's 400 for a prompt longer than ``max_context_tokens``, else None."""
+        limit = self.options.max_context_tokens
+        if limit is None or prompt_tokens <= limit:
+            return None
+        return _error(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, your request has "
+            f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
+        )
 
     def _headers(self) -> dict[str, str]:
         version = self.options.policy_version
@@ -250,6 +262,8 @@ class OpenAITestServer:
         top_n = int(body.get("top_logprobs") or 0)
         model = str(body.get("model") or self.options.model)
         prompt_ids = list(render_chat(messages).encode())
+        if too_long := self.context_error(len(prompt_ids)):
+            return too_long
         req = ReplyRequest("chat", model, body, messages, None, 0)
         choices, rid, usage, extra = self._answer(req, n, max_tokens, len(prompt_ids), "chatcmpl")
         if not stream:

@@ -82,6 +82,8 @@ def answer(server: OpenAITestServer, body: dict[str, Any]) -> Response:
         ids, status, incomplete = ids[:max_tokens], "incomplete", {"reason": "max_output_tokens"}
     text = bytes(ids).decode(errors="ignore")
     prompt_ids = list(render_chat(messages).encode())
+    if too_long := server.context_error(len(prompt_ids)):
+        return too_long
     rid, item_id = server._next_id("resp"), server._next_id("fc" if isinstance(reply, ToolCall) else "msg")
     item = _output_item(reply, item_id, text, ids, want_logprobs)
     response: dict[str, Any] = {
