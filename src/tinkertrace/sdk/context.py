@@ -44,7 +44,17 @@ class RolloutState:
 ROLLOUT: contextvars.ContextVar[RolloutState | None] = contextvars.ContextVar(
     "tinkertrace_rollout", default=None
 )
-AGENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("tinkertrace_agent", default=None)
+
+
+@dataclass(frozen=True)
+class AgentScope:
+    """The agent span in effect: its name and span id (16 hex digits)."""
+
+    name: str
+    span_id: str
+
+
+AGENT: contextvars.ContextVar[AgentScope | None] = contextvars.ContextVar("tinkertrace_agent", default=None)
 
 
 def current_rollout() -> RolloutState | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -20,7 +21,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from tinkertrace import semconv
 from tinkertrace.sdk import runtime
-from tinkertrace.sdk.context import AGENT, ROLLOUT, RolloutState
+from tinkertrace.sdk.context import AGENT, ROLLOUT, AgentScope, RolloutState
 from tinkertrace.sdk.spans import start_span
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -317,35 +318,59 @@ def emit_reward(
         return False
 
 
+@dataclasses.dataclass
+class _AgentEntry:
+    """What one entry of an :class:`agent_span` undoes on exit."""
+
+    span: trace.Span
+    agent_token: contextvars.Token
+    use: Any  # the ``trace.use_span`` context manager
+    entries_token: contextvars.Token | None = None
+
+
 class agent_span:  # lower-case: used like a function, ``with agent_span("solver"):``
     """Scope LLM calls to a named agent: ``with agent_span("solver"): ...`` or ``@agent_span("solver")``.
 
-    Starts an ``invoke_agent {name}`` span; every span started inside carries ``gen_ai.agent.name``.
+    Starts an ``invoke_agent {name}`` span; every span started inside carries ``gen_ai.agent.name``
+    and the agent span's id (``tinkertrace.agent.span_id``). One object may be entered by concurrent
+    asyncio tasks and threads, and re-entered: what each entry must undo is kept in the context of
+    the task or thread that entered it, never on the shared object.
     """
 
     def __init__(self, name: str) -> None:
         if not name:
             raise ValueError("agent_span needs a non-empty agent name")
         self.name = name
-        self._stack: list[tuple[Any, Any, Any]] = []
+        # per context: the entries of this object still open there, innermost last; each entry's
+        # own token of this variable resets it, so a context keeps nothing once all are exited
+        self._entries: contextvars.ContextVar[tuple[_AgentEntry, ...]] = contextvars.ContextVar(
+            f"tinkertrace_agent_span_{name}", default=()
+        )
 
     def __enter__(self) -> trace.Span:
-        token = AGENT.set(self.name)
         span = start_span(
             runtime.get(),
             f"{semconv.AGENT_OPERATION} {self.name}",
             semconv.TYPE_AGENT,
             {semconv.GENAI_OPERATION: semconv.AGENT_OPERATION, semconv.AGENT_NAME: self.name},
         )
-        use = trace.use_span(span, end_on_exit=False, record_exception=False)
-        use.__enter__()
-        self._stack.append((token, span, use))
+        scope = AgentScope(self.name, format(span.get_span_context().span_id, "016x"))
+        entry = _AgentEntry(
+            span, AGENT.set(scope), trace.use_span(span, end_on_exit=False, record_exception=False)
+        )
+        entry.use.__enter__()
+        entry.entries_token = self._entries.set((*self._entries.get(), entry))
         return span
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        token, span, use = self._stack.pop()
-        use.__exit__(None, None, None)
-        AGENT.reset(token)
+        entries = self._entries.get()
+        if not entries:
+            raise RuntimeError(f"agent_span({self.name!r}) exited in a context that did not enter it")
+        entry = entries[-1]
+        span = entry.span
+        self._entries.reset(entry.entries_token)  # type: ignore[arg-type]
+        entry.use.__exit__(None, None, None)
+        AGENT.reset(entry.agent_token)
         if exc is not None:
             span.record_exception(exc)
             span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
@@ -358,19 +383,18 @@ class agent_span:  # lower-case: used like a function, ``with agent_span("solver
         self.__exit__(exc_type, exc, tb)
 
     def __call__(self, func: F) -> F:
-        name = self.name
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with agent_span(name):
+                with self:
                     return await func(*args, **kwargs)
 
             return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with agent_span(name):
+            with self:
                 return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
