@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import threading
 import time
 import traceback
 import zlib
@@ -67,6 +68,8 @@ class LlmCall:
         self._chunks: list[bytes] = []
         self._done = False
         self._closed_early = False
+        self._end_lock = threading.Lock()
+        self._last_read_ns = 0  # when the agent last received response bytes
         self.status = 0
         self.headers: Any = {}
         self.start_ns = time.time_ns()
@@ -76,6 +79,9 @@ class LlmCall:
         self.events: list[Event] = []
         self.span_status = Status(StatusCode.UNSET)
         self.parent, self.context = _span_context(rt)
+        self.rollout = ROLLOUT.get()
+        if self.rollout is not None:
+            self.rollout.call_opened(self)
 
     # --- request side ------------------------------------------------------------------------------
     def input_messages(self) -> list[dict[str, Any]]:
@@ -184,12 +190,31 @@ class LlmCall:
         return bool(self.injected) and response.status_code == 400
 
     def feed(self, chunk: bytes) -> None:
-        self._chunks.append(chunk)
+        if not self._done:  # bytes read after the call was ended (with its rollout) are not recorded
+            self._chunks.append(chunk)
+            self._last_read_ns = time.time_ns()
+
+    def _claim_end(self) -> bool:
+        """True for the one caller that ends the call (the agent's thread and the rollout's may race)."""
+        with self._end_lock:
+            if self._done:
+                return False
+            self._done = True
+            return True
+
+    def end_with_rollout(self) -> None:
+        """The rollout is ending and this call is still open: a stream the agent broke out of without
+        closing, or keeps open. It ends now as closed early, with what had been read, at the time the
+        agent last received bytes of it (so a reward given after it follows it)."""
+        if not self._claim_end():
+            return
+        self._closed_early = True
+        self.events.append(Event("tinkertrace.ended_with_rollout"))
+        self._end(self._last_read_ns or None)
 
     def fail(self, exc: BaseException) -> None:
-        if self._done:
+        if not self._claim_end():
             return
-        self._done = True
         try:
             self.events.append(_exception_event(exc))
             self.error_attributes["error.type"] = type(exc).__qualname__
@@ -199,9 +224,8 @@ class LlmCall:
 
     def finish(self, closed_early: bool = False) -> None:
         """End the span (once); it is built and the response recorded on the export thread."""
-        if self._done:
+        if not self._claim_end():
             return
-        self._done = True
         self._closed_early = closed_early
         try:
             if self.status >= 400:
@@ -214,8 +238,10 @@ class LlmCall:
         finally:
             self._end()
 
-    def _end(self) -> None:
-        self.end_ns = time.time_ns()
+    def _end(self, end_ns: int | None = None) -> None:
+        self.end_ns = end_ns or time.time_ns()
+        if self.rollout is not None:
+            self.rollout.call_ended(self)
         self.rt.processor.submit(self.build_span)
 
     def build_span(self) -> ReadableSpan:

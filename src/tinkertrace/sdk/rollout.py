@@ -165,6 +165,8 @@ class _Rollout:
 
     def finish(self, result: Any, exc: BaseException | None) -> None:
         try:
+            for call in self.state.take_open_calls():
+                call.end_with_rollout()
             if exc is None and isinstance(result, int | float) and math.isfinite(result):
                 emit_reward(float(result), final=True)
         finally:
