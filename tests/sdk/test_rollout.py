@@ -253,3 +253,24 @@ def test_queue_overflow_is_counted_and_warned(trace_init, caplog) -> None:
     assert (stats["spans_queued"], stats["spans_dropped"]) == (3, 5)
     assert "spans are being dropped" in caplog.text
     assert len(traced.rows()) == 3
+
+
+def test_otel_sdk_disabled_keeps_training_data(openai_server, trace_init, monkeypatch, caplog) -> None:
+    """``OTEL_SDK_DISABLED=true`` (CrewAI's advice) turns OTel telemetry off, not tinkertrace's data:
+    root, agent, LLM and reward spans are all written, and a warning says so."""
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    traced = trace_init()
+    assert "keeps recording training data" in caplog.text
+
+    @tinkertrace.traced_rollout
+    def agent(task: str) -> float:
+        with tinkertrace.agent_span("solver"):
+            _chat(openai_server)
+        return 1.0
+
+    agent("q")
+    types = sorted(r["span_type"] for r in traced.rows())
+    assert types == ["agent", "llm", "reward", "rollout"]
+    (root,) = traced.rows("span_type = 'rollout'")
+    assert all(r["rollout_id"] == root["rollout_id"] for r in traced.rows())
+    assert TracerProvider().get_tracer("app").__class__.__name__ == "NoOpTracer"  # OTel's own switch holds

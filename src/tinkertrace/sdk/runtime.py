@@ -2,6 +2,7 @@
 
 tinkertrace keeps its own ``TracerProvider`` and never replaces the global one, so it coexists with
 an application's own OpenTelemetry set-up (spans still nest: parents come from the shared context).
+That provider records even under ``OTEL_SDK_DISABLED=true`` (see :class:`TrainingDataProvider`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,24 @@ class Runtime:
                     exc,
                 )
         return self._tokenizer
+
+
+class TrainingDataProvider(TracerProvider):
+    """The SDK's provider. ``OTEL_SDK_DISABLED=true`` turns OpenTelemetry telemetry off (CrewAI tells
+    its users to set it to stop its own telemetry); a plain provider would then hand out no-op
+    tracers for the rollout, agent and reward spans while LLM spans (built directly) were still
+    written: every rollout incomplete, no warning. Training data is what the user asked tinkertrace
+    for, so this provider keeps recording and says so once."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self._disabled:
+            log.warning(
+                "tinkertrace: OTEL_SDK_DISABLED=true turns off OpenTelemetry telemetry, but tinkertrace "
+                "keeps recording training data (rollouts, LLM calls, rewards) to its own targets; "
+                "remove @traced_rollout / tinkertrace.init() to record nothing"
+            )
+            self._disabled = False
 
 
 _lock = threading.RLock()
@@ -145,7 +164,7 @@ def _build(config: cfg.TraceConfig) -> Runtime:
     )
     from tinkertrace import __version__
 
-    provider = TracerProvider(
+    provider = TrainingDataProvider(
         sampler=ALWAYS_ON,
         resource=Resource.create({"service.name": config.service_name}),
         shutdown_on_exit=False,
