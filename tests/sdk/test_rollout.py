@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import duckdb
 import httpx
+import numpy as np
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -87,6 +88,28 @@ def test_numeric_return_is_the_final_reward_and_rewards_are_counted(openai_serve
     assert attrs[semconv.ROLLOUT_STATUS] == semconv.STATUS_SUCCEEDED
 
 
+@pytest.mark.parametrize("final", [np.float32(0.75), np.int64(1), np.float64(0.5)])
+def test_numpy_rewards_emitted_and_returned(traced, final) -> None:
+    @tinkertrace.traced_rollout
+    def agent(task: str) -> object:
+        assert tinkertrace.emit_reward(np.float32(0.25))
+        assert tinkertrace.emit_reward({"correct": np.int64(1), "format": np.float32(0.5)}, primary="format")
+        return final
+
+    assert agent("q") is final
+    rewards = traced.rows("span_type = 'reward'")
+    assert [(r["reward_name"], r["reward_value"]) for r in rewards] == [
+        ("primary", 0.25),
+        ("format", 0.5),
+        ("primary", float(final)),
+    ]
+    assert json.loads(json.loads(rewards[1]["attributes"])[semconv.REWARD_DIMENSIONS]) == {
+        "correct": 1.0,
+        "format": 0.5,
+    }
+    assert json.loads(rewards[2]["attributes"])[semconv.REWARD_FINAL] is True
+
+
 def test_exception_is_recorded_and_reraised(traced) -> None:
     @tinkertrace.traced_rollout
     async def agent(task: str) -> float:
@@ -110,6 +133,10 @@ def test_emit_reward_outside_a_rollout_or_invalid_warns(traced) -> None:
             assert tinkertrace.emit_reward(float("nan")) is False
         with pytest.warns(RuntimeWarning, match="must be a number"):
             assert tinkertrace.emit_reward("good") is False  # type: ignore[arg-type]
+        with pytest.warns(RuntimeWarning, match="must be a number"):
+            assert tinkertrace.emit_reward({"a": "1.0"}) is False  # a numeric string is not a number
+        with pytest.warns(RuntimeWarning, match="must be a number"):
+            assert tinkertrace.emit_reward(np.array([1.0, 2.0])) is False  # type: ignore[arg-type]
 
     agent("q")
     assert traced.rows("span_type = 'reward'") == []

@@ -10,6 +10,7 @@ import hashlib
 import inspect
 import json
 import math
+import numbers
 import threading
 import uuid
 import warnings
@@ -167,7 +168,7 @@ class _Rollout:
         try:
             for call in self.state.take_open_calls():
                 call.end_with_rollout()
-            if exc is None and isinstance(result, int | float) and math.isfinite(result):
+            if exc is None and isinstance(result, numbers.Real) and math.isfinite(result):
                 emit_reward(float(result), final=True)
         finally:
             ROLLOUT.reset(self._token)
@@ -260,19 +261,25 @@ def traced_rollout(
     return decorate(fn) if fn is not None else decorate
 
 
+def _number(value: Any, what: str) -> float:
+    """A real number (Python or numpy scalar: ``numbers.Real`` includes ``np.float32``, ``np.int64``)
+    as a float; ValueError for anything else (strings, None, arrays)."""
+    if not isinstance(value, numbers.Real):
+        raise ValueError(f"{what} must be a number or a mapping of numbers, got {type(value).__name__}")
+    return float(value)
+
+
 def _reward_dimensions(value: Any, name: str, primary: str | None) -> tuple[str, dict[str, float]]:
     """``(primary name, {name: value})`` from a scalar or a mapping; ValueError if not numeric."""
     if isinstance(value, Mapping):
         if not value:
             raise ValueError("reward mapping is empty")
-        dims = {str(k): float(v) for k, v in value.items()}
+        dims = {str(k): _number(v, f"reward {k!r}") for k, v in value.items()}
         chosen = primary or (name if name in dims else next(iter(dims)))
         if chosen not in dims:
             raise ValueError(f"primary reward {chosen!r} is not one of {sorted(dims)}")
     else:
-        if isinstance(value, str) or not isinstance(value, int | float):
-            raise ValueError(f"reward must be a number or a mapping of numbers, got {type(value).__name__}")
-        chosen, dims = name, {name: float(value)}
+        chosen, dims = name, {name: _number(value, "reward")}
     bad = [k for k, v in dims.items() if not math.isfinite(v)]
     if bad:
         raise ValueError(f"reward dimension(s) {bad} are not finite")
