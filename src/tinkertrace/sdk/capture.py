@@ -79,9 +79,7 @@ class LlmCall:
         self.events: list[Event] = []
         self.span_status = Status(StatusCode.UNSET)
         self.parent, self.context = _span_context(rt)
-        self.rollout = ROLLOUT.get()
-        if self.rollout is not None:
-            self.rollout.call_opened(self)
+        self.rollout = ROLLOUT.get()  # ends this call if it is still open when the rollout ends
 
     # --- request side ------------------------------------------------------------------------------
     def input_messages(self) -> list[dict[str, Any]]:
@@ -384,6 +382,8 @@ def begin(lib: ModuleType, request: Any) -> LlmCall | None:
             return None
         call = LlmCall(rt, kind, request, body, raw)
         call.inject(lib, request)
+        if call.rollout is not None:
+            call.rollout.call_opened(call)
         return call
     except Exception as exc:  # an unreadable request is passed on untraced
         log.debug("tinkertrace: not capturing %s: %s", request.url, exc)

@@ -74,6 +74,9 @@ def answer(server: OpenAITestServer, body: dict[str, Any]) -> Response:
     want_ids = bool(body.get(semconv.REQUEST_RETURN_TOKEN_IDS)) and options.token_ids
     include = body.get("include") or []
     want_logprobs = INCLUDE_LOGPROBS in include and options.logprobs
+    prompt_ids = list(render_chat(messages).encode())
+    if too_long := server.context_error(len(prompt_ids)):
+        return too_long
     reply = options.responder(ReplyRequest("responses", model, body, messages, None, 0))
     full_text = reply.text() if isinstance(reply, ToolCall) else reply
     ids = list(full_text.encode())
@@ -81,9 +84,6 @@ def answer(server: OpenAITestServer, body: dict[str, Any]) -> Response:
     if len(ids) > max_tokens:
         ids, status, incomplete = ids[:max_tokens], "incomplete", {"reason": "max_output_tokens"}
     text = bytes(ids).decode(errors="ignore")
-    prompt_ids = list(render_chat(messages).encode())
-    if too_long := server.context_error(len(prompt_ids)):
-        return too_long
     rid, item_id = server._next_id("resp"), server._next_id("fc" if isinstance(reply, ToolCall) else "msg")
     item = _output_item(reply, item_id, text, ids, want_logprobs)
     response: dict[str, Any] = {
