@@ -90,10 +90,11 @@ def test_collector_down_then_back(openai_server, tmp_path: Path, protocol: str) 
 
 
 @pytest.mark.parametrize("status", [400, 401, 413])
-def test_batch_refused_on_first_try_is_kept_and_flush_says_so(tmp_path: Path, status: int) -> None:
-    """A real endpoint refusing the first batch: it is kept in ``spool/rejected/``, counted, and
-    ``flush()`` returns False; moved back into the spool once the endpoint takes it, it is sent."""
-    answer = {"status": status}
+def test_refused_batches_are_kept_and_flush_says_so(tmp_path: Path, status: int) -> None:
+    """A real endpoint refusing batches, re-sent from the spool or on their first try: each is kept in
+    ``spool/rejected/``, counted, and ``flush()`` returns False; moved back into the spool once the
+    endpoint takes them, they are sent."""
+    answer = {"status": 503}
 
     async def traces(request: Request) -> Response:
         await request.body()
@@ -102,23 +103,29 @@ def test_batch_refused_on_first_try_is_kept_and_flush_says_so(tmp_path: Path, st
     server = BackgroundServer(Starlette(routes=[Route("/v1/traces", traces, methods=["POST"])])).start()
     spool = tmp_path / "spool"
     try:
-        tinkertrace.init(server.url, spool_dir=spool)
+        tinkertrace.init(server.url, spool_dir=spool, retry_interval_s=60)
 
         @tinkertrace.traced_rollout
         def agent(task: str) -> float:
             return 1.0
 
-        agent("q")
+        agent("spooled")  # 503: spooled, then refused when re-sent
+        assert tinkertrace.flush(timeout_s=0.1) is False
+        answer["status"] = status
+        assert tinkertrace.flush(timeout_s=5) is False
+        agent("refused")  # refused on its first try
         assert tinkertrace.flush(timeout_s=5) is False
         stats = tinkertrace.stats()
-        assert (stats["spans_rejected"], stats["spans_exported"], stats["spans_spooled"]) == (2, 0, 0)
-        (kept,) = (spool / "rejected").glob("*.otlp")
-        assert tinkertrace.flush(timeout_s=5) is True  # reported once; nothing new since
+        assert (stats["spans_rejected"], stats["spans_spooled"], stats["spans_exported"]) == (4, 2, 0)
+        kept = sorted((spool / "rejected").glob("*.otlp"))
+        assert len(kept) == 2 and list(spool.glob("*.otlp")) == []
+        assert tinkertrace.flush(timeout_s=5) is True  # each refusal reported once
 
         answer["status"] = 200
-        kept.rename(spool / kept.name)
+        for path in kept:
+            path.rename(spool / path.name)
         assert tinkertrace.flush(timeout_s=5) is True
-        assert tinkertrace.stats()["spans_resent"] == 2
+        assert (tinkertrace.stats()["spans_resent"], tinkertrace.stats()["spans_exported"]) == (4, 4)
         assert list(spool.rglob("*.otlp")) == []
     finally:
         tinkertrace.shutdown()
