@@ -104,7 +104,7 @@ def answer(server: OpenAITestServer, body: dict[str, Any]) -> Response:
         "max_output_tokens": body.get("max_output_tokens"),
         "usage": {
             "input_tokens": len(prompt_ids),
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": len(ids),
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": len(prompt_ids) + len(ids),
