@@ -214,3 +214,25 @@ def test_httpx_async_responses_stream(openai_server, traced) -> None:
     assert events[-1]["response"]["output_token_ids"] == list(REPLY.encode())
     (row,) = traced.rows("span_type = 'llm'")
     _assert_responses_span(row, stream=True)
+
+
+def test_refusal_on_responses_leaves_chat_extended(openai_server, traced) -> None:
+    """A server that refuses the logprobs ``include`` on /responses keeps giving ids on chat."""
+    openai_server.options.reject_fields = ("include",)
+    client = openai.OpenAI(base_url=openai_server.base_url, api_key="x", max_retries=0)
+
+    @tinkertrace.traced_rollout
+    def agent(task: str) -> None:
+        client.responses.create(model="m", input=QUESTION)
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": QUESTION}])
+        client.responses.create(model="m", input=QUESTION)
+
+    agent("q")
+    assert [("include" in b, "return_token_ids" in b) for b in openai_server.requests] == [
+        (True, True),  # refused
+        (False, False),  # the agent's own body: taken, /responses marked
+        (False, True),  # chat still extended
+        (False, False),  # /responses not extended while marked
+    ]
+    sources = [r["token_source"] for r in traced.rows("span_type = 'llm'")]
+    assert sources == [semconv.SOURCE_NONE, semconv.SOURCE_SERVER, semconv.SOURCE_NONE]
