@@ -30,6 +30,8 @@ from tinkertrace.serving.batching import SampleBatcher
 from tinkertrace.serving.checkpoint_watch import CheckpointWatcher
 from tinkertrace.serving.generation import Generator
 from tinkertrace.serving.policy import PolicyHolder, StalePolicyError
+from tinkertrace.serving.tool_parsers import make_tool_parser
+from tinkertrace.serving.tool_use import plan_tools
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +93,10 @@ class SamplingEndpoint:
         admin_token: str | None,
         default_max_tokens: int,
         batcher: SampleBatcher,
+        tool_parser: str = "auto",
     ) -> None:
         self.policy = policy
+        self.tool_parser = make_tool_parser(tool_parser, getattr(policy.tokenizer, "chat_template", None))
         self.api_key = api_key
         self.admin_token = admin_token
         self.generator = Generator(policy.tokenizer, default_max_tokens=default_max_tokens, batcher=batcher)
@@ -145,8 +149,10 @@ class SamplingEndpoint:
         req = proto.parse_chat_request(await _json_body(request))
         self._check_model(req.model)
         policy = self.policy.current()  # this request samples with this snapshot to the end
-        prompt_ids = self.generator.chat_prompt(req.messages, req.tools)
-        choices = await self.generator.generate(policy.sampling_client, prompt_ids, req.options)
+        plan = plan_tools(self.tool_parser, req.tools, req.tool_choice)
+        prompt_ids = self.generator.chat_prompt(req.messages, req.tools, plan.prefix)
+        sampled = await self.generator.generate(policy.sampling_client, prompt_ids, plan.options(req.options))
+        choices = [plan.apply(c) for c in sampled]
         self.requests_served += 1
         rid, headers = proto.new_id("chatcmpl"), {semconv.HEADER_POLICY_VERSION: str(policy.version)}
         if req.options.stream:
@@ -251,6 +257,7 @@ def create_app(
     batch_window_s: float = 0.005,
     watch_checkpoints: Path | str | None = None,
     watch_poll_s: float = 0.5,
+    tool_parser: str = "auto",
 ) -> Starlette:
     """The OpenAI-compatible ASGI app serving ``policy``.
 
@@ -259,6 +266,7 @@ def create_app(
     ``default_max_tokens``: used when a request sets no ``max_tokens``.
     ``batch_window_s``: how long identical requests wait to share one sample call (0: never).
     ``watch_checkpoints``: a checkpoint record (JSON lines) to follow; each new record is served.
+    ``tool_parser``: how tool calls are read from replies (see :mod:`tinkertrace.serving.tool_parsers`).
     """
     endpoint = SamplingEndpoint(
         policy,
@@ -266,6 +274,7 @@ def create_app(
         admin_token=admin_token,
         default_max_tokens=default_max_tokens,
         batcher=SampleBatcher(window_s=batch_window_s),
+        tool_parser=tool_parser,
     )
     if watch_checkpoints is not None:
         endpoint.watcher = CheckpointWatcher(Path(watch_checkpoints), policy, poll_s=watch_poll_s)
