@@ -1,9 +1,10 @@
 """The OpenAI-compatible sampling endpoint as a Starlette ASGI app.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models[/{id}]``,
-``GET /health``, and the admin routes ``GET|POST /admin/policy`` (enabled by an admin token) that
-show or swap the served weights from another process. Every answer names the policy version that
-produced it (``policy_version`` field and ``x-tinkertrace-policy-version`` header).
+Routes: ``POST /v1/chat/completions``, ``POST /v1/responses``, ``POST /v1/completions``,
+``GET /v1/models[/{id}]``, ``GET /health``, and the admin routes ``GET|POST /admin/policy``
+(enabled by an admin token) that show or swap the served weights from another process. Every
+answer names the policy version that produced it (``policy_version`` field and
+``x-tinkertrace-policy-version`` header).
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ from starlette.routing import Route
 
 from tinkertrace import semconv
 from tinkertrace.serving import openai_protocol as proto
+from tinkertrace.serving import responses_api
 from tinkertrace.serving.batching import SampleBatcher
 from tinkertrace.serving.checkpoint_watch import CheckpointWatcher
 from tinkertrace.serving.generation import Generator
 from tinkertrace.serving.policy import PolicyHolder, StalePolicyError
+from tinkertrace.serving.responses_api import ConversationStore
+from tinkertrace.serving.responses_stream import stream_events
 from tinkertrace.serving.tool_parsers import make_tool_parser
 from tinkertrace.serving.tool_use import plan_tools
 
@@ -73,11 +77,16 @@ async def _json_body(request: Request) -> Any:
         ) from exc
 
 
-def _sse(chunks: list[dict[str, Any]], headers: dict[str, str]) -> StreamingResponse:
+def _sse(chunks: list[dict[str, Any]], headers: dict[str, str], *, named: bool = False) -> StreamingResponse:
+    """Server-sent events: chat/completions chunks end with ``[DONE]``; Responses events (``named``)
+    are each preceded by ``event: <type>`` and end with the final event, as OpenAI sends them."""
+
     async def events() -> AsyncIterator[bytes]:
         for chunk in chunks:
-            yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-        yield b"data: [DONE]\n\n"
+            head = f"event: {chunk['type']}\n".encode() if named else b""
+            yield head + b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+        if not named:
+            yield b"data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
@@ -103,6 +112,7 @@ class SamplingEndpoint:
         self.created = int(time.time())
         self.requests_served = 0
         self.watcher: CheckpointWatcher | None = None
+        self.conversations = ConversationStore()
 
     # --- plumbing ----------------------------------------------------------------------------------
     def guarded(self, handler: Handler, *, admin: bool = False) -> Handler:
@@ -159,6 +169,29 @@ class SamplingEndpoint:
             chunks = proto.chat_chunks(rid, req.model, policy.version, choices, req.options.include_usage)
             return _sse(chunks, headers)
         return JSONResponse(proto.chat_response(rid, req.model, policy.version, choices), headers=headers)
+
+    async def responses(self, request: Request) -> Response:
+        req = responses_api.parse_request(await _json_body(request))
+        self._check_model(req.model)
+        history = self.conversations.history(req.previous_response_id)
+        system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+        policy = self.policy.current()
+        plan = plan_tools(self.tool_parser, req.tools, req.tool_choice)
+        prompt_ids = self.generator.chat_prompt([*system, *history, *req.messages], req.tools, plan.prefix)
+        [sampled] = await self.generator.generate(
+            policy.sampling_client, prompt_ids, plan.options(req.options)
+        )
+        choice = plan.apply(sampled)
+        self.requests_served += 1
+        rid = responses_api.new_item_id("resp")
+        if req.store:
+            conversation = [*history, *req.messages, responses_api.assistant_message(choice)]
+            self.conversations.put(rid, conversation)
+        body = responses_api.response_body(rid, req, policy.version, choice)
+        headers = {semconv.HEADER_POLICY_VERSION: str(policy.version)}
+        if req.options.stream:
+            return _sse(stream_events(body), headers, named=True)
+        return JSONResponse(body, headers=headers)
 
     async def completions(self, request: Request) -> Response:
         req = proto.parse_completion_request(await _json_body(request))
@@ -293,6 +326,7 @@ def create_app(
     g = endpoint.guarded
     routes = [
         Route("/v1/chat/completions", g(endpoint.chat), methods=["POST"]),
+        Route("/v1/responses", g(endpoint.responses), methods=["POST"]),
         Route("/v1/completions", g(endpoint.completions), methods=["POST"]),
         Route("/v1/models", g(endpoint.models), methods=["GET"]),
         Route("/v1/models/{model:path}", g(endpoint.model), methods=["GET"]),
