@@ -6,7 +6,9 @@ logprob is a fixed function of its byte (:func:`byte_logprob`), so tests can com
 value. Replies come from a pluggable responder (default :func:`echo_responder`).
 
 It answers ``/v1/chat/completions`` and ``/v1/completions`` (streaming as SSE or not, with vLLM-style
-``return_token_ids`` and OpenAI-style ``logprobs``) and ``/v1/models``::
+``return_token_ids`` and OpenAI-style ``logprobs``), ``/v1/responses`` (the Responses API, streaming
+or not, with the token-id extension of :mod:`tinkertrace.semconv`; see :mod:`.responses_route`) and
+``/v1/models``::
 
     server = OpenAITestServer()
     with BackgroundServer(server.app) as bg:
@@ -47,7 +49,21 @@ class ReplyRequest:
     choice_index: int
 
 
-Responder = Callable[[ReplyRequest], str]
+@dataclass(frozen=True)
+class ToolCall:
+    """A reply that calls a function (served as a ``function_call`` item on ``/v1/responses``; the chat
+    endpoints send its :meth:`text`). Its sampled tokens are the bytes of :meth:`text`, as a model that
+    writes ``<tool_call>`` blocks samples them."""
+
+    name: str
+    arguments: str  # JSON text
+    call_id: str = "call_1"
+
+    def text(self) -> str:
+        return "<tool_call>" + json.dumps({"name": self.name, "arguments": self.arguments}) + "</tool_call>"
+
+
+Responder = Callable[[ReplyRequest], "str | ToolCall"]
 
 
 def _content_text(content: Any) -> str:
@@ -112,6 +128,7 @@ class ServerOptions:
     fail_times: int = 0  # ... for this many requests (then succeed again); -1: always
     chunk_chars: int = 1  # characters per streamed chunk
     reject_fields: tuple[str, ...] = ()  # answer 400 to requests with these fields (a strict server)
+    max_context_tokens: int | None = None  # answer vLLM's context-length 400 to longer prompts
 
 
 @dataclass
@@ -136,6 +153,7 @@ class OpenAITestServer:
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/responses", self._responses, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
             ]
         )
@@ -166,6 +184,17 @@ class OpenAITestServer:
             return _error(400, f"Unrecognized request argument supplied: {', '.join(unknown)}")
         return body
 
+    def context_error(self, prompt_tokens: int) -> Response | None:
+        """vLLM's 400 for a prompt longer than ``max_context_tokens``, else None."""
+        limit = self.options.max_context_tokens
+        if limit is None or prompt_tokens <= limit:
+            return None
+        return _error(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, your request has "
+            f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
+        )
+
     def _headers(self) -> dict[str, str]:
         version = self.options.policy_version
         return {} if version is None else {semconv.HEADER_POLICY_VERSION: str(version)}
@@ -176,6 +205,7 @@ class OpenAITestServer:
             text = self.options.responder(
                 ReplyRequest(req.kind, req.model, req.body, req.messages, req.prompt, i)
             )
+            text = text.text() if isinstance(text, ToolCall) else text
             ids = list(text.encode())
             finish = "stop"
             if len(ids) > max_tokens:
@@ -232,6 +262,8 @@ class OpenAITestServer:
         top_n = int(body.get("top_logprobs") or 0)
         model = str(body.get("model") or self.options.model)
         prompt_ids = list(render_chat(messages).encode())
+        if too_long := self.context_error(len(prompt_ids)):
+            return too_long
         req = ReplyRequest("chat", model, body, messages, None, 0)
         choices, rid, usage, extra = self._answer(req, n, max_tokens, len(prompt_ids), "chatcmpl")
         if not stream:
@@ -375,6 +407,12 @@ class OpenAITestServer:
             return out
 
         return self._sse(chunks())
+
+    async def _responses(self, request: Request) -> Response:
+        from tinkertrace.testing.responses_route import answer
+
+        body = await self._read(request)
+        return body if isinstance(body, Response) else answer(self, body)
 
     def _sse(self, chunks: list[dict[str, Any]]) -> Response:
         delay = self.options.latency_s / 10
