@@ -74,6 +74,7 @@ class RunConfig:
     max_seconds: float = 900.0
     seed: int = 0
     train: dict[str, Any] = field(default_factory=dict)
+    worker_python: str | None = None  # the agent workers' Python (relative to the config); default: this one
 
 
 def load_config(path: Path, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -105,6 +106,8 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> RunConfi
             raise ValueError(f"{path}: environment name {env.name!r} must not contain '/'")
         envs.append(env)
     run = {k: v for k, v in data.items() if k in run_keys and k != "environments"}
+    if run.get("worker_python"):
+        run["worker_python"] = str((Path(path).parent / run["worker_python"]).resolve())
     return RunConfig(environments=envs, **run)
 
 
