@@ -29,6 +29,7 @@ environment.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,8 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> RunConfi
         envs.append(env)
     run = {k: v for k, v in data.items() if k in run_keys and k != "environments"}
     if run.get("worker_python"):
-        run["worker_python"] = str((Path(path).parent / run["worker_python"]).resolve())
+        # absolute but not resolved: a virtualenv's python is a symlink, and resolving it leaves the env
+        run["worker_python"] = os.path.normpath(Path(path).parent.absolute() / run["worker_python"])
     return RunConfig(environments=envs, **run)
 
 

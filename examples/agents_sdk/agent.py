@@ -97,6 +97,15 @@ def make_agent(model: str, temperature: float, max_tokens: int) -> Agent:
     )
 
 
+async def ask(agent: Agent, question: str, *, base_url: str, api_key: str, max_turns: int) -> str:
+    """Run ``agent`` on ``question`` with the SDK's Responses model against ``base_url``."""
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=2) as client:
+        provider = OpenAIProvider(openai_client=client, use_responses=True)
+        run_config = RunConfig(model_provider=provider, tracing_disabled=True)
+        result = await Runner.run(agent, question, max_turns=max_turns, run_config=run_config)
+        return str(result.final_output or "")
+
+
 @tinkertrace.traced_rollout
 def solve(
     task: dict,
@@ -109,15 +118,11 @@ def solve(
     max_turns: int = 3,
 ) -> dict[str, Any]:
     """Run the agent on one question against the endpoint at ``base_url``; reward the answer."""
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=2)
-    run_config = RunConfig(
-        model_provider=OpenAIProvider(openai_client=client, use_responses=True), tracing_disabled=True
-    )
     agent = make_agent(model, temperature, max_tokens)
     question = f"What is {task['expression']}?"
     try:
-        result = asyncio.run(Runner.run(agent, question, max_turns=max_turns, run_config=run_config))
-        answer, finished = str(result.final_output or ""), True
+        answer = asyncio.run(ask(agent, question, base_url=base_url, api_key=api_key, max_turns=max_turns))
+        finished = True
     except AgentsException:  # ran out of turns, or a tool call the SDK could not use
         answer, finished = "", False
     reward = grade(answer, task["expression"])
