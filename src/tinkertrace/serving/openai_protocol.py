@@ -271,7 +271,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     top = _field(body, "top_logprobs", int, 0, minimum=0, maximum=MAX_TOP_LOGPROBS_CHAT)
     if top and not want_logprobs:
         raise _invalid_value("top_logprobs", "'logprobs' must be true when 'top_logprobs' is set.")
-    tools = chat_tools(body.get("tools"))
+    tools = function_tools(body.get("tools"), nested=True)
     options = _common_options(body, logprobs=want_logprobs, top_logprobs=top)
     choice = tool_choice(body, tools, named=lambda c: (c.get("function") or {}).get("name"))
     return ChatRequest(model=model, messages=messages, options=options, tools=tools, tool_choice=choice)
@@ -303,58 +303,33 @@ def _function_tool(fn: Any, param: str) -> dict[str, Any]:
     return out
 
 
-def _unique_names(tools: list[dict[str, Any]], param: str) -> None:
-    seen: set[str] = set()
-    for i, tool in enumerate(tools):
-        name = tool["function"]["name"]
-        if name in seen:
-            raise _invalid_value(f"{param}[{i}]", f"duplicate function name {name!r}.")
-        seen.add(name)
-
-
-def _refuse_tool_type(kind: Any, param: str) -> ApiError:
-    return ApiError(
-        400,
-        f"Invalid value for '{param}': tool type {kind!r} is not supported by this server; only "
-        "'function' tools are.",
-        param=param,
-        code="unsupported_tool_type",
-    )
-
-
-def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Validated chat ``tools``: ``[{"type": "function", "function": {...}}]`` (None when absent)."""
+def function_tools(tools: Any, *, nested: bool) -> list[dict[str, Any]] | None:
+    """Validated function ``tools`` in chat form, ``[{"type": "function", "function": {...}}]`` (None
+    when absent or empty). ``nested``: chat's form; else the Responses API's flat ``{"type":
+    "function", "name", ...}``. Other tool types are refused (the server cannot run them)."""
     if tools is None:
         return None
     if not isinstance(tools, list):
         raise _invalid_type("tools", "an array", tools)
-    out = []
+    out: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
+        param = f"tools[{i}]"
         if not isinstance(tool, dict):
-            raise _invalid_type(f"tools[{i}]", "an object", tool)
+            raise _invalid_type(param, "an object", tool)
         if tool.get("type") != "function":
-            raise _refuse_tool_type(tool.get("type"), f"tools[{i}].type")
-        if tool.get("function") is None:
-            raise _missing(f"tools[{i}].function")
-        out.append({"type": "function", "function": _function_tool(tool["function"], f"tools[{i}].function")})
-    _unique_names(out, "tools")
-    return out or None
-
-
-def responses_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Responses-API ``tools`` (flat ``{"type": "function", "name", ...}``) as chat tools."""
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise _invalid_type("tools", "an array", tools)
-    out = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            raise _invalid_type(f"tools[{i}]", "an object", tool)
-        if tool.get("type") != "function":
-            raise _refuse_tool_type(tool.get("type"), f"tools[{i}].type")
-        out.append({"type": "function", "function": _function_tool(tool, f"tools[{i}]")})
-    _unique_names(out, "tools")
+            raise ApiError(
+                400,
+                f"Invalid value for '{param}.type': tool type {tool.get('type')!r} is not supported by "
+                "this server; only 'function' tools are.",
+                param=f"{param}.type",
+                code="unsupported_tool_type",
+            )
+        if nested and tool.get("function") is None:
+            raise _missing(f"{param}.function")
+        fn = _function_tool(tool["function"], f"{param}.function") if nested else _function_tool(tool, param)
+        if any(t["function"]["name"] == fn["name"] for t in out):
+            raise _invalid_value(param, f"duplicate function name {fn['name']!r}.")
+        out.append({"type": "function", "function": fn})
     return out or None
 
 

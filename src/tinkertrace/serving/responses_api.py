@@ -151,7 +151,7 @@ def parse_request(body: Any) -> ResponsesRequest:
     messages = input_messages(body["input"])
     logprobs = _include_logprobs(body)
     top = proto._field(body, "top_logprobs", int, 0, minimum=0, maximum=proto.MAX_TOP_LOGPROBS_CHAT)
-    tools = proto.responses_tools(body.get("tools"))
+    tools = proto.function_tools(body.get("tools"), nested=False)
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise proto._invalid_type("metadata", "an object", metadata)
