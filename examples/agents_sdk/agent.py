@@ -97,13 +97,21 @@ def make_agent(model: str, temperature: float, max_tokens: int) -> Agent:
     )
 
 
-async def ask(agent: Agent, question: str, *, base_url: str, api_key: str, max_turns: int) -> str:
-    """Run ``agent`` on ``question`` with the SDK's Responses model against ``base_url``."""
+async def ask(
+    agent: Agent, question: str, *, base_url: str, api_key: str, max_turns: int, stream: bool = False
+) -> str:
+    """Run ``agent`` on ``question`` with the SDK's Responses model against ``base_url``
+    (``stream``: with ``Runner.run_streamed``, reading its events as a UI would)."""
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=2) as client:
         provider = OpenAIProvider(openai_client=client, use_responses=True)
         run_config = RunConfig(model_provider=provider, tracing_disabled=True)
-        result = await Runner.run(agent, question, max_turns=max_turns, run_config=run_config)
-        return str(result.final_output or "")
+        if not stream:
+            result = await Runner.run(agent, question, max_turns=max_turns, run_config=run_config)
+            return str(result.final_output or "")
+        streamed = Runner.run_streamed(agent, question, max_turns=max_turns, run_config=run_config)
+        async for _event in streamed.stream_events():
+            pass
+        return str(streamed.final_output or "")
 
 
 @tinkertrace.traced_rollout
@@ -116,12 +124,15 @@ def solve(
     temperature: float = 1.0,
     max_tokens: int = 96,
     max_turns: int = 3,
+    stream: bool = False,
 ) -> dict[str, Any]:
     """Run the agent on one question against the endpoint at ``base_url``; reward the answer."""
     agent = make_agent(model, temperature, max_tokens)
     question = f"What is {task['expression']}?"
     try:
-        answer = asyncio.run(ask(agent, question, base_url=base_url, api_key=api_key, max_turns=max_turns))
+        answer = asyncio.run(
+            ask(agent, question, base_url=base_url, api_key=api_key, max_turns=max_turns, stream=stream)
+        )
         finished = True
     except AgentsException:  # ran out of turns, or a tool call the SDK could not use
         answer, finished = "", False

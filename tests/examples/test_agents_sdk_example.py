@@ -2,8 +2,9 @@
 ``make agents-env``), against the real sampling endpoint; then trained end to end.
 
 The first test scripts the model (a hosted-Tinker double behind the real endpoint) so the agent's
-whole tool loop runs: a ``function_call`` the SDK executes, then the final answer. The spans it
-leaves carry exactly the token ids the endpoint sampled, and build into one two-turn trajectory.
+whole tool loop runs, with ``Runner.run`` and ``Runner.run_streamed``: a ``function_call`` the SDK
+executes, then the final answer. The spans each run leaves carry exactly the token ids the endpoint
+sampled, and build into one two-turn trajectory.
 """
 
 from __future__ import annotations
@@ -39,9 +40,14 @@ import json, sys
 import tinkertrace
 from examples.agents_sdk.agent import solve
 tinkertrace.init(spans_dir=sys.argv[1])
-result = solve({"id": "sdk-1", "expression": "12 + 30"}, base_url=sys.argv[2], model="test-model")
+task = {"expression": "12 + 30"}
+url = sys.argv[2]
+results = [
+    solve({**task, "id": f"sdk-{stream}"}, base_url=url, model="test-model", stream=stream)
+    for stream in (False, True)
+]
 tinkertrace.flush()
-print(json.dumps(result))
+print(json.dumps(results))
 """
 
 
@@ -73,19 +79,21 @@ def test_agent_runs_its_tool_loop_and_leaves_the_sampled_ids(tmp_path: Path) -> 
             timeout=120,
         )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result == {"reward": 1.0, "answer": "The answer is 42.", "finished": True}
-    assert replies[0].startswith("<tool_call>") and len(replies) == 2
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results == [{"reward": 1.0, "answer": "The answer is 42.", "finished": True}] * 2
+    assert len(replies) == 4 and replies[0].startswith("<tool_call>") and replies[2] == replies[0]
 
     built = build_trajectories(spans)
-    calls = sorted(built.triplets.to_pylist(), key=lambda r: r["turn"])
+    calls = sorted(built.triplets.to_pylist(), key=lambda r: (r["task_id"], r["turn"]))
+    assert [c["task_id"] for c in calls] == ["sdk-False", "sdk-False", "sdk-True", "sdk-True"]
     assert [c["prompt_token_ids"] for c in calls] == [prompt for prompt, *_ in sampler.calls]
     eos = tokenizer.eos_token_id
     expected = [[*tokenizer.encode(r, add_special_tokens=False), eos] for r in replies]
-    assert [c["response_token_ids"] for c in calls] == expected
+    assert [c["response_token_ids"] for c in calls] == expected  # streamed or not: the sampled ids
     assert {c["token_source"] for c in calls} == {"server"} and {c["policy_version"] for c in calls} == {0}
-    (traj,) = built.trajectories.drop_columns(["end_time"]).to_pylist()
-    assert traj["num_turns"] == 2 and traj["reward"] == 1.0  # the second prompt extends the first call
+    trajectories = built.trajectories.drop_columns(["end_time"]).to_pylist()
+    # one trajectory per rollout: each second prompt extends the first call
+    assert [(t["num_turns"], t["reward"]) for t in trajectories] == [(2, 1.0), (2, 1.0)]
 
 
 @pytest.mark.slow
