@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
+import pytest
 
 import tinkertrace
 from tinkertrace import semconv
@@ -71,3 +72,9 @@ def test_one_agent_span_object_in_threads(openai_server, traced) -> None:
     with ThreadPoolExecutor(ROLLOUTS) as pool:
         list(pool.map(rollout, range(ROLLOUTS)))
     _check_scopes(traced)
+
+
+def test_exit_without_entry_in_this_context_warns(traced) -> None:
+    scope = tinkertrace.agent_span("judge")
+    with pytest.warns(RuntimeWarning, match="did not enter it"):
+        scope.__exit__(None, None, None)

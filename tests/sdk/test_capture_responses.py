@@ -193,3 +193,46 @@ def test_responses_stream_left_early_keeps_what_it_had(openai_server, traced) ->
     assert early["response_id"].startswith("resp-")
     assert json.loads(attrs[semconv.GENAI_OUTPUT_MESSAGES])[0]["content"].startswith("ech")
     assert early["token_source"] == semconv.SOURCE_NONE  # ids come only with the final event
+
+
+def test_httpx_async_responses_stream(openai_server, traced) -> None:
+    """The httpx family (LiteLLM, openai 2.x): an async streamed Responses call, bytes unchanged."""
+    body = {"model": "m", "instructions": INSTRUCTIONS, "input": QUESTION, "stream": True}
+
+    @tinkertrace.traced_rollout
+    async def agent(task: str) -> bytes:
+        async with (
+            httpx.AsyncClient() as client,
+            client.stream("POST", openai_server.base_url + "/responses", json=body) as response,
+        ):
+            return b"".join([chunk async for chunk in response.aiter_raw()])
+
+    raw = asyncio.run(agent("q"))
+    events = [json.loads(line[5:]) for line in raw.splitlines() if line.startswith(b"data:")]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.completed"
+    assert events[-1]["response"]["output_token_ids"] == list(REPLY.encode())
+    (row,) = traced.rows("span_type = 'llm'")
+    _assert_responses_span(row, stream=True)
+
+
+def test_refusal_on_responses_leaves_chat_extended(openai_server, traced) -> None:
+    """A server that refuses the logprobs ``include`` on /responses keeps giving ids on chat."""
+    openai_server.options.reject_fields = ("include",)
+    client = openai.OpenAI(base_url=openai_server.base_url, api_key="x", max_retries=0)
+
+    @tinkertrace.traced_rollout
+    def agent(task: str) -> None:
+        client.responses.create(model="m", input=QUESTION)
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": QUESTION}])
+        client.responses.create(model="m", input=QUESTION)
+
+    agent("q")
+    assert [("include" in b, "return_token_ids" in b) for b in openai_server.requests] == [
+        (True, True),  # refused
+        (False, False),  # the agent's own body: taken, /responses marked
+        (False, True),  # chat still extended
+        (False, False),  # /responses not extended while marked
+    ]
+    sources = [r["token_source"] for r in traced.rows("span_type = 'llm'")]
+    assert sources == [semconv.SOURCE_NONE, semconv.SOURCE_SERVER, semconv.SOURCE_NONE]

@@ -9,7 +9,7 @@ to a path ending in ``/chat/completions``, ``/completions`` or ``/responses``:
   ``include: ["message.output_text.logprobs"]``) added when absent (``request_token_ids=False``
   turns this off). The agent then receives those extra response fields too; OpenAI client objects
   keep them as extra attributes. A 400 to the extended request is answered by sending the original
-  body again; only if that is taken is the host left unextended (see :mod:`.refusals`).
+  body again; only if that is taken is that endpoint left unextended (see :mod:`.refusals`).
 * becomes a GenAI CLIENT span whose response body is teed: the agent reads every byte (every SSE
   chunk) unchanged, and the span ends when the body is exhausted or closed.
 """
@@ -62,7 +62,9 @@ class LlmCall:
         self.body = body
         self.raw = raw
         self.url = request.url
-        self.host = self.url.netloc.decode("ascii", "replace")
+        # where a refusal of the added fields holds: one API of one server (a server may take them
+        # on /chat/completions and refuse them on /responses)
+        self.endpoint = self.url.netloc.decode("ascii", "replace") + self.url.path
         self.injected: list[str] = []
         self.raw_sent = raw  # the body as sent (the agent's, or re-serialised with an extended include)
         self._chunks: list[bytes] = []
@@ -79,9 +81,7 @@ class LlmCall:
         self.events: list[Event] = []
         self.span_status = Status(StatusCode.UNSET)
         self.parent, self.context = _span_context(rt)
-        self.rollout = ROLLOUT.get()
-        if self.rollout is not None:
-            self.rollout.call_opened(self)
+        self.rollout = ROLLOUT.get()  # ends this call if it is still open when the rollout ends
 
     # --- request side ------------------------------------------------------------------------------
     def input_messages(self) -> list[dict[str, Any]]:
@@ -132,7 +132,7 @@ class LlmCall:
         """Ask the server for token ids and logprobs (fields absent from the request only)."""
         if not self.rt.config.request_token_ids:
             return
-        if self.rt.refused_hosts.skip(self.host):
+        if self.rt.refused_endpoints.skip(self.endpoint):
             return
         add = b""
         if self.body.get(semconv.REQUEST_RETURN_TOKEN_IDS) is None:
@@ -169,11 +169,11 @@ class LlmCall:
 
     def judge_refusal(self, status: int) -> None:
         """After the agent's own body was sent again: if it was taken, the added fields were what the
-        server refused, and the host is not extended again until the mark is re-checked; if it also
+        server refused, and the endpoint is not extended again until the mark is re-checked; if it also
         got a 400 the error was the request's own (e.g. context length) and nothing is marked."""
         refused = status < 400
         if refused:
-            self.rt.refused_hosts.mark(self.host)
+            self.rt.refused_endpoints.mark(self.endpoint)
         name = "tinkertrace.injection_refused" if refused else "tinkertrace.injection_not_at_fault"
         self.events.append(Event(name, {"fields": self._refused_fields, "retry_status": status}))
 
@@ -384,6 +384,8 @@ def begin(lib: ModuleType, request: Any) -> LlmCall | None:
             return None
         call = LlmCall(rt, kind, request, body, raw)
         call.inject(lib, request)
+        if call.rollout is not None:
+            call.rollout.call_opened(call)
         return call
     except Exception as exc:  # an unreadable request is passed on untraced
         log.debug("tinkertrace: not capturing %s: %s", request.url, exc)

@@ -35,7 +35,7 @@ class RolloutState:
     rewards: int = 0
     agent_spans: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _open_calls: dict[int, Any] = field(default_factory=dict, repr=False)  # LLM calls not ended yet
+    _open_calls: set[Any] = field(default_factory=set, repr=False)  # LLM calls not ended yet
 
     def count(self, attribute: str) -> None:
         with self._lock:
@@ -43,16 +43,16 @@ class RolloutState:
 
     def call_opened(self, call: Any) -> None:
         with self._lock:
-            self._open_calls[id(call)] = call
+            self._open_calls.add(call)
 
     def call_ended(self, call: Any) -> None:
         with self._lock:
-            self._open_calls.pop(id(call), None)
+            self._open_calls.discard(call)
 
     def take_open_calls(self) -> list[Any]:
         """The LLM calls still open (a stream the agent left unclosed or keeps open), now forgotten."""
         with self._lock:
-            calls, self._open_calls = list(self._open_calls.values()), {}
+            calls, self._open_calls = list(self._open_calls), set()
         return calls
 
 

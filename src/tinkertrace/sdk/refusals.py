@@ -1,6 +1,7 @@
-"""Hosts that refused the token-id fields the SDK adds, each mark re-checked later.
+"""Endpoints (host and path: one API of one server) that refused the token-id fields the SDK adds,
+each mark re-checked later.
 
-A host is marked only on evidence that the added fields themselves were refused: the extended
+An endpoint is marked only on evidence that the added fields themselves were refused: the extended
 request got a 400 and the agent's own body, sent again, did not. A genuine 400 (context length, a bad
 message) fails both ways and marks nothing. A mark lapses after ``recheck_calls`` unextended calls
 or ``recheck_s`` seconds, whichever comes first, and the next call asks again (a server restarted
@@ -20,8 +21,8 @@ class _Mark:
     calls_left: int  # unextended calls before it lapses
 
 
-class RefusedHosts:
-    """``skip(host)`` per call: whether to leave the request as the agent wrote it."""
+class RefusedEndpoints:
+    """``skip(endpoint)`` per call: whether to leave the request as the agent wrote it."""
 
     def __init__(self, recheck_calls: int, recheck_s: float) -> None:
         self._recheck_calls = recheck_calls
@@ -29,20 +30,20 @@ class RefusedHosts:
         self._marks: dict[str, _Mark] = {}
         self._lock = threading.Lock()
 
-    def mark(self, host: str) -> None:
+    def mark(self, endpoint: str) -> None:
         with self._lock:
-            self._marks[host] = _Mark(time.monotonic() + self._recheck_s, self._recheck_calls)
+            self._marks[endpoint] = _Mark(time.monotonic() + self._recheck_s, self._recheck_calls)
 
-    def skip(self, host: str) -> bool:
-        """True while ``host`` is marked (counts the call); False once the mark has lapsed."""
+    def skip(self, endpoint: str) -> bool:
+        """True while ``endpoint`` is marked (counts the call); False once the mark has lapsed."""
         if not self._marks:  # the common case: no lock
             return False
         with self._lock:
-            mark = self._marks.get(host)
+            mark = self._marks.get(endpoint)
             if mark is None:
                 return False
             if mark.calls_left <= 0 or time.monotonic() >= mark.until:
-                del self._marks[host]
+                del self._marks[endpoint]
                 return False
             mark.calls_left -= 1
             return True

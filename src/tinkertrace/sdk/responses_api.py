@@ -133,18 +133,19 @@ def parse_json(body: bytes) -> ResponseRecord:
 
 
 def parse_sse(body: bytes) -> ResponseRecord:
-    """A Responses event stream: the final event's Response; without one (the agent stopped reading),
-    what the deltas carried (text, logprobs, finished function calls)."""
+    """A Responses event stream: the final event's Response (the stream's last event, the only one
+    parsed then); without one (the agent stopped reading), what the deltas carried (text, logprobs,
+    finished function calls)."""
     record = ResponseRecord()
+    events = [line[5:] for line in body.splitlines() if line.startswith(b"data:")]
+    last = orjson.loads(events[-1]) if events else {}
+    if last.get("type") in FINAL_EVENTS:
+        apply_response(record, last["response"])
+        return record
     choice = record.choice(0)
-    for line in body.splitlines():
-        if not line.startswith(b"data:"):
-            continue
-        event = orjson.loads(line[5:])
+    for data in events:
+        event = orjson.loads(data)
         kind = event.get("type")
-        if kind in FINAL_EVENTS:
-            apply_response(record, event["response"])
-            return record
         if kind == "response.created":
             record.response_id = event["response"].get("id")
             record.model = event["response"].get("model")

@@ -373,8 +373,14 @@ class agent_span:  # lower-case: used like a function, ``with agent_span("solver
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         entries = self._entries.get()
-        if not entries:
-            raise RuntimeError(f"agent_span({self.name!r}) exited in a context that did not enter it")
+        if not entries:  # e.g. an async generator finalised in another task: never break the agent
+            warnings.warn(
+                f"tinkertrace: agent_span({self.name!r}) exited in a context that did not enter it; "
+                "its span is not ended",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
         entry = entries[-1]
         span = entry.span
         self._entries.reset(entry.entries_token)  # type: ignore[arg-type]

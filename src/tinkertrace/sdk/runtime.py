@@ -23,7 +23,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from tinkertrace.sdk import config as cfg
 from tinkertrace.sdk import context
 from tinkertrace.sdk.export import QueueExportProcessor, Target
-from tinkertrace.sdk.refusals import RefusedHosts
+from tinkertrace.sdk.refusals import RefusedEndpoints
 from tinkertrace.sdk.stats import ExportStats
 
 log = logging.getLogger("tinkertrace")
@@ -39,7 +39,7 @@ class Runtime:
     processor: QueueExportProcessor
     stats: ExportStats
     scope: InstrumentationScope
-    refused_hosts: RefusedHosts
+    refused_endpoints: RefusedEndpoints
     _tokenizer: Any = None
     _tokenizer_failed: bool = False
 
@@ -172,7 +172,7 @@ def _build(config: cfg.TraceConfig) -> Runtime:
     provider.add_span_processor(processor)
     scope = InstrumentationScope("tinkertrace.sdk", __version__)
     tracer = provider.get_tracer(scope.name, scope.version)
-    refused = RefusedHosts(config.token_ids_recheck_calls, config.token_ids_recheck_s)
+    refused = RefusedEndpoints(config.token_ids_recheck_calls, config.token_ids_recheck_s)
     runtime = Runtime(config, provider, tracer, processor, stats, scope, refused)
     if config.capture_http:
         from tinkertrace.sdk import capture

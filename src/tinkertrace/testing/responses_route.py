@@ -38,10 +38,15 @@ if TYPE_CHECKING:
     from tinkertrace.testing.openai_server import OpenAITestServer
 
 
-def _text_logprobs(ids: list[int]) -> list[dict[str, Any]]:
-    return [
-        {"token": token_text(t), "bytes": [t], "logprob": byte_logprob(t), "top_logprobs": []} for t in ids
-    ]
+def _text_logprobs(ids: list[int], with_bytes: bool = True) -> list[dict[str, Any]]:
+    """``output_text`` logprobs of ``ids`` (stream events carry them without ``bytes``)."""
+    out = []
+    for t in ids:
+        lp: dict[str, Any] = {"token": token_text(t), "logprob": byte_logprob(t), "top_logprobs": []}
+        if with_bytes:
+            lp["bytes"] = [t]
+        out.append(lp)
+    return out
 
 
 def _output_item(reply: str | ToolCall, item_id: str, text: str, ids: list[int], logprobs: bool) -> dict:
@@ -74,6 +79,9 @@ def answer(server: OpenAITestServer, body: dict[str, Any]) -> Response:
     want_ids = bool(body.get(semconv.REQUEST_RETURN_TOKEN_IDS)) and options.token_ids
     include = body.get("include") or []
     want_logprobs = INCLUDE_LOGPROBS in include and options.logprobs
+    prompt_ids = list(render_chat(messages).encode())
+    if too_long := server.context_error(len(prompt_ids)):
+        return too_long
     reply = options.responder(ReplyRequest("responses", model, body, messages, None, 0))
     full_text = reply.text() if isinstance(reply, ToolCall) else reply
     ids = list(full_text.encode())
@@ -81,9 +89,6 @@ def answer(server: OpenAITestServer, body: dict[str, Any]) -> Response:
     if len(ids) > max_tokens:
         ids, status, incomplete = ids[:max_tokens], "incomplete", {"reason": "max_output_tokens"}
     text = bytes(ids).decode(errors="ignore")
-    prompt_ids = list(render_chat(messages).encode())
-    if too_long := server.context_error(len(prompt_ids)):
-        return too_long
     rid, item_id = server._next_id("resp"), server._next_id("fc" if isinstance(reply, ToolCall) else "msg")
     item = _output_item(reply, item_id, text, ids, want_logprobs)
     response: dict[str, Any] = {
@@ -104,7 +109,7 @@ def answer(server: OpenAITestServer, body: dict[str, Any]) -> Response:
         "max_output_tokens": body.get("max_output_tokens"),
         "usage": {
             "input_tokens": len(prompt_ids),
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": len(ids),
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": len(prompt_ids) + len(ids),
@@ -131,11 +136,14 @@ def _events(
     logprobs: bool,
     chars: int,
 ) -> list[dict[str, Any]]:
-    """The stream events of ``response`` (one output item), in OpenAI's order, without sequence numbers."""
+    """The stream events of ``response`` (one output item) in OpenAI's order, numbered."""
     started = {**response, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
-    for key in (semconv.RESPONSES_PROMPT_TOKEN_IDS, semconv.RESPONSES_OUTPUT_TOKEN_IDS):
-        started.pop(key, None)
-    started.pop(semconv.RESPONSES_OUTPUT_LOGPROBS, None)
+    for key in (
+        semconv.RESPONSES_PROMPT_TOKEN_IDS,
+        semconv.RESPONSES_OUTPUT_TOKEN_IDS,
+        semconv.RESPONSES_OUTPUT_LOGPROBS,
+    ):
+        started.pop(key, None)  # the token-id extension comes with the final Response only
     where = {"item_id": item["id"], "output_index": 0}
     events: list[dict[str, Any]] = [
         {"type": "response.created", "response": started},
@@ -177,9 +185,7 @@ def _events(
         }
         events.append({"type": "response.content_part.added", **at, "part": empty})
         for piece, ids in _pieces(text, chars):
-            delta_lps = [
-                {"token": token_text(t), "logprob": byte_logprob(t), "top_logprobs": []} for t in ids
-            ]
+            delta_lps = _text_logprobs(ids, with_bytes=False)
             events.append(
                 {
                     "type": "response.output_text.delta",
@@ -188,9 +194,7 @@ def _events(
                     "logprobs": delta_lps if logprobs else [],
                 }
             )
-        done_lps = [
-            {k: lp[k] for k in ("token", "logprob", "top_logprobs")} for lp in part.get("logprobs", [])
-        ]
+        done_lps = [{k: v for k, v in lp.items() if k != "bytes"} for lp in part.get("logprobs", [])]
         events.append({"type": "response.output_text.done", **at, "text": text, "logprobs": done_lps})
         events.append({"type": "response.content_part.done", **at, "part": part})
     events.append({"type": "response.output_item.done", "output_index": 0, "item": item})
