@@ -229,6 +229,9 @@ def test_template_renders_tools_calls_and_results_the_parser_reads_back(tokenize
 def test_auto_parser_follows_the_template() -> None:
     assert make_tool_parser("auto", CHATML_TEMPLATE).name == "hermes"
     assert make_tool_parser("auto", "{{ messages }}") is None
+    assert (
+        make_tool_parser("auto", {"default": "{{ messages }}", "tool_use": CHATML_TEMPLATE}).name == "hermes"
+    )
     assert make_tool_parser("qwen", None).name == "hermes"
     with pytest.raises(ValueError, match="unknown tool parser"):
         make_tool_parser("mistral", None)

@@ -118,14 +118,15 @@ def _json_call(body: str) -> ToolCall | None:
 _PARSERS: dict[str, type[HermesToolParser]] = {"hermes": HermesToolParser, "qwen": HermesToolParser}
 
 
-def make_tool_parser(name: str, chat_template: str | None) -> ToolParser | None:
+def make_tool_parser(name: str, chat_template: str | dict[str, str] | None) -> ToolParser | None:
     """The parser named ``name`` (see :data:`TOOL_PARSERS`); None for ``none`` or an ``auto`` that
-    finds no known syntax in ``chat_template``."""
+    finds no known syntax in ``chat_template`` (a template, or Hugging Face's named templates)."""
     if name not in TOOL_PARSERS:
         raise ValueError(f"unknown tool parser {name!r}: choose one of {', '.join(TOOL_PARSERS)}")
     if name == "none":
         return None
     if name == "auto":
-        template = chat_template if isinstance(chat_template, str) else ""
+        templates = chat_template.values() if isinstance(chat_template, dict) else [chat_template]
+        template = "\n".join(t for t in templates if isinstance(t, str))
         return HermesToolParser() if HermesToolParser.call_start in template else None
     return _PARSERS[name]()
