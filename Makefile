@@ -6,7 +6,12 @@ STAMP := $(VENV)/.installed
 # One torch thread per process: on small CPUs this is faster and far steadier than torch's default.
 export TINKERTRACE_CPU_THREADS ?= 1
 
-.PHONY: setup demo test lint bench
+# The OpenAI Agents SDK example runs its agent workers in their own environment (openai-agents needs
+# openai<3; the project pins openai 3): tinkertrace core + examples/agents_sdk/requirements.txt, no torch.
+AGENTS_VENV := .venv-agents
+AGENTS_STAMP := $(AGENTS_VENV)/.installed
+
+.PHONY: setup demo test lint bench agents-env
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +24,18 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+$(AGENTS_STAMP): pyproject.toml examples/agents_sdk/requirements.txt
+	$(PYTHON) -m venv $(AGENTS_VENV)
+	$(AGENTS_VENV)/bin/pip install --quiet --upgrade "pip>=24"
+	$(AGENTS_VENV)/bin/pip install --quiet -e . -r examples/agents_sdk/requirements.txt
+	touch $(AGENTS_STAMP)
+
+agents-env: $(AGENTS_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/tinkertrace demo
 
-test: $(STAMP)
+test: $(STAMP) $(AGENTS_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 

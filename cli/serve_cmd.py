@@ -75,14 +75,28 @@ def serve(
         Path | None,
         typer.Option(help="Local engine storage folder (default: $TINKERTRACE_HOME/engine)."),
     ] = None,
+    tool_parser: Annotated[
+        str,
+        typer.Option(
+            help="How tool calls are read from replies into message.tool_calls: 'hermes' (alias 'qwen': "
+            '<tool_call>{"name": ..., "arguments": ...}</tool_call>, Hermes/Qwen 2.5/3 and the built-in '
+            "model), 'none' (calls stay text), or 'auto': hermes when the chat template writes "
+            "<tool_call>, else none."
+        ),
+    ] = "auto",
 ) -> None:
-    """Serve the policy over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models).
+    """Serve the policy over an OpenAI-compatible API (/v1/chat/completions, /v1/responses, /v1/completions,
+    /v1/models).
 
     Every answer carries prompt_token_ids, choices[].token_ids, logprobs when asked, and the policy
     version that sampled it. New weights are picked up from --watch-checkpoints or POST /admin/policy.
     """
     if backend not in BACKENDS:
         raise typer.BadParameter(f"must be one of {', '.join(BACKENDS)}", param_hint="--backend")
+    from tinkertrace.serving.tool_parsers import TOOL_PARSERS
+
+    if tool_parser not in TOOL_PARSERS:
+        raise typer.BadParameter(f"must be one of {', '.join(TOOL_PARSERS)}", param_hint="--tool-parser")
     import uvicorn
     from rich.console import Console
 
@@ -117,10 +131,13 @@ def serve(
         default_max_tokens=max_tokens,
         batch_window_s=batch_window_ms / 1000,
         watch_checkpoints=watch_checkpoints,
+        tool_parser=tool_parser,
     )
+    parser = app.state.endpoint.tool_parser
     extras = [
         f"API key {'required' if api_key else 'not required'}",
         f"admin API {'on' if admin_token else 'off'}",
+        f"tool parser {parser.name if parser else 'none'}",
     ]
     if watch_checkpoints:
         extras.append(f"following {watch_checkpoints}")
@@ -136,9 +153,11 @@ def register(app: typer.Typer) -> None:
     app.command(
         "serve",
         help=(
-            "Serve the policy over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, "
-            "/v1/models).\n\nEvery answer carries prompt_token_ids, choices[].token_ids, logprobs when "
-            "asked, and the policy version that sampled it. New weights are picked up from "
-            "--watch-checkpoints or POST /admin/policy (with --admin-token)."
+            "Serve the policy over an OpenAI-compatible API (/v1/chat/completions, /v1/responses, "
+            "/v1/completions, /v1/models).\n\nEvery answer carries prompt_token_ids, "
+            "choices[].token_ids (output_token_ids on /v1/responses), logprobs when asked, and the "
+            "policy version that sampled it. Tool calls in replies come back as structured tool_calls "
+            "(function_call items on /v1/responses), read by --tool-parser. New weights are picked "
+            "up from --watch-checkpoints or POST /admin/policy (with --admin-token)."
         ),
     )(serve)

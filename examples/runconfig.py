@@ -29,6 +29,7 @@ environment.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ class RunConfig:
     max_seconds: float = 900.0
     seed: int = 0
     train: dict[str, Any] = field(default_factory=dict)
+    worker_python: str | None = None  # the agent workers' Python (relative to the config); default: this one
 
 
 def load_config(path: Path, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -105,6 +107,9 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> RunConfi
             raise ValueError(f"{path}: environment name {env.name!r} must not contain '/'")
         envs.append(env)
     run = {k: v for k, v in data.items() if k in run_keys and k != "environments"}
+    if run.get("worker_python"):
+        # absolute but not resolved: a virtualenv's python is a symlink, and resolving it leaves the env
+        run["worker_python"] = os.path.normpath(Path(path).parent.absolute() / run["worker_python"])
     return RunConfig(environments=envs, **run)
 
 

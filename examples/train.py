@@ -129,6 +129,13 @@ def train(
     if (out_dir / "train").exists() and not resume:
         raise FileExistsError(f"{out_dir} already holds a run; pass --resume or choose another --out")
     stack_settings = StackSettings(out=out_dir, model=run.model, agent_module="examples.worker")
+    if run.worker_python:
+        if not Path(run.worker_python).exists():
+            raise FileNotFoundError(
+                f"{config_path}: worker_python {run.worker_python} does not exist (see the example's README "
+                "for the command that creates its environment)"
+            )
+        stack_settings.worker_python = run.worker_python
     settings = {**run.train, "source": str(stack_settings.spans_dir), "log_dir": str(out_dir / "train")}
     settings.update(backend=run.backend, model=run.model, groups_per_batch=run.groups_per_step)
     settings.setdefault("engine_dir", str(stack_settings.engine_dir))

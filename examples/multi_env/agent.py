@@ -1,10 +1,12 @@
 """multi_env: one tool-using agent, several environments (arithmetic with a calculator, spelling with
 a letters tool).
 
-The agent is a plain OpenAI tool-calling loop: it offers the environment's tools, executes the calls
-the model makes (structured ``tool_calls``, or ``<tool_call>{...}</tool_call>`` text from servers
-without tool-call parsing) and stops at the first reply without a tool call, its final answer. Each
-step emits a reward (a small one for a well-formed tool call, the graded answer at the end); how the
+The agent is a plain OpenAI tool-calling loop using standard ``tool_calls`` only: it offers the
+environment's tools, executes the calls in ``message.tool_calls`` (answered with ``tool`` messages)
+and stops at the first reply without one, its final answer. A reply whose tool call the server
+could not parse (``finish_reason == "malformed_tool_call"``, see docs/serving.md) earns nothing and
+is told so. Each step emits a reward (a small one for a well-formed tool call, the graded answer at
+the end); how the
 per-step rewards combine, and what a rollout that runs out of steps earns, is set per environment in
 ``config.yaml``, not here. Running out of steps is reported as a reward named ``truncated``.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import json
 import operator
 import random
 import re
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import tinkertrace
-from examples.common import Chat, answer_tool_calls, function_tool, tool_calls, user
+from examples.common import Chat, function_tool, user
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
@@ -133,6 +136,17 @@ def spelling_tasks(split: str = "train") -> list[dict]:
     return [{"id": f"spell-{w}", "env": "spelling", "word": w} for w in words]
 
 
+MALFORMED = "malformed_tool_call"  # the endpoint's finish_reason for a tool call it could not parse
+
+
+def _arguments(raw: str) -> dict[str, Any]:
+    try:
+        args = json.loads(raw or "{}")
+    except ValueError:
+        return {}
+    return args if isinstance(args, dict) else {}
+
+
 @tinkertrace.traced_rollout
 def run_episode(task: dict, *, max_steps: int = 3, **endpoint: Any) -> dict[str, Any]:
     """Solve ``task`` in its environment with at most ``max_steps`` model calls."""
@@ -141,17 +155,23 @@ def run_episode(task: dict, *, max_steps: int = 3, **endpoint: Any) -> dict[str,
     messages: list[dict[str, Any]] = [user(env.prompt())]
     rewards: list[float] = []
     for _ in range(max_steps):
-        message = chat.complete(messages, tools=list(env.tools)).choices[0].message
-        calls = tool_calls(message)
-        if not calls:
+        choice = chat.complete(messages, tools=list(env.tools)).choices[0]
+        message = choice.message
+        messages.append(message.model_dump(exclude_none=True))
+        if choice.finish_reason == MALFORMED:
+            rewards.append(0.0)
+            tinkertrace.emit_reward(0.0)
+            messages.append(user("Error: that tool call could not be parsed."))
+            continue
+        if not message.tool_calls:
             reward = env.grade(message.content or "")
             tinkertrace.emit_reward(reward)
             rewards.append(reward)
             return {"reward": reward, "terminal": True, "step_rewards": rewards}
-        steps = [env.tool(name, args) for _, name, args in calls]
-        for step in steps:
+        for call in message.tool_calls:
+            step = env.tool(call.function.name, _arguments(call.function.arguments))
             rewards.append(step.reward)
             tinkertrace.emit_reward(step.reward)
-        messages.extend(answer_tool_calls(message, calls, [step.observation for step in steps]))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": step.observation})
     tinkertrace.emit_reward(1.0, name="truncated")
     return {"reward": 0.0, "terminal": False, "step_rewards": rewards}

@@ -25,17 +25,51 @@ SPECIAL_TOKENS: tuple[str, ...] = (ENDOFTEXT, IM_START, IM_END, PAD)
 
 BUILTIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 
+_NL = "{{ '\\n' }}"  # newlines are written as expressions: whitespace control would strip literal ones
 CHATML_TEMPLATE = (
+    "{%- macro text_of(content) -%}"
+    "{%- if content is string -%}{{ content }}"
+    "{%- elif content is not none -%}{{ content | selectattr('type', 'equalto', 'text')"
+    " | map(attribute='text') | join('') }}{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- if tools -%}"
+    f"<|im_start|>system{_NL}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    f"{{{{ text_of(messages[0]['content']) }}}}{_NL}{_NL}"
+    "{%- endif -%}"
+    f"# Tools{_NL}<tools>"
+    f"{{%- for tool in tools -%}}{_NL}{{{{ tool | tojson }}}}{{%- endfor -%}}{_NL}</tools>{_NL}"
+    'Call a tool as <tool_call>{"name": <name>, "arguments": <args-json-object>}</tool_call>'
+    f"<|im_end|>{_NL}"
+    "{%- endif -%}"
     "{%- for message in messages -%}"
-    "{%- if message['content'] is string -%}{%- set text = message['content'] -%}"
-    "{%- elif message['content'] is none -%}{%- set text = '' -%}"
-    "{%- else -%}{%- set text = message['content'] | selectattr('type', 'equalto', 'text')"
-    " | map(attribute='text') | join('') -%}{%- endif -%}"
-    "<|im_start|>{{ message['role'] }}{{ '\\n' }}{{ text }}<|im_end|>{{ '\\n' }}"
+    "{%- if message['role'] == 'system' and tools and loop.first -%}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{%- if loop.first or loop.previtem['role'] != 'tool' -%}<|im_start|>user{%- endif -%}"
+    f"{_NL}<tool_response>{_NL}{{{{ text_of(message['content']) }}}}{_NL}</tool_response>"
+    f"{{%- if loop.last or loop.nextitem['role'] != 'tool' -%}}<|im_end|>{_NL}{{%- endif -%}}"
+    "{%- else -%}"
+    f"<|im_start|>{{{{ message['role'] }}}}{_NL}{{{{ text_of(message['content']) }}}}"
+    "{%- for call in message.get('tool_calls') or [] -%}"
+    "{%- set fn = call['function'] if call['function'] is defined else call -%}"
+    f"{{%- if not loop.first or text_of(message['content']) -%}}{_NL}{{%- endif -%}}"
+    f"<tool_call>{_NL}"
+    '{"name": {{ fn[\'name\'] | tojson }}, "arguments": '
+    "{%- if fn['arguments'] is string -%}{{ ' ' + fn['arguments'] }}"
+    "{%- else -%}{{ ' ' }}{{ fn['arguments'] | tojson }}{%- endif -%}"
+    f"}}{_NL}</tool_call>"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|im_start|>assistant{{ '\\n' }}{%- endif -%}"
+    f"<|im_end|>{_NL}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    f"{{%- if add_generation_prompt -%}}<|im_start|>assistant{_NL}{{%- endif -%}}"
 )
-"""ChatML: ``<|im_start|>role\\ncontent<|im_end|>\\n`` per message; text parts of list content are joined."""
+"""ChatML: ``<|im_start|>role\\ncontent<|im_end|>\\n`` per message; text parts of list content are joined.
+
+With ``tools`` the template writes them Qwen/Hermes style into the system message, assistant
+``tool_calls`` as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks, and consecutive
+``tool`` messages as one user turn of ``<tool_response>`` blocks (what the ``hermes`` parser reads).
+"""
 
 
 class TokenizerNotFoundError(FileNotFoundError):

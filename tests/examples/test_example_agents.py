@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -13,7 +14,12 @@ import pytest
 import tinkertrace
 from tinkertrace.builder import BuildOptions, build_trajectories
 from tinkertrace.evaluation import RolloutResult, load_ref, run_rollouts
+from tinkertrace.netutil import BackgroundServer
+from tinkertrace.serving.app import create_app
+from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.testing.openai_server import ReplyRequest
+from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
+from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -156,24 +162,37 @@ def test_solver_judge_rewards_per_agent(openai_server, tmp_path: Path) -> None:
     assert sorted(r["reward"] for r in rows[1:]) == sorted(results[0].info["solver_rewards"])
 
 
-def test_multi_env_reward_settings_per_environment(openai_server, tmp_path: Path) -> None:
-    def respond(req: ReplyRequest) -> str:
-        if "backwards" in req.messages[0]["content"]:  # spelling: one good tool call, then a near miss
-            asked = sum(m["role"] == "assistant" for m in req.messages)
+def test_multi_env_reward_settings_per_environment(tmp_path: Path) -> None:
+    """Against the real sampling endpoint (scripted hosted-Tinker double): the agent reads only the
+    structured ``tool_calls`` the endpoint parsed from the sampled ``<tool_call>`` text. The calls are
+    written as the chat template renders them, so each turn's prompt extends the last one."""
+    tokenizer = load_tokenizer(BUILTIN_MODEL)
+
+    def respond(prompt_ids: list[int]) -> str:
+        prompt = tokenizer.decode(prompt_ids)
+        if "backwards" in prompt:  # spelling: one good tool call, then a near miss
+            asked = prompt.count("<|im_start|>assistant") - 1
             return (
-                '<tool_call>{"name": "letters", "arguments": {"word": "apple"}}</tool_call>'
+                '<tool_call>\n{"name": "letters", "arguments": {"word": "apple"}}\n</tool_call>'
                 if asked == 0
                 else "elpp"
             )
-        return '<tool_call>{"name": "calculator", "arguments": {"expression": "1 + 2"}}</tool_call>'
+        return '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 + 2"}}\n</tool_call>'
 
+    policy = PolicyHolder(ScriptedTinkerSampler(respond), tokenizer, "test-model")
+    endpoint = BackgroundServer(create_app(policy)).start()
+    endpoint.options = SimpleNamespace(responder=None)
+    endpoint.base_url = endpoint.url + "/v1"
     tasks = [
         {"id": "arithmetic/a1/r0", "env": "arithmetic", "expression": "1 + 2"},
         {"id": "spelling/s1/r0", "env": "spelling", "word": "apple"},
     ]
-    spans, results = _run(
-        tmp_path, openai_server, "multi_env/agent.py:run_episode", tasks, respond, max_steps=2, max_tokens=128
-    )
+    try:
+        spans, results = _run(
+            tmp_path, endpoint, "multi_env/agent.py:run_episode", tasks, None, max_steps=2, max_tokens=128
+        )
+    finally:
+        endpoint.stop()
     by_task = {r.task_id: r for r in results}
     assert by_task["arithmetic/a1/r0"].info["terminal"] is False  # only tool calls: truncated
     assert by_task["spelling/s1/r0"].info["step_rewards"][0] == 0.1

@@ -1,8 +1,8 @@
 """Fixtures for the sampling endpoint tests.
 
-``ScriptedTinkerSampler`` stands in for the *hosted* Tinker SamplingClient (unreachable here): it
-answers ``sample`` with real ``tinker.types`` objects through a real ``concurrent.futures`` future,
-replying with scripted texts so stop-string and length handling can be checked exactly. Everything
+``ScriptedTinkerSampler`` (:mod:`tinkertrace.testing.scripted_sampler`) stands in for the *hosted*
+Tinker SamplingClient (unreachable here), replying with scripted texts so stop-string and length
+handling can be checked exactly. Everything
 else (the local engine, the server, the OpenAI client, sockets) is real.
 ``RecordingSampler`` wraps any SamplingClient and keeps every SampleResponse it returned, so tests
 can compare the server's answers with what the backend really sampled.
@@ -10,23 +10,19 @@ can compare the server's answers with what the backend really sampled.
 
 from __future__ import annotations
 
-import itertools
 import threading
-import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
-import numpy as np
 import openai
 import pytest
 from tinker import types
-from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
-from tinker.types.topk_logprobs import TopkLogprobs
 
 from tinkertrace.netutil import BackgroundServer
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
+from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
 from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 
@@ -59,62 +55,6 @@ class RecordingSampler:
     def sequences(self) -> list[list[int]]:
         with self._lock:
             return [list(seq.tokens) for _, resp in self.responses for seq in resp.sequences]
-
-
-class ScriptedTinkerSampler:
-    """A hosted-Tinker SamplingClient double replying with scripted texts (cycled per sample)."""
-
-    def __init__(self, replies: list[str], *, latency_s: float = 0.0, tag: int = 0) -> None:
-        self.tokenizer = load_tokenizer(BUILTIN_MODEL)
-        self._replies = itertools.cycle(replies)
-        self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=4)
-        self.latency_s = latency_s
-        self.tag = tag
-        self.calls: list[tuple[list[int], int, types.SamplingParams, int]] = []
-
-    def _one(self, max_tokens: int, topk: int) -> types.SampledSequence:
-        with self._lock:
-            reply = next(self._replies)
-        ids = [*self.tokenizer.encode(reply, add_special_tokens=False), self.tokenizer.eos_token_id]
-        stop = "stop"
-        if len(ids) > max_tokens:
-            ids, stop = ids[:max_tokens], "length"
-        tokens = np.asarray(ids, dtype=np.int32)
-        logprobs = -((tokens % 16) + 1).astype(np.float32) / 16
-        topk_lp = None
-        if topk:
-            alt = (tokens[:, None] + np.arange(topk)[None, :]) % 256
-            topk_lp = TopkLogprobs(
-                token_ids=alt.astype(np.int32),
-                logprobs=(logprobs[:, None] - np.arange(topk)[None, :]).astype(np.float32),
-            )
-        return types.SampledSequence(
-            stop_reason=stop,
-            sequence_id="seq",
-            tokens_np=tokens,
-            logprobs_np=logprobs,
-            topk_logprobs_np=topk_lp,
-        )
-
-    def sample(
-        self,
-        prompt: types.ModelInput,
-        num_samples: int,
-        sampling_params: types.SamplingParams,
-        topk_sample_logprobs: int = 0,
-        **_: Any,
-    ) -> AwaitableConcurrentFuture:
-        self.calls.append((prompt.to_ints(), num_samples, sampling_params, topk_sample_logprobs))
-
-        def run() -> types.SampleResponse:
-            if self.latency_s:
-                time.sleep(self.latency_s)
-            max_tokens = sampling_params.max_tokens or 10_000
-            seqs = [self._one(max_tokens, topk_sample_logprobs) for _ in range(num_samples)]
-            return types.SampleResponse(sequences=seqs)
-
-        return AwaitableConcurrentFuture(self._pool.submit(run))
 
 
 def client_for(server: BackgroundServer, api_key: str = "unused") -> openai.OpenAI:

@@ -58,3 +58,11 @@ def test_serve_command_reports_a_missing_model_clearly(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "cannot start" in result.stderr and "nope" in result.stderr
     assert result.exception is None or isinstance(result.exception, SystemExit)  # no traceback
+
+
+def test_serve_help_names_the_tool_parsers_and_refuses_an_unknown_one(tmp_path: Path) -> None:
+    help_text = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
+    for name in ("hermes", "qwen", "none", "auto", "/v1/responses"):
+        assert name in help_text
+    result = CliRunner().invoke(app, ["serve", "--tool-parser", "mistral", "--port", str(free_port())])
+    assert result.exit_code == 2 and "--tool-parser" in result.output

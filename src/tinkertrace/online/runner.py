@@ -73,6 +73,7 @@ class StackSettings:
     group_size: int = 8
     max_tokens: int = 20
     agent_module: str = "tinkertrace.online.demo_agent"
+    worker_python: str = sys.executable  # the interpreter of the agent workers (their own env)
 
     @property
     def spans_dir(self) -> Path:
@@ -149,7 +150,7 @@ class OnlineStack:
             self._workers.append(
                 subprocess.Popen(
                     [
-                        sys.executable,
+                        s.worker_python,
                         "-m",
                         s.agent_module,
                         "--base-url",

@@ -1,11 +1,11 @@
 """The OpenAI-compatible sampling endpoint as a Starlette ASGI app.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models[/{id}]``,
-``GET /health``, and the admin routes ``GET|POST /admin/policy`` (enabled by an admin token) that
-show or swap the served weights from another process, and ``POST /admin/admission`` through which
-the trainer states its demand and consumption (:mod:`tinkertrace.serving.admission`). Every answer
-names the policy version that produced it (``policy_version`` field and
-``x-tinkertrace-policy-version`` header).
+Routes: ``POST /v1/chat/completions``, ``POST /v1/responses``, ``POST /v1/completions``,
+``GET /v1/models[/{id}]``, ``GET /health``, and the admin routes ``GET|POST /admin/policy``
+(enabled by an admin token) that show or swap the served weights from another process, and
+``POST /admin/admission`` through which the trainer states its demand and consumption
+(:mod:`tinkertrace.serving.admission`). Every answer names the policy version that produced it
+(``policy_version`` field and ``x-tinkertrace-policy-version`` header).
 """
 
 from __future__ import annotations
@@ -28,10 +28,15 @@ from starlette.routing import Route
 
 from tinkertrace import semconv
 from tinkertrace.serving import openai_protocol as proto
+from tinkertrace.serving import responses_api
 from tinkertrace.serving.batching import SampleBatcher
 from tinkertrace.serving.checkpoint_watch import CheckpointWatcher
 from tinkertrace.serving.generation import Generator
 from tinkertrace.serving.policy import PolicyHolder, StalePolicyError
+from tinkertrace.serving.responses_api import ConversationStore
+from tinkertrace.serving.responses_stream import stream_events
+from tinkertrace.serving.tool_parsers import make_tool_parser
+from tinkertrace.serving.tool_use import plan_tools
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +78,16 @@ async def _json_body(request: Request) -> Any:
         ) from exc
 
 
-def _sse(chunks: list[dict[str, Any]], headers: dict[str, str]) -> StreamingResponse:
+def _sse(chunks: list[dict[str, Any]], headers: dict[str, str], *, named: bool = False) -> StreamingResponse:
+    """Server-sent events: chat/completions chunks end with ``[DONE]``; Responses events (``named``)
+    are each preceded by ``event: <type>`` and end with the final event, as OpenAI sends them."""
+
     async def events() -> AsyncIterator[bytes]:
         for chunk in chunks:
-            yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-        yield b"data: [DONE]\n\n"
+            head = f"event: {chunk['type']}\n".encode() if named else b""
+            yield head + b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+        if not named:
+            yield b"data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
@@ -93,14 +103,17 @@ class SamplingEndpoint:
         admin_token: str | None,
         default_max_tokens: int,
         batcher: SampleBatcher,
+        tool_parser: str = "auto",
     ) -> None:
         self.policy = policy
+        self.tool_parser = make_tool_parser(tool_parser, getattr(policy.tokenizer, "chat_template", None))
         self.api_key = api_key
         self.admin_token = admin_token
         self.generator = Generator(policy.tokenizer, default_max_tokens=default_max_tokens, batcher=batcher)
         self.created = int(time.time())
         self.requests_served = 0
         self.watcher: CheckpointWatcher | None = None
+        self.conversations = ConversationStore()
 
     # --- plumbing ----------------------------------------------------------------------------------
     def guarded(self, handler: Handler, *, admin: bool = False) -> Handler:
@@ -153,14 +166,40 @@ class SamplingEndpoint:
         self._check_model(req.model)
         await self._admit(request)
         policy = self.policy.current()  # this request samples with this snapshot to the end
-        prompt_ids = self.generator.chat_prompt(req.messages, req.tools)
-        choices = await self.generator.generate(policy.sampling_client, prompt_ids, req.options)
+        plan = plan_tools(self.tool_parser, req.tools, req.tool_choice)
+        prompt_ids = self.generator.chat_prompt(req.messages, req.tools, plan.prefix)
+        sampled = await self.generator.generate(policy.sampling_client, prompt_ids, plan.options(req.options))
+        choices = [plan.apply(c) for c in sampled]
         self.requests_served += 1
         rid, headers = proto.new_id("chatcmpl"), {semconv.HEADER_POLICY_VERSION: str(policy.version)}
         if req.options.stream:
             chunks = proto.chat_chunks(rid, req.model, policy.version, choices, req.options.include_usage)
             return _sse(chunks, headers)
         return JSONResponse(proto.chat_response(rid, req.model, policy.version, choices), headers=headers)
+
+    async def responses(self, request: Request) -> Response:
+        req = responses_api.parse_request(await _json_body(request))
+        self._check_model(req.model)
+        history = self.conversations.history(req.previous_response_id)
+        system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+        await self._admit(request)
+        policy = self.policy.current()
+        plan = plan_tools(self.tool_parser, req.tools, req.tool_choice)
+        prompt_ids = self.generator.chat_prompt([*system, *history, *req.messages], req.tools, plan.prefix)
+        [sampled] = await self.generator.generate(
+            policy.sampling_client, prompt_ids, plan.options(req.options)
+        )
+        choice = plan.apply(sampled)
+        self.requests_served += 1
+        rid = responses_api.new_item_id("resp")
+        if req.store:
+            conversation = [*history, *req.messages, responses_api.assistant_message(choice)]
+            self.conversations.put(rid, conversation)
+        body = responses_api.response_body(rid, req, policy.version, choice)
+        headers = {semconv.HEADER_POLICY_VERSION: str(policy.version)}
+        if req.options.stream:
+            return _sse(stream_events(body), headers, named=True)
+        return JSONResponse(body, headers=headers)
 
     async def completions(self, request: Request) -> Response:
         req = proto.parse_completion_request(await _json_body(request))
@@ -293,6 +332,7 @@ def create_app(
     batch_window_s: float = 0.005,
     watch_checkpoints: Path | str | None = None,
     watch_poll_s: float = 0.5,
+    tool_parser: str = "auto",
 ) -> Starlette:
     """The OpenAI-compatible ASGI app serving ``policy``.
 
@@ -301,6 +341,7 @@ def create_app(
     ``default_max_tokens``: used when a request sets no ``max_tokens``.
     ``batch_window_s``: how long identical requests wait to share one sample call (0: never).
     ``watch_checkpoints``: a checkpoint record (JSON lines) to follow; each new record is served.
+    ``tool_parser``: how tool calls are read from replies (see :mod:`tinkertrace.serving.tool_parsers`).
     """
     endpoint = SamplingEndpoint(
         policy,
@@ -308,6 +349,7 @@ def create_app(
         admin_token=admin_token,
         default_max_tokens=default_max_tokens,
         batcher=SampleBatcher(window_s=batch_window_s),
+        tool_parser=tool_parser,
     )
     if watch_checkpoints is not None:
         endpoint.watcher = CheckpointWatcher(Path(watch_checkpoints), policy, poll_s=watch_poll_s)
@@ -326,6 +368,7 @@ def create_app(
     g = endpoint.guarded
     routes = [
         Route("/v1/chat/completions", g(endpoint.chat), methods=["POST"]),
+        Route("/v1/responses", g(endpoint.responses), methods=["POST"]),
         Route("/v1/completions", g(endpoint.completions), methods=["POST"]),
         Route("/v1/models", g(endpoint.models), methods=["GET"]),
         Route("/v1/models/{model:path}", g(endpoint.model), methods=["GET"]),

@@ -50,8 +50,11 @@ class Generator:
         self.vocab_size = len(tokenizer)
 
     # --- prompts -------------------------------------------------------------------------------------
-    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        """Token ids of the chat rendered by the tokenizer's chat template, ready for the reply."""
+    def chat_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, prefix: str = ""
+    ) -> list[int]:
+        """Token ids of the chat rendered by the tokenizer's chat template, ready for the reply
+        (followed by ``prefix``, the start of the reply, when given)."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise ApiError(400, "This model has no chat template: use /v1/completions.", param="messages")
         try:
@@ -60,7 +63,7 @@ class Generator:
             )
         except Exception as exc:  # jinja errors (e.g. the template's raise_exception) are the caller's
             raise ApiError(400, f"The chat template rejected 'messages': {exc}", param="messages") from exc
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(self.tokenizer.encode(text + prefix, add_special_tokens=False))
 
     def text_prompt(self, prompt: str | list[int], index: int) -> list[int]:
         """Token ids of a completions prompt (text is tokenised; ids are checked against the vocab)."""

@@ -7,12 +7,15 @@ Validation answers the way OpenAI does: an :class:`ApiError` carries the HTTP st
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tinkertrace import semconv
+from tinkertrace.serving.tool_parsers import ToolCall
 
 MAX_N = 128
 MAX_TOP_LOGPROBS_CHAT = 20
@@ -123,11 +126,22 @@ class SamplingOptions:
 
 
 @dataclass(frozen=True)
+class ToolChoice:
+    """``tool_choice`` and ``parallel_tool_calls``: ``mode`` is auto, none, required or function
+    (then ``name`` is the function that must be called)."""
+
+    mode: str = "none"
+    name: str | None = None
+    parallel: bool = True
+
+
+@dataclass(frozen=True)
 class ChatRequest:
     model: str
     messages: list[dict[str, Any]]
     options: SamplingOptions
     tools: list[dict[str, Any]] | None
+    tool_choice: ToolChoice = ToolChoice()
 
 
 @dataclass(frozen=True)
@@ -257,11 +271,101 @@ def parse_chat_request(body: Any) -> ChatRequest:
     top = _field(body, "top_logprobs", int, 0, minimum=0, maximum=MAX_TOP_LOGPROBS_CHAT)
     if top and not want_logprobs:
         raise _invalid_value("top_logprobs", "'logprobs' must be true when 'top_logprobs' is set.")
-    tools = body.get("tools")
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        raise _invalid_type("tools", "an array of objects", tools)
+    tools = function_tools(body.get("tools"), nested=True)
     options = _common_options(body, logprobs=want_logprobs, top_logprobs=top)
-    return ChatRequest(model=model, messages=messages, options=options, tools=tools or None)
+    choice = tool_choice(body, tools, named=lambda c: (c.get("function") or {}).get("name"))
+    return ChatRequest(model=model, messages=messages, options=options, tools=tools, tool_choice=choice)
+
+
+# --- tools ------------------------------------------------------------------------------------------
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def _function_tool(fn: Any, param: str) -> dict[str, Any]:
+    """A validated ``{"name", "description"?, "parameters"?}`` function definition."""
+    if not isinstance(fn, dict):
+        raise _invalid_type(param, "an object", fn)
+    name = fn.get("name")
+    if name is None:
+        raise _missing(f"{param}.name")
+    if not isinstance(name, str) or not TOOL_NAME.match(name):
+        raise _invalid_value(
+            f"{param}.name",
+            f"{name!r} does not match '^[a-zA-Z0-9_-]{{1,64}}$' (letters, digits, _ and -, at most 64).",
+        )
+    out: dict[str, Any] = {"name": name}
+    if fn.get("description") is not None:
+        out["description"] = _field(fn, "description", str)
+    if fn.get("parameters") is not None:
+        if not isinstance(fn["parameters"], dict):
+            raise _invalid_type(f"{param}.parameters", "an object (a JSON schema)", fn["parameters"])
+        out["parameters"] = fn["parameters"]
+    return out
+
+
+def function_tools(tools: Any, *, nested: bool) -> list[dict[str, Any]] | None:
+    """Validated function ``tools`` in chat form, ``[{"type": "function", "function": {...}}]`` (None
+    when absent or empty). ``nested``: chat's form; else the Responses API's flat ``{"type":
+    "function", "name", ...}``. Other tool types are refused (the server cannot run them)."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise _invalid_type("tools", "an array", tools)
+    out: list[dict[str, Any]] = []
+    for i, tool in enumerate(tools):
+        param = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise _invalid_type(param, "an object", tool)
+        if tool.get("type") != "function":
+            raise ApiError(
+                400,
+                f"Invalid value for '{param}.type': tool type {tool.get('type')!r} is not supported by "
+                "this server; only 'function' tools are.",
+                param=f"{param}.type",
+                code="unsupported_tool_type",
+            )
+        if nested and tool.get("function") is None:
+            raise _missing(f"{param}.function")
+        fn = _function_tool(tool["function"], f"{param}.function") if nested else _function_tool(tool, param)
+        if any(t["function"]["name"] == fn["name"] for t in out):
+            raise _invalid_value(param, f"duplicate function name {fn['name']!r}.")
+        out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def tool_choice(
+    body: dict[str, Any], tools: list[dict[str, Any]] | None, *, named: Callable[[dict[str, Any]], Any]
+) -> ToolChoice:
+    """``tool_choice`` and ``parallel_tool_calls`` checked against ``tools``; ``named`` reads the
+    function name of an object choice (chat nests it in ``function``, Responses does not)."""
+    parallel = bool(_field(body, "parallel_tool_calls", bool, True))
+    choice = body.get("tool_choice")
+    if choice is None:
+        return ToolChoice("auto" if tools else "none", None, parallel)
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise _invalid_value("tool_choice", f"{choice!r} is not one of 'auto', 'none', 'required'.")
+        if choice != "none" and not tools:
+            raise _invalid_value("tool_choice", f"{choice!r} needs 'tools' to be specified.")
+        return ToolChoice(choice, None, parallel)
+    if not isinstance(choice, dict):
+        raise _invalid_type("tool_choice", "a string or an object", choice)
+    if choice.get("type") != "function":
+        raise ApiError(
+            400,
+            f"Invalid value for 'tool_choice.type': {choice.get('type')!r} is not supported by this "
+            "server; use 'auto', 'none', 'required' or {'type': 'function', ...}.",
+            param="tool_choice.type",
+            code="unsupported",
+        )
+    name = named(choice)
+    known = [t["function"]["name"] for t in tools or []]
+    if name not in known:
+        raise _invalid_value(
+            "tool_choice",
+            f"the function {name!r} is not among the tools given ({', '.join(known) or 'none'}).",
+        )
+    return ToolChoice("function", name, parallel)
 
 
 def _prompts(body: dict[str, Any]) -> list[str | list[int]]:
@@ -308,6 +412,7 @@ class Choice:
     top_logprobs: list[list[tuple[str, float]]] | None  # per token: (token text, logprob), best first
     finish_reason: str
     prompt_token_ids: list[int]
+    tool_calls: tuple[ToolCall, ...] = ()  # parsed from the text, which then holds only the content
 
 
 def new_id(prefix: str) -> str:
@@ -367,6 +472,32 @@ def _envelope(kind: str, rid: str, model: str, version: int) -> dict[str, Any]:
     }
 
 
+def _chat_message(c: Choice) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": c.text if c.text or not c.tool_calls else None,
+        "refusal": None,
+    }
+    if c.tool_calls:
+        message["tool_calls"] = [call.as_openai() for call in c.tool_calls]
+    return message
+
+
+def _tool_call_deltas(c: Choice) -> list[dict[str, Any]]:
+    """Per call, like vLLM: a delta with id, type and name, then one with the arguments."""
+    deltas = []
+    for k, call in enumerate(c.tool_calls):
+        head = {
+            "index": k,
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }
+        deltas.append({"tool_calls": [head]})
+        deltas.append({"tool_calls": [{"index": k, "function": {"arguments": call.arguments}}]})
+    return deltas
+
+
 def chat_response(rid: str, model: str, version: int, choices: list[Choice]) -> dict[str, Any]:
     """A complete ``chat.completion`` object."""
     prompt_ids = choices[0].prompt_token_ids
@@ -375,7 +506,7 @@ def chat_response(rid: str, model: str, version: int, choices: list[Choice]) -> 
         "choices": [
             {
                 "index": i,
-                "message": {"role": "assistant", "content": c.text, "refusal": None},
+                "message": _chat_message(c),
                 "logprobs": _chat_logprobs(c),
                 "finish_reason": c.finish_reason,
                 semconv.RESPONSE_CHOICE_TOKEN_IDS: c.token_ids,
@@ -392,9 +523,10 @@ def chat_chunks(
 ) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects of a streamed chat answer (without ``[DONE]``).
 
-    Per choice: a role chunk, one content chunk carrying the choice's text, ``token_ids`` and
-    logprobs (the backend returns whole samples, so there is nothing to gain from smaller pieces),
-    and a finish chunk. The first chunk carries ``prompt_token_ids``; with ``include_usage`` every
+    Per choice: a role chunk, one content chunk carrying the choice's text, then two chunks per tool
+    call (id and name, then arguments), and a finish chunk. The first chunk after the role carries
+    the choice's ``token_ids`` and logprobs (the backend returns whole samples, so there is nothing
+    to gain from smaller pieces). The first chunk carries ``prompt_token_ids``; with ``include_usage`` every
     chunk has ``usage: null`` and a last chunk with no choices carries the usage.
     """
     base = _envelope("chat.completion.chunk", rid, model, version)
@@ -412,14 +544,13 @@ def chat_chunks(
         if i == 0:
             first[semconv.RESPONSE_PROMPT_TOKEN_IDS] = c.prompt_token_ids
         out.append(first)
-        content = {
-            "index": i,
-            "delta": {"content": c.text},
-            "logprobs": _chat_logprobs(c),
-            "finish_reason": None,
-            semconv.RESPONSE_CHOICE_TOKEN_IDS: c.token_ids,
-        }
-        out.append({**base, "choices": [content]})
+        deltas = ([{"content": c.text}] if c.text or not c.tool_calls else []) + _tool_call_deltas(c)
+        for k, delta in enumerate(deltas):
+            piece: dict[str, Any] = {"index": i, "delta": delta, "logprobs": None, "finish_reason": None}
+            if k == 0:
+                piece["logprobs"] = _chat_logprobs(c)
+                piece[semconv.RESPONSE_CHOICE_TOKEN_IDS] = c.token_ids
+            out.append({**base, "choices": [piece]})
         finish = {"index": i, "delta": {}, "logprobs": None, "finish_reason": c.finish_reason}
         out.append({**base, "choices": [finish]})
     if include_usage:
