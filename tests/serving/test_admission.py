@@ -172,3 +172,23 @@ def test_traced_agent_sends_its_rollout_id(scripted_server, tmp_path: Path) -> N
         assert finished == ["first", "second"]
     finally:
         tinkertrace.shutdown()
+
+
+def test_responses_calls_are_admitted_like_chat_calls(scripted_server, openai_client) -> None:
+    server, _, policy = scripted_server
+    policy.admission.set_demand(rollouts_per_step=1, max_staleness=0)
+    client = openai_client(server)
+
+    def respond(rid: str) -> None:
+        client.responses.create(
+            model="scripted-model", input="hi", extra_headers={semconv.HEADER_ROLLOUT_ID: rid}
+        )
+
+    respond("a")
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(respond, "b")
+        time.sleep(0.5)
+        assert not held.done()
+        policy.admission.consume(["a"])
+        held.result(timeout=10)
+    assert policy.admission.stats()["held"] == 1
