@@ -339,5 +339,7 @@ def test_calls_without_token_ids_are_skipped_and_counted(agent: Agent, openai_se
     assert result.summary.llm_calls == 2
     assert result.summary.llm_calls_without_tokens == 1
     assert result.triplets.column("turn").to_pylist() == [0]
-    # the final reward went to the skipped call, yet still counts for the (rollout, agent)
+    # the final reward skips the call without ids: the kept triplet, its trajectory and the summary agree
+    assert result.triplets.column("reward").to_pylist() == [1.0]
     assert result.trajectories.column("reward").to_pylist() == [1.0]
+    assert (result.summary.rewards_matched, result.summary.rewards_unmatched) == (1, 0)

@@ -105,6 +105,33 @@ def _repair_parents(con: duckdb.DuckDBPyConnection, options: BuildOptions, summa
         WHERE s.span_type IN ('{sc.TYPE_LLM}', '{sc.TYPE_REWARD}')""")
 
 
+MAX_AGENT_DEPTH = 64  # ancestors walked up to find a span's agent span
+
+
+def _agent_scopes(con: duckdb.DuckDBPyConnection) -> None:
+    """Create ``_scope(trace_id, span_id, scope, scope_agent)``: for each LLM and reward span of the
+    built rollouts, its nearest enclosing agent span (``views`` column ``agent_span_name``) and that
+    span's agent name; spans under no agent span have no row. One recursive walk up the parent ids."""
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _scope AS
+        WITH RECURSIVE nodes AS (
+            SELECT trace_id, span_id, any_value(parent_span_id) AS parent_span_id,
+                   any_value(agent_span_name) AS agent_span_name
+            FROM _meta SEMI JOIN _sel USING (rollout_id) GROUP BY trace_id, span_id
+        ), walk(trace_id, span_id, cur, scope, scope_agent, depth) AS (
+            SELECT DISTINCT trace_id, span_id, parent_span_id, NULL::VARCHAR, NULL::VARCHAR, 0
+            FROM _meta SEMI JOIN _sel USING (rollout_id)
+            WHERE span_type IN ('{sc.TYPE_LLM}', '{sc.TYPE_REWARD}')
+            UNION ALL
+            SELECT w.trace_id, w.span_id, n.parent_span_id,
+                   CASE WHEN n.agent_span_name IS NOT NULL THEN n.span_id END, n.agent_span_name, w.depth + 1
+            FROM walk w JOIN nodes n ON n.trace_id = w.trace_id AND n.span_id = w.cur
+            WHERE w.scope IS NULL AND w.depth < {MAX_AGENT_DEPTH}
+        )
+        SELECT trace_id, span_id, any_value(scope) AS scope, any_value(scope_agent) AS scope_agent
+        FROM walk WHERE scope IS NOT NULL GROUP BY trace_id, span_id""")
+
+
 def _parent_join(options: BuildOptions) -> tuple[str, str]:
     """(column expression, join clause) giving each call/reward its parent (sibling policy only)."""
     if options.reward_policy == "sibling":
@@ -117,13 +144,16 @@ def _select_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _calls AS
         SELECT c.trace_id, c.span_id, c.filename, c.received_at, {parent}, c.rollout_id, r.task_id, r.attempt,
-               c.agent_name, c.model, c.response_id, c.policy_version, c.token_source,
+               COALESCE(c.agent_name, c.agent_span_name, s.scope_agent) AS agent_name, s.scope,
+               c.model, c.response_id, c.policy_version, c.token_source, c.trainable, c.truncated,
                c.start_time, c.end_time, r.split, r.end_time AS rollout_end,
                CAST(row_number() OVER (PARTITION BY c.rollout_id
                     ORDER BY c.start_time, c.end_time, c.trace_id, c.span_id) - 1 AS INTEGER) AS turn
         FROM llm_calls c JOIN _sel r USING (rollout_id)
+        LEFT JOIN _scope s USING (trace_id, span_id)
         {join}""")
     summary.llm_calls = _scalar(con, "SELECT count(*) FROM _calls")
+    summary.llm_calls_without_tokens = _scalar(con, "SELECT count(*) FROM _calls WHERE NOT trainable")
     summary.llm_spans = _scalar(
         con,
         f"SELECT count(DISTINCT (trace_id, span_id)) FROM _meta SEMI JOIN _sel USING (rollout_id) "
@@ -142,8 +172,9 @@ def _select_rewards(con: duckdb.DuckDBPyConnection, options: BuildOptions, summa
         f"""
         CREATE OR REPLACE TEMP TABLE _rewards AS
         SELECT w.trace_id, w.span_id, w.rollout_id, w.start_time, w.end_time, w.is_final,
-               w.linked_response_id, {parent}, {value} AS v
+               w.linked_response_id, {parent}, s.scope, {value} AS v
         FROM rewards w JOIN _sel USING (rollout_id)
+        LEFT JOIN _scope s USING (trace_id, span_id)
         {join}""",
         {"name": options.reward_name} if options.reward_name is not None else {},
     )
@@ -157,7 +188,8 @@ def _reward_counts(con: duckdb.DuckDBPyConnection, options: BuildOptions, summar
         SELECT w.rollout_id, w.span_id, w.v,
                EXISTS (SELECT 1 FROM _assign a WHERE a.reward_trace_id = w.trace_id
                        AND a.reward_span_id = w.span_id) AS matched,
-               EXISTS (SELECT 1 FROM _calls c WHERE c.rollout_id = w.rollout_id) AS rollout_has_calls
+               EXISTS (SELECT 1 FROM _calls c WHERE c.rollout_id = w.rollout_id AND c.trainable)
+                   AS rollout_has_calls
         FROM _rewards w WHERE w.v IS NOT NULL""")
     summary.rewards_matched = _scalar(con, "SELECT count(*) FROM _reward_state WHERE matched")
     unmatched = "NOT matched"
@@ -211,6 +243,7 @@ def _output_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
                        {traj_reward} AS traj_reward,
                        {group_key} AS group_key
                 FROM _calls c LEFT JOIN call_reward cr USING (trace_id, span_id)
+                WHERE c.trainable  -- calls without ids are counted, never written
             )
             SELECT *, CAST((call_no * {summary.buckets}) // count(*) OVER () AS INTEGER) AS bucket
             FROM (SELECT *, row_number() OVER (ORDER BY {order}) - 1 AS call_no
@@ -219,7 +252,9 @@ def _output_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
         )
     except duckdb.InvalidInputException as exc:
         raise ValueError(f"invalid --agent regular expression {options.agent!r}: {exc}") from exc
-    summary.llm_calls_filtered = summary.llm_calls - _scalar(con, "SELECT count(*) FROM _out")
+    summary.llm_calls_filtered = (
+        summary.llm_calls - summary.llm_calls_without_tokens - _scalar(con, "SELECT count(*) FROM _out")
+    )
 
 
 def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
@@ -233,19 +268,21 @@ def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: Buil
                           kind, status_code, status_message, service_name, scope_name, date, hour)
                  REPLACE (CASE WHEN span_type = '{sc.TYPE_LLM}' THEN filename END AS filename,
                           CASE WHEN span_type = '{sc.TYPE_REWARD}' THEN name END AS name),
-               CASE WHEN {keep_attrs} THEN attributes END AS attributes
+               CASE WHEN {keep_attrs} THEN attributes END AS attributes,
+               {views.llm_trainable_sql()} AS trainable, {views.llm_truncated_sql()} AS truncated
         FROM spans""")  # only LLM calls need their file (the token join) and rewards their name
     summary.spans = _scalar(con, "SELECT count(*) FROM _meta")
     summary.spans_without_rollout = _scalar(con, "SELECT count(*) FROM _meta WHERE rollout_id IS NULL")
     views.create_derived_views(con, source="_meta")
     _select_rollouts(con, options, summary)
     _repair_parents(con, options, summary)
+    _agent_scopes(con)
     _select_calls(con, options, summary)
     _select_rewards(con, options, summary)
     # The query views stay defined over the full `spans` view afterwards. Each working table is
     # dropped once read for the last time, so the later steps (and the token phase) have its memory.
     views.create_derived_views(con, source="spans")
-    _drop(con, "_meta", "_all_rollouts", "_candidates", "_orphans", "_parent")
+    _drop(con, "_meta", "_all_rollouts", "_candidates", "_orphans", "_parent", "_scope")
     assign_rewards(con, options.reward_policy)
     _reward_counts(con, options, summary)
     _output_calls(con, options, summary)
@@ -259,5 +296,5 @@ def _drop(con: duckdb.DuckDBPyConnection, *tables: str) -> None:
 
 TRIPLET_COLUMNS = (
     "rollout_id", "task_id", "attempt", "agent_name", "turn", "span_id", "response_id", "model",
-    "policy_version", *TOKEN_COLUMNS, "token_source", "reward",
+    "policy_version", *TOKEN_COLUMNS, "token_source", "reward", "truncated",
 )  # fmt: skip
