@@ -215,3 +215,18 @@ def test_bucket_count_follows_data_size_and_memory_limit(
     monkeypatch.setattr(stream, "BUCKET_SHARE", 100 / 2**30)  # 100 bytes a bucket at 1GB
     tiny = build(tmp_path, memory_limit="1GB")
     assert tiny.summary.buckets == 6 and tiny.summary.triplets == 12
+
+
+def test_truncated_from_finish_reasons_and_closed_streams(tmp_path: Path, rows: SpanRows) -> None:
+    root = rows.rollout("r1")
+    marks = [
+        {sc.GENAI_FINISH_REASONS: ["stop"]},
+        {sc.GENAI_FINISH_REASONS: ["length"]},
+        {sc.LLM_CLOSED_EARLY: True},  # a stream the agent stopped reading: the ids it had
+        {},
+        {sc.AGL_FINISH_REASON: "length"},  # openllmetry's form (Agent-lightning)
+    ]
+    for i, attrs in enumerate(marks):
+        rows.llm("r1", root, [1], [2], start=i, end=i + 0.5, attributes=attrs)
+    rows.write(tmp_path)
+    assert build(tmp_path).triplets.column("truncated").to_pylist() == [False, True, True, False, True]

@@ -343,3 +343,20 @@ def test_calls_without_token_ids_are_skipped_and_counted(agent: Agent, openai_se
     assert result.triplets.column("reward").to_pylist() == [1.0]
     assert result.trajectories.column("reward").to_pylist() == [1.0]
     assert (result.summary.rewards_matched, result.summary.rewards_unmatched) == (1, 0)
+
+
+def test_truncated_responses_are_marked(agent: Agent) -> None:
+    @tinkertrace.traced_rollout
+    def solve(task: dict[str, str]) -> float:
+        agent.client.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "a"}])
+        agent.client.chat.completions.create(
+            model="test-model", messages=[{"role": "user", "content": "long"}], max_tokens=4
+        )  # the server stops at 4 tokens: finish reason "length"
+        return 1.0
+
+    solve({"id": "t-11"})
+    trips = agent.build().triplets.to_pylist()
+    assert [(t["response_token_ids"], t["truncated"]) for t in trips] == [
+        (ids("echo: a"), False),
+        (ids("echo"), True),
+    ]
