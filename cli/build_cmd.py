@@ -38,6 +38,15 @@ def build_trajectories_cmd(
         list[str] | None, typer.Option(help="Only rollouts of this split (train, eval); repeatable.")
     ] = None,
     task: Annotated[list[str] | None, typer.Option(help="Only rollouts of this task id; repeatable.")] = None,
+    status: Annotated[
+        list[str] | None,
+        typer.Option(
+            help=(
+                "Only rollouts with this status: succeeded, failed (the agent raised) or unknown (no "
+                "root span or no status recorded); repeatable. Default: all, failed ones included."
+            )
+        ),
+    ] = None,
     agent: Annotated[
         str | None,
         typer.Option(help="Only LLM calls whose agent name matches this regular expression (searched, RE2)."),
@@ -109,6 +118,7 @@ def build_trajectories_cmd(
             until=parse_time(until, "--until"),
             splits=tuple(split or ()),
             tasks=tuple(task or ()),
+            statuses=tuple(status or ()),
             agent=agent,
             min_policy_version=min_policy_version,
             reward_policy=reward_policy,  # type: ignore[arg-type]

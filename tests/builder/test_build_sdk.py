@@ -360,3 +360,26 @@ def test_truncated_responses_are_marked(agent: Agent) -> None:
         (ids("echo: a"), False),
         (ids("echo"), True),
     ]
+
+
+def test_failed_rollouts_kept_by_default_and_left_out_by_status(agent: Agent) -> None:
+    @tinkertrace.traced_rollout
+    def solve(task: dict[str, str]) -> None:
+        conversation(agent, ["a"], rewards=[0.0 if task["fail"] else 1.0])
+        if task["fail"]:
+            raise RuntimeError("the agent crashed after its call")
+
+    solve({"id": "ok", "fail": ""})
+    with pytest.raises(RuntimeError):
+        solve({"id": "crashed", "fail": "yes"})
+    everything = agent.build()
+    assert sorted(everything.triplets.column("task_id").to_pylist()) == ["crashed", "ok"]
+    assert (everything.summary.rollouts_failed, everything.summary.rollouts_status_filtered) == (1, 0)
+    succeeded = agent.build(statuses=["succeeded"])
+    assert succeeded.triplets.column("task_id").to_pylist() == ["ok"]
+    s = succeeded.summary
+    assert (s.rollouts_built, s.rollouts_failed, s.rollouts_status_filtered) == (1, 0, 1)
+    assert s.rollouts_filtered == 0
+    assert agent.build(statuses=["failed"]).triplets.column("task_id").to_pylist() == ["crashed"]
+    with pytest.raises(ValueError, match="statuses"):
+        BuildOptions(statuses=["crashed"])

@@ -46,8 +46,19 @@ def _select_rollouts(con: duckdb.DuckDBPyConnection, options: BuildOptions, summ
             "SELECT rollout_id FROM _candidates WHERE incomplete_reason IS NOT NULL ORDER BY 1"
         ).fetchall()
     ]
-    where = ["true" if options.include_incomplete else "incomplete_reason IS NULL"]
+    pool = "true" if options.include_incomplete else "incomplete_reason IS NULL"
+    status = "COALESCE(status, 'unknown')"
+    if options.statuses:
+        summary.rollouts_status_filtered = _scalar(
+            con,
+            f"SELECT count(*) FROM _candidates WHERE {pool} AND {status} NOT IN "
+            f"({', '.join(repr(s) for s in options.statuses)})",
+        )  # the statuses are validated by BuildOptions
+    where = [pool]
     params: dict[str, object] = {}
+    if options.statuses:
+        where.append(f"{status} IN (SELECT unnest($statuses))")
+        params["statuses"] = list(options.statuses)
     if options.since is not None:
         where.append("start_time::TIMESTAMPTZ >= $since")
         params["since"] = options.since
@@ -67,8 +78,11 @@ def _select_rollouts(con: duckdb.DuckDBPyConnection, options: BuildOptions, summ
     complete = _scalar(con, "SELECT count(*) FROM _candidates WHERE incomplete_reason IS NULL")
     considered = summary.rollouts_seen - summary.rollouts_excluded
     summary.rollouts_filtered = (
-        considered if options.include_incomplete else complete
-    ) - summary.rollouts_built
+        (considered if options.include_incomplete else complete)
+        - summary.rollouts_status_filtered
+        - summary.rollouts_built
+    )
+    summary.rollouts_failed = _scalar(con, f"SELECT count(*) FROM _sel WHERE status = '{sc.STATUS_FAILED}'")
     summary.rollout_ids = [r[0] for r in con.execute("SELECT rollout_id FROM _sel ORDER BY 1").fetchall()]
 
 
