@@ -144,7 +144,7 @@ def test_prefix_breaks_are_split_and_diagnosed(agent: Agent) -> None:
     def solve(task: dict[str, str]) -> None:
         msgs: Msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "x"}]
         reply, _ = agent.chat(msgs)
-        # the agent edits the reply before sending it back: drift inside the previous response
+        # the agent edits the reply before sending it back: its history changed
         msgs += [{"role": "assistant", "content": reply.upper()}, {"role": "user", "content": "y"}]
         reply, _ = agent.chat(msgs)
         # then swaps its system prompt: the history itself changed
@@ -159,9 +159,10 @@ def test_prefix_breaks_are_split_and_diagnosed(agent: Agent) -> None:
     result = agent.build()
     rows = trajs(result)
     assert [r["segment"] for r in rows] == [0, 1, 2]
-    assert [r["split_reason"] for r in rows] == [None, "retokenization_drift", "template_change"]
+    # (with byte tokens nothing re-tokenises differently: retokenization_drift needs BPE, test_bpe.py)
+    assert [r["split_reason"] for r in rows] == [None, "template_change", "template_change"]
     assert [r["num_turns"] for r in rows] == [1, 1, 2]
-    assert result.summary.trajectory_splits == {"retokenization_drift": 1, "template_change": 1}
+    assert result.summary.trajectory_splits == {"template_change": 2}
 
 
 def test_two_agents_in_one_rollout(agent: Agent) -> None:

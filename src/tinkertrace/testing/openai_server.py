@@ -112,6 +112,9 @@ class ServerOptions:
     fail_times: int = 0  # ... for this many requests (then succeed again); -1: always
     chunk_chars: int = 1  # characters per streamed chunk
     reject_fields: tuple[str, ...] = ()  # answer 400 to requests with these fields (a strict server)
+    # A transformers tokenizer: prompt ids from its chat template (with the request's tools), reply ids
+    # from its vocabulary, streamed one token a chunk. None: the byte tokens described above.
+    tokenizer: Any = None
 
 
 @dataclass
@@ -166,6 +169,28 @@ class OpenAITestServer:
             return _error(400, f"Unrecognized request argument supplied: {', '.join(unknown)}")
         return body
 
+    def _encode(self, text: str) -> list[int]:
+        tok = self.options.tokenizer
+        return list(text.encode()) if tok is None else list(tok.encode(text, add_special_tokens=False))
+
+    def _decode(self, ids: list[int]) -> str:
+        tok = self.options.tokenizer
+        return bytes(ids).decode(errors="ignore") if tok is None else str(tok.decode(ids))
+
+    def _chat_prompt_ids(self, messages: list[dict[str, Any]], body: dict[str, Any]) -> list[int]:
+        tok = self.options.tokenizer
+        if tok is None:
+            return list(render_chat(messages).encode())
+        text = tok.apply_chat_template(
+            messages, tools=body.get("tools"), add_generation_prompt=True, tokenize=False
+        )
+        return self._encode(text)
+
+    def _pieces(self, text: str) -> list[tuple[str, list[int]]]:
+        if self.options.tokenizer is None:
+            return _pieces(text, self.options.chunk_chars)
+        return [(self._decode([t]), [t]) for t in self._encode(text)]
+
     def _headers(self) -> dict[str, str]:
         version = self.options.policy_version
         return {} if version is None else {semconv.HEADER_POLICY_VERSION: str(version)}
@@ -176,11 +201,11 @@ class OpenAITestServer:
             text = self.options.responder(
                 ReplyRequest(req.kind, req.model, req.body, req.messages, req.prompt, i)
             )
-            ids = list(text.encode())
+            ids = self._encode(text)
             finish = "stop"
             if len(ids) > max_tokens:
                 ids = ids[:max_tokens]
-                text = bytes(ids).decode(errors="ignore")
+                text = self._decode(ids)
                 finish = "length"
             out.append(_Choice(i, text, ids, finish))
         return out
@@ -231,7 +256,7 @@ class OpenAITestServer:
         want_logprobs = bool(body.get("logprobs")) and self.options.logprobs
         top_n = int(body.get("top_logprobs") or 0)
         model = str(body.get("model") or self.options.model)
-        prompt_ids = list(render_chat(messages).encode())
+        prompt_ids = self._chat_prompt_ids(messages, body)
         req = ReplyRequest("chat", model, body, messages, None, 0)
         choices, rid, usage, extra = self._answer(req, n, max_tokens, len(prompt_ids), "chatcmpl")
         if not stream:
@@ -271,7 +296,7 @@ class OpenAITestServer:
                 if want_ids and c.index == 0:
                     first[semconv.RESPONSE_PROMPT_TOKEN_IDS] = prompt_ids
                 out.append(first)
-                for piece, ids in _pieces(c.text, self.options.chunk_chars):
+                for piece, ids in self._pieces(c.text):
                     ch: dict[str, Any] = {
                         "index": c.index,
                         "delta": {"content": piece},
@@ -302,7 +327,7 @@ class OpenAITestServer:
             prompt_ids = list(prompt)
             prompt = bytes(prompt_ids).decode(errors="replace")
         elif isinstance(prompt, str):
-            prompt_ids = list(prompt.encode())
+            prompt_ids = self._encode(prompt)
         else:
             return _error(400, "'prompt' must be a string or a list of byte token ids (0..255)")
         common = self._common(body)
@@ -349,7 +374,7 @@ class OpenAITestServer:
             }
             out: list[dict[str, Any]] = []
             for c in choices:
-                pieces = _pieces(c.text, self.options.chunk_chars)
+                pieces = self._pieces(c.text)
                 for k, (piece, ids) in enumerate(pieces):
                     last = k == len(pieces) - 1
                     ch: dict[str, Any] = {
