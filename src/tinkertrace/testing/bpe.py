@@ -49,8 +49,8 @@ _TOOLS_HEADER = (
 )
 _TOOLS_FOOTER = (
     "{{ '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, "
-    "\"arguments\": <args-json-object>}\\n</tool_call>' }}"
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\\n</tool_call>\' }}'
 )
 
 
