@@ -58,8 +58,9 @@ def build_trajectories_cmd(
         str,
         typer.Option(
             help=(
-                "How rewards reach LLM calls: nearest (newest earlier unrewarded call), sibling (same, "
-                "under the same parent span), link (by gen_ai.response.id, else nearest), final (the "
+                "How rewards reach LLM calls (calls with token ids only): nearest (newest earlier "
+                "unrewarded call of the reward's agent span, else of the rollout), sibling (same, under "
+                "the same parent span), link (by gen_ai.response.id, else nearest), final (the "
                 "rollout's final reward on every call)."
             )
         ),

@@ -125,25 +125,26 @@ MAX_AGENT_DEPTH = 64  # ancestors walked up to find a span's agent span
 def _agent_scopes(con: duckdb.DuckDBPyConnection) -> None:
     """Create ``_scope(trace_id, span_id, scope, scope_agent)``: for each LLM and reward span of the
     built rollouts, its nearest enclosing agent span (``views`` column ``agent_span_name``) and that
-    span's agent name; spans under no agent span have no row. One recursive walk up the parent ids."""
+    span's agent name; spans under no agent span have no row. One recursive walk up the parent ids,
+    through the spans that can enclose others (neither LLM calls nor rewards)."""
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _scope AS
-        WITH RECURSIVE nodes AS (
+        WITH RECURSIVE built AS (SELECT * FROM _meta SEMI JOIN _sel USING (rollout_id)),
+        nodes AS (
             SELECT trace_id, span_id, any_value(parent_span_id) AS parent_span_id,
                    any_value(agent_span_name) AS agent_span_name
-            FROM _meta SEMI JOIN _sel USING (rollout_id) GROUP BY trace_id, span_id
+            FROM built WHERE span_type IS NULL OR span_type NOT IN ('{sc.TYPE_LLM}', '{sc.TYPE_REWARD}')
+            GROUP BY trace_id, span_id
         ), walk(trace_id, span_id, cur, scope, scope_agent, depth) AS (
-            SELECT DISTINCT trace_id, span_id, parent_span_id, NULL::VARCHAR, NULL::VARCHAR, 0
-            FROM _meta SEMI JOIN _sel USING (rollout_id)
-            WHERE span_type IN ('{sc.TYPE_LLM}', '{sc.TYPE_REWARD}')
+            SELECT trace_id, span_id, any_value(parent_span_id), NULL::VARCHAR, NULL::VARCHAR, 0
+            FROM built WHERE span_type IN ('{sc.TYPE_LLM}', '{sc.TYPE_REWARD}') GROUP BY trace_id, span_id
             UNION ALL
             SELECT w.trace_id, w.span_id, n.parent_span_id,
                    CASE WHEN n.agent_span_name IS NOT NULL THEN n.span_id END, n.agent_span_name, w.depth + 1
             FROM walk w JOIN nodes n ON n.trace_id = w.trace_id AND n.span_id = w.cur
             WHERE w.scope IS NULL AND w.depth < {MAX_AGENT_DEPTH}
         )
-        SELECT trace_id, span_id, any_value(scope) AS scope, any_value(scope_agent) AS scope_agent
-        FROM walk WHERE scope IS NOT NULL GROUP BY trace_id, span_id""")
+        SELECT trace_id, span_id, scope, scope_agent FROM walk WHERE scope IS NOT NULL""")
 
 
 def _parent_join(options: BuildOptions) -> tuple[str, str]:
