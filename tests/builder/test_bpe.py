@@ -75,17 +75,22 @@ def chat_rollout(q: dict[str, Any], questions: list[str]) -> list[str]:
     return replies
 
 
-def build(q: dict[str, Any]) -> Any:
+def run(q: dict[str, Any], replies: list[str], questions: list[str]) -> tuple[Any, list[dict[str, Any]]]:
+    """The server answers ``replies`` to a chat of ``questions``; returns the build and its triplets."""
+    q["server"].options.responder = scripted_responder(replies)
+    chat_rollout(q, questions)
     tinkertrace.flush()
-    return build_trajectories(q["spans"], None, BuildOptions())
+    result = build_trajectories(q["spans"], None, BuildOptions())
+    return result, result.triplets.to_pylist()
+
+
+def split_reasons(result: Any) -> list[tuple[int, str | None]]:
+    return [(r["segment"], r["split_reason"]) for r in result.trajectories.drop(["end_time"]).to_pylist()]
 
 
 def test_server_ids_merge_turns_into_one_trajectory(qwen: dict[str, Any]) -> None:
-    qwen["server"].options.responder = scripted_responder(["The sum is 4.", "It is 10, tokenised."])
-    chat_rollout(qwen, ["What is 2+2?", "And 3+7?"])
-    result = build(qwen)
+    result, trips = run(qwen, ["The sum is 4.", "It is 10, tokenised."], ["What is 2+2?", "And 3+7?"])
     tok = qwen["tok"]
-    trips = result.triplets.to_pylist()
     assert [t["token_source"] for t in trips] == ["server", "server"]
     first = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "What is 2+2?"}]
     assert trips[0]["prompt_token_ids"] == template_ids(tok, first, TOOLS)
@@ -99,21 +104,15 @@ def test_server_ids_merge_turns_into_one_trajectory(qwen: dict[str, Any]) -> Non
 
 def test_reply_that_bpe_merges_with_the_template_is_diagnosed_as_drift(qwen: dict[str, Any]) -> None:
     # the reply starts with newlines: after "assistant\n" in the next prompt they merge into one token
-    qwen["server"].options.responder = scripted_responder(["\n\n4", "10"])
-    chat_rollout(qwen, ["2+2?", "3+7?"])
-    result = build(qwen)
-    rows = result.trajectories.drop(["end_time"]).to_pylist()
-    assert [(r["segment"], r["split_reason"]) for r in rows] == [(0, None), (1, "retokenization_drift")]
+    result, _ = run(qwen, ["\n\n4", "10"], ["2+2?", "3+7?"])
+    assert split_reasons(result) == [(0, None), (1, "retokenization_drift")]
     assert result.summary.trajectory_splits == {"retokenization_drift": 1}
 
 
 def test_retokenize_fallback_gives_the_templates_ids(qwen: dict[str, Any]) -> None:
     qwen["server"].options.token_ids = False  # a server without the extension: the SDK re-tokenises
-    qwen["server"].options.responder = scripted_responder(["Four.", "Ten."])
-    chat_rollout(qwen, ["What is 2+2?", "And 3+7?"])
-    result = build(qwen)
+    result, trips = run(qwen, ["Four.", "Ten."], ["What is 2+2?", "And 3+7?"])
     tok = qwen["tok"]
-    trips = result.triplets.to_pylist()
     assert [t["token_source"] for t in trips] == ["retokenized", "retokenized"]
     msgs: Msgs = [
         {"role": "system", "content": "You add numbers."},
@@ -130,10 +129,6 @@ def test_template_dropping_past_thinking_is_a_template_change(
     qwen: dict[str, Any], qwen_dirs: dict[str, Path]
 ) -> None:
     qwen["server"].options.tokenizer = load_tokenizer(str(qwen_dirs["qwen3"]))
-    qwen["server"].options.responder = scripted_responder(
-        ["<think>\nTwo and two.\n</think>\n\n4", "<think>\nThree and seven.\n</think>\n\n10"]
-    )
-    chat_rollout(qwen, ["2+2?", "3+7?"])
-    result = build(qwen)
-    rows = result.trajectories.drop(["end_time"]).to_pylist()
-    assert [(r["segment"], r["split_reason"]) for r in rows] == [(0, None), (1, "template_change")]
+    replies = ["<think>\nTwo and two.\n</think>\n\n4", "<think>\nThree and seven.\n</think>\n\n10"]
+    result, _ = run(qwen, replies, ["2+2?", "3+7?"])
+    assert split_reasons(result) == [(0, None), (1, "template_change")]
