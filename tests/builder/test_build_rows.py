@@ -225,8 +225,11 @@ def test_truncated_from_finish_reasons_and_closed_streams(tmp_path: Path, rows: 
         {sc.LLM_CLOSED_EARLY: True},  # a stream the agent stopped reading: the ids it had
         {},
         {sc.AGL_FINISH_REASON: "length"},  # openllmetry's form (Agent-lightning)
+        {sc.GENAI_FINISH_REASONS: ["max_output_tokens"]},  # the Responses API's incomplete reason
+        {sc.GENAI_FINISH_REASONS: "tool_calls"},  # a plain string from another producer
     ]
     for i, attrs in enumerate(marks):
         rows.llm("r1", root, [1], [2], start=i, end=i + 0.5, attributes=attrs)
     rows.write(tmp_path)
-    assert build(tmp_path).triplets.column("truncated").to_pylist() == [False, True, True, False, True]
+    truncated = [False, True, True, False, True, True, False]
+    assert build(tmp_path).triplets.column("truncated").to_pylist() == truncated

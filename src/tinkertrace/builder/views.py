@@ -167,14 +167,22 @@ def llm_trainable_sql() -> str:
         AND len(prompt_token_ids) > 0 AND len(response_token_ids) > 0, false)"""
 
 
+# Finish reasons that mean the token limit cut the response: OpenAI chat/completions and vLLM
+# ("length"), the Responses API's incomplete_details.reason ("max_output_tokens"), Anthropic's
+# stop_reason ("max_tokens").
+TRUNCATION_REASONS = ("length", "max_output_tokens", "max_tokens")
+
+
 def llm_truncated_sql() -> str:
-    """SQL: whether an LLM span's response was cut short: finish reason ``length`` (the GenAI list
-    ``gen_ai.response.finish_reasons``, or openllmetry's ``gen_ai.completion.0.finish_reason``) or a
-    stream the agent closed before its end (``tinkertrace.llm.closed_early``). Null on other spans."""
+    """SQL: whether an LLM span's response was cut short: a finish reason of :data:`TRUNCATION_REASONS`
+    (the GenAI list ``gen_ai.response.finish_reasons``, or openllmetry's
+    ``gen_ai.completion.0.finish_reason``) or a stream the agent closed before its end
+    (``tinkertrace.llm.closed_early``). Null on other spans."""
     reasons = _attr_json(sc.GENAI_FINISH_REASONS)
+    cut = ", ".join(f"'{r}'" for r in TRUNCATION_REASONS)
     length = (
-        f"(list_contains(TRY_CAST({reasons} AS VARCHAR[]), 'length') "
-        f"OR {_attr(sc.GENAI_FINISH_REASONS)} = 'length' OR {_attr(sc.AGL_FINISH_REASON)} = 'length')"
+        f"(list_has_any(TRY_CAST({reasons} AS VARCHAR[]), [{cut}]) "
+        f"OR {_attr(sc.GENAI_FINISH_REASONS)} IN ({cut}) OR {_attr(sc.AGL_FINISH_REASON)} IN ({cut}))"
     )
     closed = f"TRY_CAST({_attr(sc.LLM_CLOSED_EARLY)} AS BOOLEAN)"
     # only spans whose attributes mention either key pay for the JSON parsing
