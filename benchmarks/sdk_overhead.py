@@ -40,6 +40,9 @@ MESSAGES = [
 ]
 REPLY = "y" * 100  # 100 byte tokens, each with a logprob
 EXTRAS = {"return_token_ids": True, "logprobs": True}
+RESPONSES_EXTRAS = {"return_token_ids": True, "include": ["message.output_text.logprobs"]}
+CHAT = {"model": "m", "messages": MESSAGES}
+RESPONSES = {"model": "m", "instructions": MESSAGES[0]["content"], "input": MESSAGES[1]["content"]}
 
 
 @dataclass
@@ -91,7 +94,6 @@ def network_cases(base_url: str, calls: int, rounds: int) -> None:
     """Untraced vs traced calls through the OpenAI client and httpx, sync, JSON and SSE."""
     oa = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
     hx = httpx.Client()
-    chat = {"model": "m", "messages": MESSAGES}
     cases: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
         "openai chat": (
             lambda: oa.chat.completions.create(model="m", messages=MESSAGES, extra_body=EXTRAS),
@@ -103,9 +105,17 @@ def network_cases(base_url: str, calls: int, rounds: int) -> None:
             ),
             lambda: list(oa.chat.completions.create(model="m", messages=MESSAGES, stream=True)),
         ),
+        "openai responses": (
+            lambda: oa.responses.create(**RESPONSES, extra_body=RESPONSES_EXTRAS),
+            lambda: oa.responses.create(**RESPONSES),
+        ),
+        "openai resp. stream": (
+            lambda: list(oa.responses.create(**RESPONSES, stream=True, extra_body=RESPONSES_EXTRAS)),
+            lambda: list(oa.responses.create(**RESPONSES, stream=True)),
+        ),
         "httpx chat": (
-            lambda: hx.post(base_url + "/chat/completions", json={**chat, **EXTRAS}).json(),
-            lambda: hx.post(base_url + "/chat/completions", json=chat).json(),
+            lambda: hx.post(base_url + "/chat/completions", json={**CHAT, **EXTRAS}).json(),
+            lambda: hx.post(base_url + "/chat/completions", json=CHAT).json(),
         ),
     }
 
@@ -127,9 +137,8 @@ def network_cases(base_url: str, calls: int, rounds: int) -> None:
         _row(name, base, with_tracing)
 
 
-def _recorded(hx: httpx.Client, base_url: str, stream: bool) -> tuple[httpx.Headers, list[bytes]]:
-    body = {"model": "m", "messages": MESSAGES, "stream": stream, **EXTRAS}
-    with hx.stream("POST", base_url + "/chat/completions", json=body) as response:
+def _recorded(hx: httpx.Client, url: str, body: dict[str, Any]) -> tuple[httpx.Headers, list[bytes]]:
+    with hx.stream("POST", url, json=body) as response:
         return response.headers, list(response.iter_raw())
 
 
@@ -140,7 +149,9 @@ class _Recorded:
         self.status_code, self.headers, self.stream = 200, headers, None
 
 
-def _pipeline_case(url: str, headers: httpx.Headers, chunks: list[bytes], n: int) -> tuple[float, ...]:
+def _pipeline_case(
+    url: str, body: dict[str, Any], headers: httpx.Headers, chunks: list[bytes], n: int
+) -> tuple[float, ...]:
     """(agent-thread median, p90, export-thread median, p90) CPU µs of one recorded response."""
     from tinkertrace.sdk import capture
 
@@ -148,7 +159,7 @@ def _pipeline_case(url: str, headers: httpx.Headers, chunks: list[bytes], n: int
     ended: list[Any] = []
 
     def build() -> httpx.Request:
-        return httpx.Request("POST", url, json={"model": "m", "messages": MESSAGES})
+        return httpx.Request("POST", url, json=body)
 
     def agent_side() -> None:
         call = capture.begin(httpx, build())
@@ -179,14 +190,20 @@ def pipeline(base_url: str, n: int) -> None:
     """The capture pipeline on recorded responses, agent thread and export thread apart."""
     hx = httpx.Client()
     print(f"\ncapture pipeline on recorded responses, {n} calls (CPU µs, median / p90)")
-    for label, stream in (("JSON", False), ("SSE", True)):
-        headers, chunks = _recorded(hx, base_url, stream)
-        size = sum(len(c) for c in chunks)
-        am, a90, em, e90 = _pipeline_case(base_url + "/chat/completions", headers, chunks, n)
-        print(
-            f"  {label:<4} {size:>6} B in {len(chunks):>2} chunk(s): agent thread {am:4.0f} / {a90:4.0f};"
-            f" export thread (span build: parse, pack, messages) {em:4.0f} / {e90:4.0f}"
-        )
+    apis = (
+        ("chat", "/chat/completions", CHAT, EXTRAS),
+        ("responses", "/responses", RESPONSES, RESPONSES_EXTRAS),
+    )
+    for api, path, body, extras in apis:
+        for label, stream in (("JSON", False), ("SSE", True)):
+            headers, chunks = _recorded(hx, base_url + path, {**body, "stream": stream, **extras})
+            size = sum(len(c) for c in chunks)
+            am, a90, em, e90 = _pipeline_case(base_url + path, {**body, "stream": stream}, headers, chunks, n)
+            print(
+                f"  {api:<9} {label:<4} {size:>6} B in {len(chunks):>2} chunk(s): agent thread"
+                f" {am:4.0f} / {a90:4.0f}; export thread (span build: parse, pack, messages)"
+                f" {em:4.0f} / {e90:4.0f}"
+            )
 
 
 def rollout_and_span(n: int) -> None:

@@ -73,6 +73,9 @@ PRIMARY_REWARD: Final = "primary"
 
 # --- agent span ---------------------------------------------------------------------------------------
 AGENT_OPERATION: Final = "invoke_agent"  # span name "invoke_agent {name}", gen_ai.operation.name
+# On every span started inside an agent span (LLM calls and rewards included): the span id (16 hex
+# digits, as the span_id column) of the nearest enclosing agent span, the scope of its rewards.
+AGENT_SPAN_ID: Final = "tinkertrace.agent.span_id"
 
 # --- sampling endpoint extensions (OpenAI-compatible responses) ------------------------------------
 # Request fields that ask a vLLM-style server for ids and logprobs; response fields it answers with.

@@ -166,3 +166,48 @@ def test_failed_calls_give_error_spans_in_the_rollout(openai_server, traced) -> 
     assert event["attributes"]["exception.type"] == "httpx.ConnectError"
     assert json.loads(refused["attributes"])["error.type"] == "ConnectError"
     assert json.loads(root["attributes"])[semconv.ROLLOUT_LLM_CALLS] == 2
+
+
+def test_genuine_400_does_not_turn_ids_off(openai_server, traced) -> None:
+    """A context-length 400 fails with and without the added fields: the host is not marked and the
+    next call still gets server ids."""
+    openai_server.options.max_context_tokens = 40
+    url = openai_server.base_url + "/chat/completions"
+
+    @tinkertrace.traced_rollout
+    def agent(task: str) -> list[int]:
+        too_long = [{"role": "user", "content": "x" * 100}]
+        first = httpx.post(url, json={"model": "m", "messages": too_long}).status_code
+        return [first, httpx.post(url, json={"model": "m", "messages": MESSAGES}).status_code]
+
+    assert agent("q") == [400, 200]
+    # the long call: extended (400), re-sent as written (400 again); the next call is extended
+    assert ["return_token_ids" in body for body in openai_server.requests] == [True, False, True]
+    failed, ok = traced.rows("span_type = 'llm'")
+    assert failed["status_code"] == "ERROR" and "maximum context length" in failed["status_message"]
+    assert [e["name"] for e in json.loads(failed["events"])] == ["tinkertrace.injection_not_at_fault"]
+    assert ok["token_source"] == semconv.SOURCE_SERVER and ok["response_token_ids"] == list(REPLY.encode())
+
+
+def test_refusal_mark_is_rechecked(openai_server, trace_init) -> None:
+    """A host that refused the fields is asked again after ``token_ids_recheck_calls`` calls; once it
+    accepts them (a server restarted with the extension) ids come back."""
+    openai_server.options.reject_fields = ("return_token_ids",)
+    traced = trace_init(token_ids_recheck_calls=2)
+    url = openai_server.base_url + "/chat/completions"
+
+    @tinkertrace.traced_rollout
+    def agent(task: str) -> None:
+        for _ in range(4):
+            httpx.post(url, json={"model": "m", "messages": MESSAGES}).raise_for_status()
+        openai_server.options.reject_fields = ()
+        for _ in range(3):
+            httpx.post(url, json={"model": "m", "messages": MESSAGES}).raise_for_status()
+
+    agent("q")
+    extended = ["return_token_ids" in body for body in openai_server.requests]
+    # refused + re-sent, 2 plain calls; asked again: refused + re-sent, 2 plain calls (the server
+    # changed meanwhile); asked again: accepted
+    assert extended == [True, False, False, False, True, False, False, False, True]
+    sources = [r["token_source"] for r in traced.rows("span_type = 'llm'")]
+    assert sources == [semconv.SOURCE_NONE] * 6 + [semconv.SOURCE_SERVER]

@@ -68,3 +68,41 @@ def test_injected_failures_then_recovery(openai_server) -> None:
     body = {"model": "m", "messages": MESSAGES}
     assert httpx.post(openai_server.base_url + "/chat/completions", json=body).status_code == 503
     assert httpx.post(openai_server.base_url + "/chat/completions", json=body).status_code == 200
+
+
+@pytest.mark.parametrize("reply", ["echo", "tool", "cut"])
+def test_responses_shapes_validate_against_openai_types(openai_server, reply: str) -> None:
+    """Every Response and stream event the server sends validates strictly against the OpenAI
+    client's own pydantic types, and the stream's final Response equals the non-streaming one."""
+    from pydantic import TypeAdapter
+
+    from tinkertrace.testing.openai_server import ToolCall
+
+    if reply == "tool":
+        openai_server.options.responder = lambda _: ToolCall("add", '{"a": 1}')
+    body = {
+        "model": "m",
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "héllo"}]}],
+        "include": ["message.output_text.logprobs"],
+        "return_token_ids": True,
+        **({"max_output_tokens": 3} if reply == "cut" else {}),
+    }
+    url = openai_server.base_url + "/responses"
+    plain = httpx.post(url, json=body).json()
+    response = openai.types.responses.Response.model_validate(plain, strict=True)
+    raw = httpx.post(url, json={**body, "stream": True}).text
+    adapter = TypeAdapter(openai.types.responses.ResponseStreamEvent)
+    blocks = [b.split("\n") for b in raw.strip().split("\n\n")]
+    events = [adapter.validate_python(json.loads(data[6:]), strict=True) for _, data in blocks]
+    assert [kind[7:] for kind, _ in blocks] == [e.type for e in events]
+    streamed, answered = events[-1].response.model_dump(), response.model_dump()
+    for dump in (streamed, answered):  # fresh ids and times per request
+        del dump["id"], dump["created_at"], dump["output"][0]["id"]
+    assert streamed == answered
+    ids = plain["output_token_ids"]
+    assert plain["output_token_logprobs"] == [byte_logprob(t) for t in ids]
+    assert response.status == ("incomplete" if reply == "cut" else "completed")
+    if reply == "cut":
+        assert len(ids) == 3 and events[-1].type == "response.incomplete"
+    if reply == "tool":
+        assert response.output[0].type == "function_call" and bytes(ids).decode().startswith("<tool_call>")

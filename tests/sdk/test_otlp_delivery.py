@@ -6,6 +6,8 @@ that accepts nothing until the collector starts.
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
 import time
@@ -14,9 +16,14 @@ from pathlib import Path
 import duckdb
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 import tinkertrace
-from tinkertrace.netutil import free_ports, wait_for_port
+from tinkertrace.netutil import BackgroundServer, free_ports, wait_for_port
+from tinkertrace.sdk.spool import Spool
 from tinkertrace.spanstore.reader import open_spans
 
 ROLLOUTS = 5
@@ -80,3 +87,120 @@ def test_collector_down_then_back(openai_server, tmp_path: Path, protocol: str) 
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("status", [400, 401, 413])
+def test_refused_batches_are_kept_and_flush_says_so(tmp_path: Path, status: int) -> None:
+    """A real endpoint refusing batches, re-sent from the spool or on their first try: each is kept in
+    ``spool/rejected/``, counted, and ``flush()`` returns False; moved back into the spool once the
+    endpoint takes them, they are sent."""
+    answer = {"status": 503}
+
+    async def traces(request: Request) -> Response:
+        await request.body()
+        return Response(b"", status_code=answer["status"], media_type="application/x-protobuf")
+
+    server = BackgroundServer(Starlette(routes=[Route("/v1/traces", traces, methods=["POST"])])).start()
+    spool = tmp_path / "spool"
+    try:
+        tinkertrace.init(server.url, spool_dir=spool, retry_interval_s=60)
+
+        @tinkertrace.traced_rollout
+        def agent(task: str) -> float:
+            return 1.0
+
+        agent("spooled")  # 503: spooled, then refused when re-sent
+        assert tinkertrace.flush(timeout_s=0.1) is False
+        answer["status"] = status
+        assert tinkertrace.flush(timeout_s=5) is False
+        agent("refused")  # refused on its first try
+        assert tinkertrace.flush(timeout_s=5) is False
+        stats = tinkertrace.stats()
+        assert (stats["spans_rejected"], stats["spans_spooled"], stats["spans_exported"]) == (4, 2, 0)
+        kept = sorted((spool / "rejected").glob("*.otlp"))
+        assert len(kept) == 2 and list(spool.glob("*.otlp")) == []
+        assert tinkertrace.flush(timeout_s=5) is True  # each refusal reported once
+
+        answer["status"] = 200
+        for path in kept:
+            path.rename(spool / path.name)
+        assert tinkertrace.flush(timeout_s=5) is True
+        assert (tinkertrace.stats()["spans_resent"], tinkertrace.stats()["spans_exported"]) == (4, 4)
+        assert list(spool.rglob("*.otlp")) == []
+    finally:
+        tinkertrace.shutdown()
+        server.stop()
+
+
+AGENT_PROCESS = """
+import json, pathlib, sys, time
+import tinkertrace
+
+endpoint, spool, go, name = sys.argv[1:]
+tinkertrace.init(endpoint, spool_dir=spool, retry_interval_s=0.05, batch_size=4, schedule_delay_s=0.02,
+                 export_timeout_s=2)
+
+@tinkertrace.traced_rollout
+def agent(task: str) -> float:
+    return 1.0
+
+n, stop_at = 0, None
+while stop_at is None or time.monotonic() < stop_at:
+    agent(f"{name}-{n}")
+    n += 1
+    time.sleep(0.02)
+    if stop_at is None and pathlib.Path(go).exists():
+        stop_at = time.monotonic() + 1.0  # keep producing while the shared spool drains
+flushed = tinkertrace.flush(timeout_s=60)
+print(json.dumps({"rollouts": n, "flushed": flushed, **tinkertrace.stats()}))
+"""
+
+
+@pytest.mark.slow
+def test_processes_sharing_a_spool_resend_each_batch_once(tmp_path: Path) -> None:
+    """Three agent processes, one endpoint, one spool folder, an outage: every span stored exactly
+    once, and the processes' stats add up exactly."""
+    http_port, grpc_port = free_ports(2)
+    spool, go = tmp_path / "spool", tmp_path / "go"
+    spool.mkdir()
+    argv = [sys.executable, "-c", AGENT_PROCESS, f"http://127.0.0.1:{http_port}", str(spool), str(go)]
+    agents = [subprocess.Popen([*argv, f"p{i}"], stdout=subprocess.PIPE) for i in range(3)]
+    collector = None
+    try:
+        deadline = time.monotonic() + 60
+        while len({p.name.split("-")[1] for p in spool.glob("*.otlp")}) < 3:  # each has spooled
+            assert time.monotonic() < deadline, "the agents spooled nothing"
+            time.sleep(0.1)
+        collector = _start_collector(tmp_path / "collected", http_port, grpc_port)
+        go.touch()
+        reports = [json.loads(p.communicate(timeout=120)[0]) for p in agents]
+    finally:
+        for p in agents:
+            p.kill()
+        if collector is not None:
+            collector.terminate()
+            collector.wait(timeout=30)
+    total = sum(2 * r["rollouts"] for r in reports)
+    rows = _rows_in(tmp_path / "collected", total, timeout=10)
+    assert len(rows) == total and len({r[0] for r in rows}) == total
+    assert all(r["flushed"] for r in reports)
+    assert sum(r["spans_exported"] for r in reports) == total
+    assert sum(r["spans_resent"] for r in reports) == sum(r["spans_spooled"] for r in reports) > 0
+    assert sum(r["spans_rejected"] + r["spans_dropped"] for r in reports) == 0
+    assert list(spool.glob("*.otlp*")) == []
+
+
+def test_claim_of_a_dead_process_is_released(tmp_path: Path) -> None:
+    """A process that died while re-sending leaves its claim; the next process gives it back."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    spool = Spool(tmp_path)
+    batch = spool.put(b"payload", 3)
+    mine = spool.claim(batch)
+    assert mine is not None and spool.pending() == [] and spool.claim(batch) is None
+    orphan = mine.with_name(batch.name + f".claim-{socket.gethostname()}-{dead.pid}")
+    mine.rename(orphan)
+    assert spool.release_stale_claims() == 1
+    assert spool.pending() == [batch] and batch.read_bytes() == b"payload" and Spool.span_count(batch) == 3
+    live = spool.claim(batch)  # this process's own claim is never taken from it
+    assert spool.release_stale_claims() == 0 and live is not None and live.exists()

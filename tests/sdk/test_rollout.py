@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import duckdb
 import httpx
+import numpy as np
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -87,6 +88,28 @@ def test_numeric_return_is_the_final_reward_and_rewards_are_counted(openai_serve
     assert attrs[semconv.ROLLOUT_STATUS] == semconv.STATUS_SUCCEEDED
 
 
+@pytest.mark.parametrize("final", [np.float32(0.75), np.int64(1), np.float64(0.5)])
+def test_numpy_rewards_emitted_and_returned(traced, final) -> None:
+    @tinkertrace.traced_rollout
+    def agent(task: str) -> object:
+        assert tinkertrace.emit_reward(np.float32(0.25))
+        assert tinkertrace.emit_reward({"correct": np.int64(1), "format": np.float32(0.5)}, primary="format")
+        return final
+
+    assert agent("q") is final
+    rewards = traced.rows("span_type = 'reward'")
+    assert [(r["reward_name"], r["reward_value"]) for r in rewards] == [
+        ("primary", 0.25),
+        ("format", 0.5),
+        ("primary", float(final)),
+    ]
+    assert json.loads(json.loads(rewards[1]["attributes"])[semconv.REWARD_DIMENSIONS]) == {
+        "correct": 1.0,
+        "format": 0.5,
+    }
+    assert json.loads(rewards[2]["attributes"])[semconv.REWARD_FINAL] is True
+
+
 def test_exception_is_recorded_and_reraised(traced) -> None:
     @tinkertrace.traced_rollout
     async def agent(task: str) -> float:
@@ -110,6 +133,10 @@ def test_emit_reward_outside_a_rollout_or_invalid_warns(traced) -> None:
             assert tinkertrace.emit_reward(float("nan")) is False
         with pytest.warns(RuntimeWarning, match="must be a number"):
             assert tinkertrace.emit_reward("good") is False  # type: ignore[arg-type]
+        with pytest.warns(RuntimeWarning, match="must be a number"):
+            assert tinkertrace.emit_reward({"a": "1.0"}) is False  # a numeric string is not a number
+        with pytest.warns(RuntimeWarning, match="must be a number"):
+            assert tinkertrace.emit_reward(np.array([1.0, 2.0])) is False  # type: ignore[arg-type]
 
     agent("q")
     assert traced.rows("span_type = 'reward'") == []
@@ -253,3 +280,24 @@ def test_queue_overflow_is_counted_and_warned(trace_init, caplog) -> None:
     assert (stats["spans_queued"], stats["spans_dropped"]) == (3, 5)
     assert "spans are being dropped" in caplog.text
     assert len(traced.rows()) == 3
+
+
+def test_otel_sdk_disabled_keeps_training_data(openai_server, trace_init, monkeypatch, caplog) -> None:
+    """``OTEL_SDK_DISABLED=true`` (CrewAI's advice) turns OTel telemetry off, not tinkertrace's data:
+    root, agent, LLM and reward spans are all written, and a warning says so."""
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    traced = trace_init()
+    assert "keeps recording training data" in caplog.text
+
+    @tinkertrace.traced_rollout
+    def agent(task: str) -> float:
+        with tinkertrace.agent_span("solver"):
+            _chat(openai_server)
+        return 1.0
+
+    agent("q")
+    types = sorted(r["span_type"] for r in traced.rows())
+    assert types == ["agent", "llm", "reward", "rollout"]
+    (root,) = traced.rows("span_type = 'rollout'")
+    assert all(r["rollout_id"] == root["rollout_id"] for r in traced.rows())
+    assert TracerProvider().get_tracer("app").__class__.__name__ == "NoOpTracer"  # OTel's own switch holds

@@ -3,12 +3,13 @@
 ``install()`` wraps ``Client._send_single_request`` and ``AsyncClient._send_single_request`` of both
 libraries (the one point every request passes, whatever the transport: the OpenAI client 3.x uses
 ``httpx2``, LiteLLM and others ``httpx``, some with their own transports). Inside a rollout, a POST
-to a path ending in ``/chat/completions`` or ``/completions``:
+to a path ending in ``/chat/completions``, ``/completions`` or ``/responses``:
 
-* gets ``return_token_ids: true`` and ``logprobs`` (chat: ``true``; completions: ``1``) added when
-  absent (``request_token_ids=False`` turns this off). The agent then receives those extra response
-  fields too; OpenAI client objects keep them as extra attributes. A server that answers 400 to the
-  extended request is asked again with the original body, and not extended again.
+* gets ``return_token_ids: true`` and ``logprobs`` (chat: ``true``; completions: ``1``; responses:
+  ``include: ["message.output_text.logprobs"]``) added when absent (``request_token_ids=False``
+  turns this off). The agent then receives those extra response fields too; OpenAI client objects
+  keep them as extra attributes. A 400 to the extended request is answered by sending the original
+  body again; only if that is taken is that endpoint left unextended (see :mod:`.refusals`).
 * becomes a GenAI CLIENT span whose response body is teed: the agent reads every byte (every SSE
   chunk) unchanged, and the span ends when the body is exhausted or closed.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import threading
 import time
 import traceback
 import zlib
@@ -31,7 +33,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from tinkertrace import semconv
-from tinkertrace.sdk import runtime
+from tinkertrace.sdk import responses_api, runtime
 from tinkertrace.sdk.context import ROLLOUT
 from tinkertrace.sdk.response_parse import ResponseRecord, parse_json, parse_sse
 from tinkertrace.sdk.spans import context_attributes
@@ -60,10 +62,16 @@ class LlmCall:
         self.body = body
         self.raw = raw
         self.url = request.url
+        # where a refusal of the added fields holds: one API of one server (a server may take them
+        # on /chat/completions and refuse them on /responses)
+        self.endpoint = self.url.netloc.decode("ascii", "replace") + self.url.path
         self.injected: list[str] = []
+        self.raw_sent = raw  # the body as sent (the agent's, or re-serialised with an extended include)
         self._chunks: list[bytes] = []
         self._done = False
         self._closed_early = False
+        self._end_lock = threading.Lock()
+        self._last_read_ns = 0  # when the agent last received response bytes
         self.status = 0
         self.headers: Any = {}
         self.start_ns = time.time_ns()
@@ -73,9 +81,12 @@ class LlmCall:
         self.events: list[Event] = []
         self.span_status = Status(StatusCode.UNSET)
         self.parent, self.context = _span_context(rt)
+        self.rollout = ROLLOUT.get()  # ends this call if it is still open when the rollout ends
 
     # --- request side ------------------------------------------------------------------------------
     def input_messages(self) -> list[dict[str, Any]]:
+        if self.kind == "responses":
+            return responses_api.input_messages(self.body)
         if self.kind == "chat":
             messages = self.body.get("messages")
             return messages if isinstance(messages, list) else []
@@ -105,7 +116,7 @@ class LlmCall:
         for key, attr in (("temperature", semconv.GENAI_TEMPERATURE), ("top_p", semconv.GENAI_TOP_P)):
             if isinstance(body.get(key), int | float):
                 attributes[attr] = float(body[key])
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", body.get("max_output_tokens")))
         if isinstance(max_tokens, int):
             attributes[semconv.GENAI_MAX_TOKENS] = max_tokens
         stop = body.get("stop")
@@ -121,29 +132,50 @@ class LlmCall:
         """Ask the server for token ids and logprobs (fields absent from the request only)."""
         if not self.rt.config.request_token_ids:
             return
-        host = self.url.netloc
-        if host in self.rt.no_inject_hosts:
+        if self.rt.refused_endpoints.skip(self.endpoint):
             return
         add = b""
         if self.body.get(semconv.REQUEST_RETURN_TOKEN_IDS) is None:
             add += b',"' + semconv.REQUEST_RETURN_TOKEN_IDS.encode() + b'":true'
             self.injected.append(semconv.REQUEST_RETURN_TOKEN_IDS)
-        if self.body.get("logprobs") is None:
+        if self.kind == "responses":
+            include = self.body.get("include")
+            if include is None:
+                add += b',"include":["' + responses_api.INCLUDE_LOGPROBS.encode() + b'"]'
+                self.injected.append("include")
+            elif isinstance(include, list) and responses_api.INCLUDE_LOGPROBS not in include:
+                # the agent's own list gains one value: the one case where the body is re-serialised
+                extended = {**self.body, "include": [*include, responses_api.INCLUDE_LOGPROBS]}
+                self.injected.append("include")
+                self.raw_sent = orjson.dumps(extended)
+        elif self.body.get("logprobs") is None:
             add += b',"logprobs":true' if self.kind == "chat" else b',"logprobs":1'
             self.injected.append("logprobs")
-        raw = self.raw.rstrip()
-        if not add or not raw.endswith(b"}") or raw == b"{}":
-            self.injected = []
+        raw = self.raw_sent.rstrip()
+        if not raw.endswith(b"}") or raw == b"{}":
+            self.injected, self.raw_sent = [], self.raw
+            return
+        if not add:
+            if self.raw_sent is not self.raw:
+                _set_body(lib, request, self.raw_sent)
             return
         # Splice the fields in before the closing brace: no re-serialisation of the agent's body.
         _set_body(lib, request, raw[:-1] + add + b"}")
 
     def drop_injection(self, lib: ModuleType, request: Any) -> None:
-        """The server refused the extended request: restore the agent's body, stop extending."""
-        self.rt.no_inject_hosts.add(self.url.netloc)
+        """The extended request got a 400: restore the agent's body to send it again."""
         _set_body(lib, request, self.raw)
-        self.events.append(Event("tinkertrace.injection_refused", {"fields": tuple(self.injected)}))
-        self.injected = []
+        self._refused_fields, self.injected = tuple(self.injected), []
+
+    def judge_refusal(self, status: int) -> None:
+        """After the agent's own body was sent again: if it was taken, the added fields were what the
+        server refused, and the endpoint is not extended again until the mark is re-checked; if it also
+        got a 400 the error was the request's own (e.g. context length) and nothing is marked."""
+        refused = status < 400
+        if refused:
+            self.rt.refused_endpoints.mark(self.endpoint)
+        name = "tinkertrace.injection_refused" if refused else "tinkertrace.injection_not_at_fault"
+        self.events.append(Event(name, {"fields": self._refused_fields, "retry_status": status}))
 
     # --- response side -----------------------------------------------------------------------------
     def attach(self, response: Any, tee: type) -> Any:
@@ -158,12 +190,31 @@ class LlmCall:
         return bool(self.injected) and response.status_code == 400
 
     def feed(self, chunk: bytes) -> None:
-        self._chunks.append(chunk)
+        if not self._done:  # bytes read after the call was ended (with its rollout) are not recorded
+            self._chunks.append(chunk)
+            self._last_read_ns = time.time_ns()
+
+    def _claim_end(self) -> bool:
+        """True for the one caller that ends the call (the agent's thread and the rollout's may race)."""
+        with self._end_lock:
+            if self._done:
+                return False
+            self._done = True
+            return True
+
+    def end_with_rollout(self) -> None:
+        """The rollout is ending and this call is still open: a stream the agent broke out of without
+        closing, or keeps open. It ends now as closed early, with what had been read, at the time the
+        agent last received bytes of it (so a reward given after it follows it)."""
+        if not self._claim_end():
+            return
+        self._closed_early = True
+        self.events.append(Event("tinkertrace.ended_with_rollout"))
+        self._end(self._last_read_ns or None)
 
     def fail(self, exc: BaseException) -> None:
-        if self._done:
+        if not self._claim_end():
             return
-        self._done = True
         try:
             self.events.append(_exception_event(exc))
             self.error_attributes["error.type"] = type(exc).__qualname__
@@ -173,9 +224,8 @@ class LlmCall:
 
     def finish(self, closed_early: bool = False) -> None:
         """End the span (once); it is built and the response recorded on the export thread."""
-        if self._done:
+        if not self._claim_end():
             return
-        self._done = True
         self._closed_early = closed_early
         try:
             if self.status >= 400:
@@ -188,14 +238,16 @@ class LlmCall:
         finally:
             self._end()
 
-    def _end(self) -> None:
-        self.end_ns = time.time_ns()
+    def _end(self, end_ns: int | None = None) -> None:
+        self.end_ns = end_ns or time.time_ns()
+        if self.rollout is not None:
+            self.rollout.call_ended(self)
         self.rt.processor.submit(self.build_span)
 
     def build_span(self) -> ReadableSpan:
         """The finished span (on the export thread)."""
         model = self.body.get("model")
-        operation = "chat" if self.kind == "chat" else "text_completion"
+        operation = "text_completion" if self.kind == "completion" else "chat"
         attributes = {
             **self.context_attributes,
             semconv.GENAI_OPERATION: operation,
@@ -237,7 +289,10 @@ class LlmCall:
         try:
             body = self._body()
             streaming = "text/event-stream" in self.headers.get("content-type", "")
-            record = parse_sse(body) if streaming else parse_json(body)
+            if self.kind == "responses":
+                record = responses_api.parse_sse(body) if streaming else responses_api.parse_json(body)
+            else:
+                record = parse_sse(body) if streaming else parse_json(body)
             attrs.update(self._response_attributes(record))
             attrs.update(token_attributes(self.rt, self.kind, self.body, record))
         except Exception as exc:
@@ -305,6 +360,8 @@ def _classify(request: Any) -> str | None:
     if request.method != "POST":
         return None
     path = request.url.path
+    if path.endswith("/responses"):
+        return "responses"
     if path.endswith("/chat/completions"):
         return "chat"
     if path.endswith("/completions"):
@@ -327,6 +384,8 @@ def begin(lib: ModuleType, request: Any) -> LlmCall | None:
             return None
         call = LlmCall(rt, kind, request, body, raw)
         call.inject(lib, request)
+        if call.rollout is not None:
+            call.rollout.call_opened(call)
         return call
     except Exception as exc:  # an unreadable request is passed on untraced
         log.debug("tinkertrace: not capturing %s: %s", request.url, exc)
@@ -401,6 +460,7 @@ def _wrap_sync(lib: ModuleType, original: Callable[..., Any], tee: type) -> Call
                 response.close()
                 call.drop_injection(lib, request)
                 response = original(self, request)
+                call.judge_refusal(response.status_code)
         except BaseException as exc:
             call.fail(exc)
             raise
@@ -421,6 +481,7 @@ def _wrap_async(lib: ModuleType, original: Callable[..., Any], tee: type) -> Cal
                 await response.aclose()
                 call.drop_injection(lib, request)
                 response = await original(self, request)
+                call.judge_refusal(response.status_code)
         except BaseException as exc:
             call.fail(exc)
             raise

@@ -40,6 +40,8 @@ class TraceConfig:
     spool_dir: Path | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     capture_http: bool = True
+    token_ids_recheck_calls: int = 100  # a host that refused the token-id fields is asked again after
+    token_ids_recheck_s: float = 600.0  # ... this many calls to it or this many seconds
     patch_executors: bool = True
     max_queue_spans: int = 65_536
     batch_size: int = 512

@@ -35,16 +35,41 @@ class RolloutState:
     rewards: int = 0
     agent_spans: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _open_calls: set[Any] = field(default_factory=set, repr=False)  # LLM calls not ended yet
 
     def count(self, attribute: str) -> None:
         with self._lock:
             setattr(self, attribute, getattr(self, attribute) + 1)
 
+    def call_opened(self, call: Any) -> None:
+        with self._lock:
+            self._open_calls.add(call)
+
+    def call_ended(self, call: Any) -> None:
+        with self._lock:
+            self._open_calls.discard(call)
+
+    def take_open_calls(self) -> list[Any]:
+        """The LLM calls still open (a stream the agent left unclosed or keeps open), now forgotten."""
+        with self._lock:
+            calls, self._open_calls = list(self._open_calls), set()
+        return calls
+
 
 ROLLOUT: contextvars.ContextVar[RolloutState | None] = contextvars.ContextVar(
     "tinkertrace_rollout", default=None
 )
-AGENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("tinkertrace_agent", default=None)
+
+
+@dataclass(frozen=True)
+class AgentScope:
+    """The agent span in effect: its name and span id (16 hex digits)."""
+
+    name: str
+    span_id: str
+
+
+AGENT: contextvars.ContextVar[AgentScope | None] = contextvars.ContextVar("tinkertrace_agent", default=None)
 
 
 def current_rollout() -> RolloutState | None:

@@ -25,6 +25,12 @@ from tinkertrace.sdk.stats import ExportStats
 log = logging.getLogger("tinkertrace")
 
 SpanBuilder = Callable[[], ReadableSpan]
+_DROP_WARNINGS = {
+    "queue_full": "tinkertrace: the span queue is full, spans are being dropped "
+    "(see tinkertrace.stats()['spans_dropped']); raise max_queue_spans or check the exporter",
+    "after_shutdown": "tinkertrace: a span ended after tinkertrace.shutdown() and is not recorded "
+    "(a rollout, agent span or LLM call still running at shutdown)",
+}
 
 
 class Target(Protocol):
@@ -56,6 +62,7 @@ class QueueExportProcessor(SpanProcessor):
         self._cond = threading.Condition()
         self._export_lock = threading.Lock()
         self._stopped = False
+        self._warned: set[str] = set()  # drop reasons already warned about (once each)
         self._worker = threading.Thread(target=self._run, name="tinkertrace-export", daemon=True)
         self._worker.start()
 
@@ -69,14 +76,19 @@ class QueueExportProcessor(SpanProcessor):
 
     def _enqueue(self, item: ReadableSpan | SpanBuilder) -> None:
         with self._cond:
-            if self._stopped or len(self._queue) >= self._max_queue:
-                dropped = True
-            else:
-                dropped = False
+            stopped, full = self._stopped, len(self._queue) >= self._max_queue
+            if not (stopped or full):
                 self._queue.append(item)
                 if len(self._queue) >= self._batch_size:
                     self._cond.notify()
-        self._stats.add("spans_dropped" if dropped else "spans_queued")
+        if not (stopped or full):
+            self._stats.add("spans_queued")
+            return
+        self._stats.add("spans_dropped")
+        reason = "after_shutdown" if stopped else "queue_full"
+        if reason not in self._warned:
+            self._warned.add(reason)
+            log.warning(_DROP_WARNINGS[reason])
 
     def _run(self) -> None:
         while True:

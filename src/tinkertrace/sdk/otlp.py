@@ -1,9 +1,11 @@
 """Sending OTLP to an endpoint without ever losing or blocking on spans.
 
-A batch the endpoint cannot take right now (connection refused, timeout, 429/5xx, gRPC UNAVAILABLE)
-is written to a :class:`~tinkertrace.sdk.spool.Spool` and re-sent, oldest first, by a background
-thread until it is accepted; a later process with the same endpoint picks up what is left. Invalid
-payloads (HTTP 400, gRPC INVALID_ARGUMENT) are moved aside and counted as rejected.
+A batch the endpoint cannot take right now (connection refused, timeout, 408/429/5xx, gRPC
+UNAVAILABLE) is written to a :class:`~tinkertrace.sdk.spool.Spool` and re-sent, oldest first, by a
+background thread until it is accepted; processes sharing the spool claim each batch before re-sending
+it, and a later process with the same endpoint picks up what is left. A batch the endpoint refuses
+(any other 4xx, e.g. 400, 401, 413; gRPC INVALID_ARGUMENT), on its first try or a re-send, is kept in
+``rejected/``, counted as rejected, and makes the next ``flush()`` return False.
 """
 
 from __future__ import annotations
@@ -128,6 +130,9 @@ class OtlpTarget:
         self._stats = stats
         self._interval = retry_interval_s
         self._drain_lock = threading.Lock()
+        self._refused_batches = 0  # refused since the last flush(): that flush returns False
+        self._refused_lock = threading.Lock()
+        self.spool.release_stale_claims()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._retry_loop, name="tinkertrace-spool", daemon=True)
@@ -145,11 +150,16 @@ class OtlpTarget:
                 self._stats.add("spans_rejected", rejected)
         elif outcome is Outcome.REJECTED:
             self._stats.add("spans_rejected", n_spans)
+        if rejected or outcome is Outcome.REJECTED:
+            with self._refused_lock:
+                self._refused_batches += 1
 
     def export(self, request: ExportTraceServiceRequest, n_spans: int) -> None:
         payload = request.SerializeToString()
         if not self.spool.pending():
             outcome, rejected = self._sender.send(payload)
+            if outcome is Outcome.REJECTED:
+                self.spool.put_rejected(payload, n_spans)
             if outcome is not Outcome.RETRY:
                 self._account(outcome, rejected, n_spans, resent=False)
                 return
@@ -158,24 +168,29 @@ class OtlpTarget:
         self._stats.add("spans_spooled", n_spans)
 
     def drain(self, deadline: float | None = None) -> bool:
-        """Re-send spooled payloads oldest first until one fails; True when the spool is empty."""
+        """Re-send spooled payloads oldest first until one fails; True when none is left unclaimed.
+
+        Each payload is claimed first: one another process claimed is skipped (it re-sends it)."""
         with self._drain_lock:
             for path in self.spool.pending():
                 if deadline is not None and time.monotonic() > deadline:
                     return False
-                try:
-                    payload = path.read_bytes()
-                except FileNotFoundError:
+                claimed = self.spool.claim(path)
+                if claimed is None:
                     continue
-                outcome, rejected = self._sender.send(payload)
+                try:
+                    outcome, rejected = self._sender.send(claimed.read_bytes())
+                except BaseException:
+                    self.spool.release(claimed)
+                    raise
                 if outcome is Outcome.RETRY:
+                    self.spool.release(claimed)
                     return False
-                n = Spool.span_count(path)
-                self._account(outcome, rejected, n, resent=True)
+                self._account(outcome, rejected, Spool.span_count(claimed), resent=True)
                 if outcome is Outcome.REJECTED:
-                    self.spool.reject(path)
+                    self.spool.reject(claimed)
                 else:
-                    path.unlink(missing_ok=True)
+                    claimed.unlink(missing_ok=True)
             return True
 
     def _retry_loop(self) -> None:
@@ -184,7 +199,7 @@ class OtlpTarget:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            if self.spool.pending():
+            if self.spool.pending() or self.spool.release_stale_claims():
                 time.sleep(min(0.05, self._interval))  # let a burst of failures settle first
                 try:
                     self.drain()
@@ -192,13 +207,24 @@ class OtlpTarget:
                     log.exception("tinkertrace: re-sending spooled spans failed")
 
     def flush(self, timeout_s: float) -> bool:
-        """Re-send the spool, retrying until it is empty or ``timeout_s`` has passed."""
+        """Re-send the spool, retrying until it is empty or ``timeout_s`` has passed. False if batches
+        are still spooled, or if the endpoint refused any batch since the last flush (kept in
+        ``rejected/``)."""
         deadline = time.monotonic() + timeout_s
         while not self.drain(deadline):
             if time.monotonic() + 0.2 > deadline:
                 return False
             time.sleep(0.2)
-        return True
+        with self._refused_lock:
+            refused, self._refused_batches = self._refused_batches, 0
+        if refused:
+            log.warning(
+                "tinkertrace: %s refused %d span batch(es) since the last flush; kept in %s",
+                self._sender.url,
+                refused,
+                self.spool.rejected_dir,
+            )
+        return not refused
 
     def shutdown(self) -> None:
         self._stop.set()

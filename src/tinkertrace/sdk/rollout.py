@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import collections
+import contextvars
 import dataclasses
 import functools
 import hashlib
 import inspect
 import json
 import math
+import numbers
 import threading
 import uuid
 import warnings
@@ -20,7 +22,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from tinkertrace import semconv
 from tinkertrace.sdk import runtime
-from tinkertrace.sdk.context import AGENT, ROLLOUT, RolloutState
+from tinkertrace.sdk.context import AGENT, ROLLOUT, AgentScope, RolloutState
 from tinkertrace.sdk.spans import start_span
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -164,7 +166,9 @@ class _Rollout:
 
     def finish(self, result: Any, exc: BaseException | None) -> None:
         try:
-            if exc is None and isinstance(result, int | float) and math.isfinite(result):
+            for call in self.state.take_open_calls():
+                call.end_with_rollout()
+            if exc is None and isinstance(result, numbers.Real) and math.isfinite(result):
                 emit_reward(float(result), final=True)
         finally:
             ROLLOUT.reset(self._token)
@@ -257,19 +261,25 @@ def traced_rollout(
     return decorate(fn) if fn is not None else decorate
 
 
+def _number(value: Any, what: str) -> float:
+    """A real number (Python or numpy scalar: ``numbers.Real`` includes ``np.float32``, ``np.int64``)
+    as a float; ValueError for anything else (strings, None, arrays)."""
+    if not isinstance(value, numbers.Real):
+        raise ValueError(f"{what} must be a number or a mapping of numbers, got {type(value).__name__}")
+    return float(value)
+
+
 def _reward_dimensions(value: Any, name: str, primary: str | None) -> tuple[str, dict[str, float]]:
     """``(primary name, {name: value})`` from a scalar or a mapping; ValueError if not numeric."""
     if isinstance(value, Mapping):
         if not value:
             raise ValueError("reward mapping is empty")
-        dims = {str(k): float(v) for k, v in value.items()}
+        dims = {str(k): _number(v, f"reward {k!r}") for k, v in value.items()}
         chosen = primary or (name if name in dims else next(iter(dims)))
         if chosen not in dims:
             raise ValueError(f"primary reward {chosen!r} is not one of {sorted(dims)}")
     else:
-        if isinstance(value, str) or not isinstance(value, int | float):
-            raise ValueError(f"reward must be a number or a mapping of numbers, got {type(value).__name__}")
-        chosen, dims = name, {name: float(value)}
+        chosen, dims = name, {name: _number(value, "reward")}
     bad = [k for k, v in dims.items() if not math.isfinite(v)]
     if bad:
         raise ValueError(f"reward dimension(s) {bad} are not finite")
@@ -317,35 +327,65 @@ def emit_reward(
         return False
 
 
+@dataclasses.dataclass
+class _AgentEntry:
+    """What one entry of an :class:`agent_span` undoes on exit."""
+
+    span: trace.Span
+    agent_token: contextvars.Token
+    use: Any  # the ``trace.use_span`` context manager
+    entries_token: contextvars.Token | None = None
+
+
 class agent_span:  # lower-case: used like a function, ``with agent_span("solver"):``
     """Scope LLM calls to a named agent: ``with agent_span("solver"): ...`` or ``@agent_span("solver")``.
 
-    Starts an ``invoke_agent {name}`` span; every span started inside carries ``gen_ai.agent.name``.
+    Starts an ``invoke_agent {name}`` span; every span started inside carries ``gen_ai.agent.name``
+    and the agent span's id (``tinkertrace.agent.span_id``). One object may be entered by concurrent
+    asyncio tasks and threads, and re-entered: what each entry must undo is kept in the context of
+    the task or thread that entered it, never on the shared object.
     """
 
     def __init__(self, name: str) -> None:
         if not name:
             raise ValueError("agent_span needs a non-empty agent name")
         self.name = name
-        self._stack: list[tuple[Any, Any, Any]] = []
+        # per context: the entries of this object still open there, innermost last; each entry's
+        # own token of this variable resets it, so a context keeps nothing once all are exited
+        self._entries: contextvars.ContextVar[tuple[_AgentEntry, ...]] = contextvars.ContextVar(
+            f"tinkertrace_agent_span_{name}", default=()
+        )
 
     def __enter__(self) -> trace.Span:
-        token = AGENT.set(self.name)
         span = start_span(
             runtime.get(),
             f"{semconv.AGENT_OPERATION} {self.name}",
             semconv.TYPE_AGENT,
             {semconv.GENAI_OPERATION: semconv.AGENT_OPERATION, semconv.AGENT_NAME: self.name},
         )
-        use = trace.use_span(span, end_on_exit=False, record_exception=False)
-        use.__enter__()
-        self._stack.append((token, span, use))
+        scope = AgentScope(self.name, format(span.get_span_context().span_id, "016x"))
+        entry = _AgentEntry(
+            span, AGENT.set(scope), trace.use_span(span, end_on_exit=False, record_exception=False)
+        )
+        entry.use.__enter__()
+        entry.entries_token = self._entries.set((*self._entries.get(), entry))
         return span
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        token, span, use = self._stack.pop()
-        use.__exit__(None, None, None)
-        AGENT.reset(token)
+        entries = self._entries.get()
+        if not entries:  # e.g. an async generator finalised in another task: never break the agent
+            warnings.warn(
+                f"tinkertrace: agent_span({self.name!r}) exited in a context that did not enter it; "
+                "its span is not ended",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
+        entry = entries[-1]
+        span = entry.span
+        self._entries.reset(entry.entries_token)  # type: ignore[arg-type]
+        entry.use.__exit__(None, None, None)
+        AGENT.reset(entry.agent_token)
         if exc is not None:
             span.record_exception(exc)
             span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
@@ -358,19 +398,18 @@ class agent_span:  # lower-case: used like a function, ``with agent_span("solver
         self.__exit__(exc_type, exc, tb)
 
     def __call__(self, func: F) -> F:
-        name = self.name
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with agent_span(name):
+                with self:
                     return await func(*args, **kwargs)
 
             return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with agent_span(name):
+            with self:
                 return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]

@@ -2,6 +2,7 @@
 
 tinkertrace keeps its own ``TracerProvider`` and never replaces the global one, so it coexists with
 an application's own OpenTelemetry set-up (spans still nest: parents come from the shared context).
+That provider records even under ``OTEL_SDK_DISABLED=true`` (see :class:`TrainingDataProvider`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from tinkertrace.sdk import config as cfg
 from tinkertrace.sdk import context
 from tinkertrace.sdk.export import QueueExportProcessor, Target
+from tinkertrace.sdk.refusals import RefusedEndpoints
 from tinkertrace.sdk.stats import ExportStats
 
 log = logging.getLogger("tinkertrace")
@@ -37,7 +39,7 @@ class Runtime:
     processor: QueueExportProcessor
     stats: ExportStats
     scope: InstrumentationScope
-    no_inject_hosts: set[bytes] = field(default_factory=set)  # URL netlocs
+    refused_endpoints: RefusedEndpoints
     _tokenizer: Any = None
     _tokenizer_failed: bool = False
 
@@ -56,6 +58,24 @@ class Runtime:
                     exc,
                 )
         return self._tokenizer
+
+
+class TrainingDataProvider(TracerProvider):
+    """The SDK's provider. ``OTEL_SDK_DISABLED=true`` turns OpenTelemetry telemetry off (CrewAI tells
+    its users to set it to stop its own telemetry); a plain provider would then hand out no-op
+    tracers for the rollout, agent and reward spans while LLM spans (built directly) were still
+    written: every rollout incomplete, no warning. Training data is what the user asked tinkertrace
+    for, so this provider keeps recording and says so once."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self._disabled:
+            log.warning(
+                "tinkertrace: OTEL_SDK_DISABLED=true turns off OpenTelemetry telemetry, but tinkertrace "
+                "keeps recording training data (rollouts, LLM calls, rewards) to its own targets; "
+                "remove @traced_rollout / tinkertrace.init() to record nothing"
+            )
+            self._disabled = False
 
 
 _lock = threading.RLock()
@@ -144,7 +164,7 @@ def _build(config: cfg.TraceConfig) -> Runtime:
     )
     from tinkertrace import __version__
 
-    provider = TracerProvider(
+    provider = TrainingDataProvider(
         sampler=ALWAYS_ON,
         resource=Resource.create({"service.name": config.service_name}),
         shutdown_on_exit=False,
@@ -152,7 +172,8 @@ def _build(config: cfg.TraceConfig) -> Runtime:
     provider.add_span_processor(processor)
     scope = InstrumentationScope("tinkertrace.sdk", __version__)
     tracer = provider.get_tracer(scope.name, scope.version)
-    runtime = Runtime(config, provider, tracer, processor, stats, scope)
+    refused = RefusedEndpoints(config.token_ids_recheck_calls, config.token_ids_recheck_s)
+    runtime = Runtime(config, provider, tracer, processor, stats, scope, refused)
     if config.capture_http:
         from tinkertrace.sdk import capture
 

@@ -32,7 +32,8 @@ def context_attributes(span_type: str) -> dict[str, Any]:
         if counted:
             state.count(counted)
     if (agent := AGENT.get()) is not None:
-        attrs[semconv.AGENT_NAME] = agent
+        attrs[semconv.AGENT_NAME] = agent.name
+        attrs[semconv.AGENT_SPAN_ID] = agent.span_id
     return attrs
 
 
@@ -45,8 +46,8 @@ def start_span(
 ) -> Span:
     """Start a span of ``span_type`` carrying ``attributes`` plus the rollout and agent in context.
 
-    Rollout ids go on every span but the rollout's own root; the agent name on every span that does
-    not name one itself.
+    Rollout ids go on every span but the rollout's own root; the enclosing agent span's name and id
+    on every span inside one (a span's own ``attributes`` win).
     """
     attrs = context_attributes(span_type)
     if attributes:

@@ -15,25 +15,16 @@ class ExportStats:
 
     spans_queued: int = 0
     spans_exported: int = 0  # written by the embedded sink or accepted by the OTLP endpoint
-    spans_dropped: int = 0  # lost: the in-memory queue was full
+    spans_dropped: int = 0  # lost: the in-memory queue was full, or the span ended after shutdown()
     spans_spooled: int = 0  # kept on disk because the OTLP endpoint could not take them
     spans_resent: int = 0  # spooled spans delivered later
     spans_rejected: int = 0  # refused as invalid (by the endpoint or the sink's converter)
     export_errors: int = 0  # failed export attempts (each spools its spans)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _warned_drop: bool = field(default=False, repr=False)
 
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
             setattr(self, name, getattr(self, name) + n)
-            warn = name == "spans_dropped" and not self._warned_drop
-            if warn:
-                self._warned_drop = True
-        if warn:
-            log.warning(
-                "tinkertrace: the span queue is full, spans are being dropped "
-                "(see tinkertrace.stats()['spans_dropped']); raise max_queue_spans or check the exporter"
-            )
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

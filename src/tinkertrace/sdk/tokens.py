@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tinkertrace import semconv
+from tinkertrace.sdk import responses_api
 from tinkertrace.sdk.response_parse import ResponseRecord
 from tinkertrace.spanstore.encoding import pack_ids, pack_logprobs
 
@@ -25,13 +26,14 @@ def _ids(result: Any) -> list[int]:
 
 def retokenize_prompt(tokenizer: Any, kind: str, body: dict[str, Any]) -> list[int] | None:
     """The prompt's ids: the chat template (generation prompt added) or the encoded prompt text."""
-    if kind == "chat":
-        messages = body.get("messages")
+    if kind in ("chat", "responses"):
+        messages = body.get("messages") if kind == "chat" else responses_api.input_messages(body)
         if not isinstance(messages, list):
             return None
         kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": True}
-        if body.get("tools"):
-            kwargs["tools"] = body["tools"]
+        tools = body.get("tools") if kind == "chat" else responses_api.chat_tools(body.get("tools"))
+        if tools:
+            kwargs["tools"] = tools
         return _ids(tokenizer.apply_chat_template(messages, **kwargs))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:

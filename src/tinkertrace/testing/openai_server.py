@@ -6,7 +6,9 @@ logprob is a fixed function of its byte (:func:`byte_logprob`), so tests can com
 value. Replies come from a pluggable responder (default :func:`echo_responder`).
 
 It answers ``/v1/chat/completions`` and ``/v1/completions`` (streaming as SSE or not, with vLLM-style
-``return_token_ids`` and OpenAI-style ``logprobs``) and ``/v1/models``::
+``return_token_ids`` and OpenAI-style ``logprobs``), ``/v1/responses`` (the Responses API, streaming
+or not, with the token-id extension of :mod:`tinkertrace.semconv`; see :mod:`.responses_route`) and
+``/v1/models``::
 
     server = OpenAITestServer()
     with BackgroundServer(server.app) as bg:
@@ -47,7 +49,21 @@ class ReplyRequest:
     choice_index: int
 
 
-Responder = Callable[[ReplyRequest], str]
+@dataclass(frozen=True)
+class ToolCall:
+    """A reply that calls a function (served as a ``function_call`` item on ``/v1/responses``; the chat
+    endpoints send its :meth:`text`). Its sampled tokens are the bytes of :meth:`text`, as a model that
+    writes ``<tool_call>`` blocks samples them."""
+
+    name: str
+    arguments: str  # JSON text
+    call_id: str = "call_1"
+
+    def text(self) -> str:
+        return "<tool_call>" + json.dumps({"name": self.name, "arguments": self.arguments}) + "</tool_call>"
+
+
+Responder = Callable[[ReplyRequest], "str | ToolCall"]
 
 
 def _content_text(content: Any) -> str:
@@ -112,8 +128,10 @@ class ServerOptions:
     fail_times: int = 0  # ... for this many requests (then succeed again); -1: always
     chunk_chars: int = 1  # characters per streamed chunk
     reject_fields: tuple[str, ...] = ()  # answer 400 to requests with these fields (a strict server)
-    # A transformers tokenizer: prompt ids from its chat template (with the request's tools), reply ids
-    # from its vocabulary, streamed one token a chunk. None: the byte tokens described above.
+    max_context_tokens: int | None = None  # answer vLLM's context-length 400 to longer prompts
+    # A transformers tokenizer for the chat and completions endpoints: prompt ids from its chat template
+    # (with the request's tools), reply ids from its vocabulary, streamed a token a chunk. None: the byte
+    # tokens described above (always on /v1/responses).
     tokenizer: Any = None
 
 
@@ -139,6 +157,7 @@ class OpenAITestServer:
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/responses", self._responses, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
             ]
         )
@@ -191,6 +210,17 @@ class OpenAITestServer:
             return _pieces(text, self.options.chunk_chars)
         return [(self._decode([t]), [t]) for t in self._encode(text)]
 
+    def context_error(self, prompt_tokens: int) -> Response | None:
+        """vLLM's 400 for a prompt longer than ``max_context_tokens``, else None."""
+        limit = self.options.max_context_tokens
+        if limit is None or prompt_tokens <= limit:
+            return None
+        return _error(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, your request has "
+            f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
+        )
+
     def _headers(self) -> dict[str, str]:
         version = self.options.policy_version
         return {} if version is None else {semconv.HEADER_POLICY_VERSION: str(version)}
@@ -201,6 +231,7 @@ class OpenAITestServer:
             text = self.options.responder(
                 ReplyRequest(req.kind, req.model, req.body, req.messages, req.prompt, i)
             )
+            text = text.text() if isinstance(text, ToolCall) else text
             ids = self._encode(text)
             finish = "stop"
             if len(ids) > max_tokens:
@@ -257,6 +288,8 @@ class OpenAITestServer:
         top_n = int(body.get("top_logprobs") or 0)
         model = str(body.get("model") or self.options.model)
         prompt_ids = self._chat_prompt_ids(messages, body)
+        if too_long := self.context_error(len(prompt_ids)):
+            return too_long
         req = ReplyRequest("chat", model, body, messages, None, 0)
         choices, rid, usage, extra = self._answer(req, n, max_tokens, len(prompt_ids), "chatcmpl")
         if not stream:
@@ -400,6 +433,12 @@ class OpenAITestServer:
             return out
 
         return self._sse(chunks())
+
+    async def _responses(self, request: Request) -> Response:
+        from tinkertrace.testing.responses_route import answer
+
+        body = await self._read(request)
+        return body if isinstance(body, Response) else answer(self, body)
 
     def _sse(self, chunks: list[dict[str, Any]]) -> Response:
         delay = self.options.latency_s / 10

@@ -1,0 +1,159 @@
+"""The OpenAI Responses API (``POST /v1/responses``) in the SDK's terms.
+
+A Responses request's ``instructions`` and ``input`` items become chat messages (what a chat template
+renders and what ``gen_ai.input.messages`` records); a Response object (non-streaming, or the
+``response`` of the final ``response.completed`` / ``response.incomplete`` stream event) becomes a
+:class:`~tinkertrace.sdk.response_parse.ResponseRecord` with one choice. Token ids and logprobs come
+from the top-level extension fields (``prompt_token_ids``, ``output_token_ids``,
+``output_token_logprobs``, see :mod:`tinkertrace.semconv`); a stream the agent left before its end
+keeps the text and logprobs of the deltas it had.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from tinkertrace import semconv
+from tinkertrace.sdk.response_parse import ChoiceRecord, ResponseRecord
+
+INCLUDE_LOGPROBS = "message.output_text.logprobs"  # the `include` value asking for output_text logprobs
+FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
+
+
+def _text(content: Any) -> str:
+    """The text of a content value: a string or a list of ``input_text``/``output_text`` parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def _function_call(item: dict[str, Any]) -> dict[str, Any]:
+    """A ``function_call`` item as a chat ``tool_calls`` entry."""
+    return {
+        "id": item.get("call_id") or item.get("id"),
+        "type": "function",
+        "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
+    }
+
+
+def input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Chat messages of a Responses request: ``instructions`` as the system message, then ``input``
+    (a string, or message / ``function_call`` / ``function_call_output`` items)."""
+    messages: list[dict[str, Any]] = []
+    if isinstance(body.get("instructions"), str):
+        messages.append({"role": "system", "content": body["instructions"]})
+    items = body.get("input")
+    if isinstance(items, str):
+        return [*messages, {"role": "user", "content": items}]
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append({"role": item.get("role", "user"), "content": _text(item.get("content"))})
+        elif kind == "function_call":
+            call = _function_call(item)
+            if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
+                messages[-1]["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            content = output if isinstance(output, str) else _text(output)
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": content})
+    return messages
+
+
+def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Responses ``function`` tools (flat) in the chat form a chat template expects; others dropped."""
+    if not isinstance(tools, list):
+        return None
+    out = []
+    for tool in tools:
+        if isinstance(tool, dict) and tool.get("type") == "function" and tool.get("name"):
+            fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
+            out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def finish_reason(response: dict[str, Any], has_tool_calls: bool) -> str:
+    """A chat-style finish reason: ``length`` for ``max_output_tokens``, ``tool_calls``, ``stop``."""
+    status = response.get("status")
+    if status == "incomplete":
+        reason = (response.get("incomplete_details") or {}).get("reason")
+        return "length" if reason == "max_output_tokens" else str(reason or "incomplete")
+    if status == "failed":
+        return "error"
+    return "tool_calls" if has_tool_calls else "stop"
+
+
+def apply_response(record: ResponseRecord, response: dict[str, Any]) -> None:
+    """Fold a Response object into ``record`` (choice 0 holds the whole output)."""
+    record.response_id = response.get("id") or record.response_id
+    record.model = response.get("model") or record.model
+    choice = record.choices[0] = ChoiceRecord(0)
+    text_logprobs: list[float] = []
+    for item in response.get("output") or []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "message":
+            for part in item.get("content") or []:
+                if isinstance(part, dict) and part.get("type") == "output_text":
+                    choice.text.append(str(part.get("text", "")))
+                    text_logprobs += [float(lp["logprob"]) for lp in part.get("logprobs") or []]
+        elif item.get("type") == "function_call":
+            choice.tool_calls[len(choice.tool_calls)] = _function_call(item)
+    choice.finish_reason = finish_reason(response, bool(choice.tool_calls))
+    if response.get(semconv.RESPONSES_PROMPT_TOKEN_IDS) is not None:
+        record.prompt_token_ids = list(response[semconv.RESPONSES_PROMPT_TOKEN_IDS])
+    if response.get(semconv.RESPONSES_OUTPUT_TOKEN_IDS) is not None:
+        choice.token_ids = list(response[semconv.RESPONSES_OUTPUT_TOKEN_IDS])
+    if response.get(semconv.RESPONSES_OUTPUT_LOGPROBS) is not None:
+        choice.logprobs = [float(lp) for lp in response[semconv.RESPONSES_OUTPUT_LOGPROBS]]
+    elif text_logprobs:
+        choice.logprobs = text_logprobs  # aligned with the ids only when the output is all text
+    usage = response.get("usage")
+    if isinstance(usage, dict):
+        record.usage = {
+            "prompt_tokens": usage.get("input_tokens"),
+            "completion_tokens": usage.get("output_tokens"),
+        }
+    if response.get(semconv.RESPONSE_POLICY_VERSION) is not None:
+        record.policy_version = int(response[semconv.RESPONSE_POLICY_VERSION])
+
+
+def parse_json(body: bytes) -> ResponseRecord:
+    record = ResponseRecord()
+    apply_response(record, orjson.loads(body))
+    return record
+
+
+def parse_sse(body: bytes) -> ResponseRecord:
+    """A Responses event stream: the final event's Response (the stream's last event, the only one
+    parsed then); without one (the agent stopped reading), what the deltas carried (text, logprobs,
+    finished function calls)."""
+    record = ResponseRecord()
+    events = [line[5:] for line in body.splitlines() if line.startswith(b"data:")]
+    last = orjson.loads(events[-1]) if events else {}
+    if last.get("type") in FINAL_EVENTS:
+        apply_response(record, last["response"])
+        return record
+    choice = record.choice(0)
+    for data in events:
+        event = orjson.loads(data)
+        kind = event.get("type")
+        if kind == "response.created":
+            record.response_id = event["response"].get("id")
+            record.model = event["response"].get("model")
+        elif kind == "response.output_text.delta":
+            choice.text.append(str(event.get("delta", "")))
+            if event.get("logprobs"):
+                choice.logprobs = choice.logprobs or []
+                choice.logprobs.extend(float(lp["logprob"]) for lp in event["logprobs"])
+        elif kind == "response.output_item.done" and event.get("item", {}).get("type") == "function_call":
+            choice.tool_calls[len(choice.tool_calls)] = _function_call(event["item"])
+    return record
