@@ -384,3 +384,32 @@ def test_failed_rollouts_kept_by_default_and_left_out_by_status(agent: Agent) ->
     assert agent.build(statuses=["failed"]).triplets.column("task_id").to_pylist() == ["crashed"]
     with pytest.raises(ValueError, match="statuses"):
         BuildOptions(statuses=["crashed"])
+
+
+def test_abandoned_stream_is_a_truncated_triplet_with_its_reward(agent: Agent, openai_server: Any) -> None:
+    openai_server.options.latency_s = 0.2  # 20 ms between chunks: the agent stops well before the end
+    kept: list[Any] = []
+
+    @tinkertrace.traced_rollout
+    def solve(task: dict[str, str]) -> None:
+        stream = agent.client.chat.completions.create(
+            model="test-model", messages=[{"role": "user", "content": "a long question"}], stream=True
+        )
+        kept.append(stream)  # neither closed nor collected: the call ends with the rollout
+        text = ""
+        for chunk in stream:
+            text += chunk.choices[0].delta.content or ""
+            if len(text) >= 4:
+                break
+        tinkertrace.emit_reward(0.5)
+
+    solve({"id": "t-12"})
+    result = agent.build()
+    (t,) = result.triplets.to_pylist()
+    assert t["truncated"] is True and t["reward"] == 0.5
+    n = len(t["response_token_ids"])
+    assert (
+        4 <= n < len("echo: a long question") and t["response_token_ids"] == ids("echo: a long question")[:n]
+    )
+    assert (result.summary.rewards_matched, result.summary.rewards_unmatched) == (1, 0)
+    kept[0].close()
