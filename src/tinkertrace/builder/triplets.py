@@ -21,8 +21,8 @@ TOKEN_COLUMNS = ("prompt_token_ids", "response_token_ids", "response_logprobs")
 EXTRA_COLUMNS = ("group_key", "traj_reward", "split", "rollout_end")
 
 
-def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
-    row = con.execute(sql).fetchone()
+def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object] | None = None) -> int:
+    row = con.execute(sql, params or {}).fetchone()
     return int(row[0]) if row and row[0] is not None else 0
 
 
@@ -47,18 +47,15 @@ def _select_rollouts(con: duckdb.DuckDBPyConnection, options: BuildOptions, summ
         ).fetchall()
     ]
     pool = "true" if options.include_incomplete else "incomplete_reason IS NULL"
-    status = "COALESCE(status, 'unknown')"
-    if options.statuses:
-        summary.rollouts_status_filtered = _scalar(
-            con,
-            f"SELECT count(*) FROM _candidates WHERE {pool} AND {status} NOT IN "
-            f"({', '.join(repr(s) for s in options.statuses)})",
-        )  # the statuses are validated by BuildOptions
     where = [pool]
     params: dict[str, object] = {}
     if options.statuses:
-        where.append(f"{status} IN (SELECT unnest($statuses))")
+        status = "COALESCE(status, 'unknown') IN (SELECT unnest($statuses))"
         params["statuses"] = list(options.statuses)
+        summary.rollouts_status_filtered = _scalar(
+            con, f"SELECT count(*) FROM _candidates WHERE {pool} AND NOT {status}", params
+        )
+        where.append(status)
     if options.since is not None:
         where.append("start_time::TIMESTAMPTZ >= $since")
         params["since"] = options.since
