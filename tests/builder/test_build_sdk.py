@@ -396,11 +396,9 @@ def test_abandoned_stream_is_a_truncated_triplet_with_its_reward(agent: Agent, o
             model="test-model", messages=[{"role": "user", "content": "a long question"}], stream=True
         )
         kept.append(stream)  # neither closed nor collected: the call ends with the rollout
-        text = ""
-        for chunk in stream:
-            text += chunk.choices[0].delta.content or ""
-            if len(text) >= 4:
-                break
+        chunks, text = iter(stream), ""
+        while len(text) < 4:  # the agent has what it wanted and stops reading
+            text += next(chunks).choices[0].delta.content or ""
         tinkertrace.emit_reward(0.5)
 
     solve({"id": "t-12"})
