@@ -6,8 +6,8 @@ STAMP := $(VENV)/.installed
 # One torch thread per process: on small CPUs this is faster and far steadier than torch's default.
 export TINKERTRACE_CPU_THREADS ?= 1
 
-# The OpenAI Agents SDK example runs its agent workers in their own environment (openai-agents needs
-# openai<3; the project pins openai 3): tinkertrace core + examples/agents_sdk/requirements.txt, no torch.
+# The OpenAI Agents SDK example runs its agent workers in their own environment (newer openai-agents
+# need starlette>=1.3, older ones openai<3; see its README): tinkertrace core + its requirements, no torch.
 AGENTS_VENV := .venv-agents
 AGENTS_STAMP := $(AGENTS_VENV)/.installed
 

@@ -38,6 +38,15 @@ def build_trajectories_cmd(
         list[str] | None, typer.Option(help="Only rollouts of this split (train, eval); repeatable.")
     ] = None,
     task: Annotated[list[str] | None, typer.Option(help="Only rollouts of this task id; repeatable.")] = None,
+    status: Annotated[
+        list[str] | None,
+        typer.Option(
+            help=(
+                "Only rollouts with this status: succeeded, failed (the agent raised) or unknown (no "
+                "root span or no status recorded); repeatable. Default: all, failed ones included."
+            )
+        ),
+    ] = None,
     agent: Annotated[
         str | None,
         typer.Option(help="Only LLM calls whose agent name matches this regular expression (searched, RE2)."),
@@ -49,8 +58,9 @@ def build_trajectories_cmd(
         str,
         typer.Option(
             help=(
-                "How rewards reach LLM calls: nearest (newest earlier unrewarded call), sibling (same, "
-                "under the same parent span), link (by gen_ai.response.id, else nearest), final (the "
+                "How rewards reach LLM calls (calls with token ids only): nearest (newest earlier "
+                "unrewarded call of the reward's agent span, else of the rollout), sibling (same, under "
+                "the same parent span), link (by gen_ai.response.id, else nearest), final (the "
                 "rollout's final reward on every call)."
             )
         ),
@@ -109,6 +119,7 @@ def build_trajectories_cmd(
             until=parse_time(until, "--until"),
             splits=tuple(split or ()),
             tasks=tuple(task or ()),
+            statuses=tuple(status or ()),
             agent=agent,
             min_policy_version=min_policy_version,
             reward_policy=reward_policy,  # type: ignore[arg-type]

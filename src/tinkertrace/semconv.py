@@ -107,6 +107,10 @@ AGL_VLLM_RESPONSE_TOKEN_IDS: Final = "llm.hosted_vllm.response_token_ids"
 AGL_LOGPROBS_CONTENT: Final = "logprobs.content"
 AGL_ROLLOUT_ID: Final = "agentlightning.rollout_id"  # resource attribute
 AGL_ATTEMPT_ID: Final = "agentlightning.attempt_id"  # resource attribute
+# The agent name other producers put on their agent spans (Agent-lightning, OpenInference, AgentOps).
+FOREIGN_AGENT_NAME: Final = "agent.name"
+# openllmetry's per-choice finish reason on LLM spans (Agent-lightning's OpenAI instrumentation).
+AGL_FINISH_REASON: Final = "gen_ai.completion.0.finish_reason"
 
 # --- SDK (H2): extra attributes the SDK writes on LLM spans -----------------------------------------
 SOURCE_NONE: Final = "none"  # TOKEN_SOURCE when no ids were returned and no tokenizer was configured

@@ -124,10 +124,9 @@ class SpanRows:
             response_id=response_id,
             prompt_token_ids=prompt,
             response_token_ids=response,
-            response_logprobs=logprobs if logprobs is not None else [-0.5] * len(response),
-            token_source=sc.SOURCE_SERVER,
+            response_logprobs=logprobs if logprobs is not None else [-0.5] * len(response or []),
             policy_version=policy_version,
-            **cols,
+            **{"token_source": sc.SOURCE_SERVER, **cols},
         )
 
     def reward(

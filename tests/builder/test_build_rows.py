@@ -32,7 +32,7 @@ def test_empty_and_missing_folder_give_empty_tables(tmp_path: Path) -> None:
         assert result.summary.rollouts_seen == 0
 
 
-def test_sibling_scopes_rewards_to_the_parent_span(tmp_path: Path, rows: SpanRows) -> None:
+def test_rewards_stay_in_their_agent_span(tmp_path: Path, rows: SpanRows) -> None:
     root = rows.rollout("r1", llm_calls=2, rewards=1)
     a = rows.span(trace="r1", name="invoke_agent a", start=1, end=50, parent=root, span_type="agent",
                   rollout_id="r1", agent_name="a")  # fmt: skip
@@ -42,8 +42,15 @@ def test_sibling_scopes_rewards_to_the_parent_span(tmp_path: Path, rows: SpanRow
     rows.llm("r1", b, [5, 6], [7], start=5, end=6, agent="b")
     rows.reward("r1", a, 1.0, at=10, agent="a")  # after b's call, but a's own
     rows.write(tmp_path)
-    assert build(tmp_path).triplets.column("reward").to_pylist() == [None, 1.0]
-    assert build(tmp_path, reward_policy="sibling").triplets.column("reward").to_pylist() == [1.0, None]
+    for policy in ("nearest", "sibling", "link"):
+        assert build(tmp_path, reward_policy=policy).triplets.column("reward").to_pylist() == [1.0, None]
+    # a second reward in a's span finds a's only call taken: it falls back to the rollout's nearest
+    rows.reward("r1", a, 0.5, at=11, agent="a")
+    rows.reward("r1", root, 0.25, at=60)  # outside any agent span: nearest free call, none left
+    rows.write(tmp_path, "part-1.parquet")
+    result = build(tmp_path)
+    assert result.triplets.column("reward").to_pylist() == [1.0, 0.5]
+    assert (result.summary.rewards_matched, result.summary.rewards_unmatched) == (2, 1)
 
 
 def test_nested_llm_span_of_the_same_call_is_ignored(tmp_path: Path, rows: SpanRows) -> None:
@@ -208,3 +215,21 @@ def test_bucket_count_follows_data_size_and_memory_limit(
     monkeypatch.setattr(stream, "BUCKET_SHARE", 100 / 2**30)  # 100 bytes a bucket at 1GB
     tiny = build(tmp_path, memory_limit="1GB")
     assert tiny.summary.buckets == 6 and tiny.summary.triplets == 12
+
+
+def test_truncated_from_finish_reasons_and_closed_streams(tmp_path: Path, rows: SpanRows) -> None:
+    root = rows.rollout("r1")
+    marks = [
+        {sc.GENAI_FINISH_REASONS: ["stop"]},
+        {sc.GENAI_FINISH_REASONS: ["length"]},
+        {sc.LLM_CLOSED_EARLY: True},  # a stream the agent stopped reading: the ids it had
+        {},
+        {sc.AGL_FINISH_REASON: "length"},  # openllmetry's form (Agent-lightning)
+        {sc.GENAI_FINISH_REASONS: ["max_output_tokens"]},  # the Responses API's incomplete reason
+        {sc.GENAI_FINISH_REASONS: "tool_calls"},  # a plain string from another producer
+    ]
+    for i, attrs in enumerate(marks):
+        rows.llm("r1", root, [1], [2], start=i, end=i + 0.5, attributes=attrs)
+    rows.write(tmp_path)
+    truncated = [False, True, True, False, True, True, False]
+    assert build(tmp_path).triplets.column("truncated").to_pylist() == truncated

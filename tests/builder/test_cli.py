@@ -110,3 +110,13 @@ def test_spans_query_formats(spans: Path, tmp_path: Path) -> None:
     assert rollouts.column("incomplete_reason").to_pylist() == [None, None]
     bad = runner.invoke(app, ["spans", "query", str(spans), "SELECT nope FROM spans"])
     assert bad.exit_code == 2 and "nope" in bad.output
+
+
+def test_build_status_filter_and_bad_status(spans: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    ok = CliRunner().invoke(app, ["build-trajectories", str(spans), "-o", str(out), "--status", "failed"])
+    assert ok.exit_code == 0, ok.output
+    assert "rollouts left out by status" in ok.output
+    assert pq.read_table(out / "triplets.parquet").num_rows == 0  # both rollouts succeeded
+    bad = CliRunner().invoke(app, ["build-trajectories", str(spans), "-o", str(out), "--status", "oops"])
+    assert bad.exit_code == 2 and "statuses must be among" in bad.output

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from tinkertrace.builder.trajectories import _first_mismatch, _Lists
+from tinkertrace.builder.trajectories import DRIFT_WINDOW, _first_mismatch, _Lists, _resyncs
 
 
 def _reference(prompts: list[list[int]], responses: list[list[int]], prev: int, cur: int) -> int:
@@ -40,3 +40,41 @@ def test_first_mismatch_matches_reference_on_random_turns() -> None:
     got = _first_mismatch(p, r, cur - 1, cur)
     want = [_reference(prompts, responses, int(c) - 1, int(c)) for c in cur]
     assert got.tolist() == want
+
+
+def _resync_reference(x: list[int], y: list[int], at: int) -> bool:
+    if len(x) - at <= DRIFT_WINDOW:
+        return True
+    return any(
+        x[at + a :] == y[at + b : at + b + len(x) - at - a]
+        for a in range(1, DRIFT_WINDOW + 1)
+        for b in range(1, DRIFT_WINDOW + 1)
+    )
+
+
+def test_resyncs_matches_reference_on_random_breaks() -> None:
+    rng = np.random.default_rng(11)
+    prompts: list[list[int]] = []
+    responses: list[list[int]] = []
+    for _ in range(400):
+        base = (prompts[-1] + responses[-1]) if prompts else [1]
+        at = int(rng.integers(0, len(base)))
+        a, b = (int(v) for v in rng.integers(0, DRIFT_WINDOW + 2, 2))
+        region = [int(v) for v in rng.integers(5, 9, b)]  # never equal to the skipped tokens (< 5)
+        more = [int(v) for v in rng.integers(0, 5, rng.integers(0, 3))]
+        prompt = base[:at] + region + base[at + a :] + more
+        prompts.append(prompt)
+        responses.append([int(v) for v in rng.integers(0, 5, rng.integers(0, 6))])
+    p = _Lists(pa.array(prompts, pa.list_(pa.int32())))
+    r = _Lists(pa.array(responses, pa.list_(pa.int32())))
+    cur = np.arange(1, len(prompts))
+    at = _first_mismatch(p, r, cur - 1, cur)
+    x_len = p.lengths[cur - 1] + r.lengths[cur - 1]
+    broken = at < x_len
+    got = _resyncs(p, r, cur[broken] - 1, cur[broken], at[broken])
+    want = [
+        _resync_reference(prompts[c - 1] + responses[c - 1], prompts[c], int(t))
+        for c, t in zip(cur[broken], at[broken], strict=True)
+    ]
+    assert got.tolist() == want
+    assert 0 < sum(want) < len(want)  # both outcomes are exercised

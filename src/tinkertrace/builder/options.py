@@ -12,6 +12,9 @@ GroupBy = Literal["task", "task+agent"]
 
 REWARD_POLICIES: tuple[str, ...] = ("nearest", "sibling", "link", "final")
 GROUP_BYS: tuple[str, ...] = ("task", "task+agent")
+# Rollout statuses `statuses` selects: the root span's tinkertrace.rollout.status, or "unknown" when the
+# rollout has no root or its producer records none (Agent-lightning).
+STATUSES: tuple[str, ...] = ("succeeded", "failed", "unknown")
 MAX_BUCKETS = 256
 
 
@@ -19,8 +22,11 @@ MAX_BUCKETS = 256
 class BuildOptions:
     """Options of :func:`tinkertrace.builder.build_trajectories`.
 
-    Rollout filters (``since``/``until`` on the rollout's start time, ``splits``, ``tasks``) select
-    whole rollouts; ``agent`` (a regular expression searched in the agent name) and
+    Rollout filters (``since``/``until`` on the rollout's start time, ``splits``, ``tasks``,
+    ``statuses``) select whole rollouts; ``statuses`` empty (the default) keeps every status, so a
+    rollout that raised is built like the others (its rewards, often a 0, are training signal; leaving
+    failures out would bias a GRPO group toward its successes): pass ``("succeeded",)`` to drop them;
+    ``agent`` (a regular expression searched in the agent name) and
     ``min_policy_version`` select LLM calls after rewards were assigned, so filtering never changes
     which reward a call gets.
 
@@ -33,6 +39,7 @@ class BuildOptions:
     until: datetime | None = None
     splits: tuple[str, ...] = ()
     tasks: tuple[str, ...] = ()
+    statuses: tuple[str, ...] = ()
     agent: str | None = None
     min_policy_version: int | None = None
     reward_policy: RewardPolicy = "nearest"
@@ -55,8 +62,12 @@ class BuildOptions:
             raise ValueError(f"batch_rows must be positive, got {self.batch_rows}")
         if self.buckets is not None and not 1 <= self.buckets <= MAX_BUCKETS:
             raise ValueError(f"buckets must be between 1 and {MAX_BUCKETS}, got {self.buckets}")
+        unknown = sorted(set(self.statuses) - set(STATUSES))
+        if unknown:
+            raise ValueError(f"statuses must be among {STATUSES}, got {unknown}")
         # Accept any iterable for the collection fields, store them immutably.
         object.__setattr__(self, "splits", tuple(self.splits))
+        object.__setattr__(self, "statuses", tuple(self.statuses))
         object.__setattr__(self, "tasks", tuple(self.tasks))
         object.__setattr__(self, "exclude_rollouts", frozenset(self.exclude_rollouts))
         if self.files is not None:

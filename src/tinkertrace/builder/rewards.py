@@ -1,20 +1,25 @@
 """Reward assignment policies, in SQL.
 
 Input tables: ``_calls`` (distinct LLM calls of the built rollouts: ``trace_id, span_id, rollout_id,
-start_time, end_time, response_id, parent``) and ``_rewards`` (``trace_id, span_id, rollout_id,
-start_time, end_time, linked_response_id, parent, v`` where ``v`` is the chosen dimension's value).
+start_time, end_time, response_id, parent, scope, trainable``) and ``_rewards`` (``trace_id, span_id,
+rollout_id, start_time, end_time, linked_response_id, parent, scope, v`` where ``v`` is the chosen
+dimension's value).
 Output: table ``_assign(reward_trace_id, reward_span_id, call_trace_id, call_span_id, v)``; a reward
 with no row there is unmatched (or superseded under ``final``).
+
+Only trainable calls (``_calls.trainable``: prompt and response ids, neither empty) take rewards.
 
 ``nearest`` / ``sibling``: walking a rollout's events by time, each reward goes to the newest LLM call
 that ended before the reward started and has no reward yet. That greedy walk is parenthesis matching
 (a call ending pushes, a reward pops the newest), so it is computed without a loop: a running depth,
 clamped at 0 for rewards that find the stack empty, gives every call the depth it pushed to and every
 reward the depth it pops from, and a reward matches the latest call before it pushed to that depth
-(an ASOF join). ``sibling`` partitions by (rollout, parent span), ``nearest`` by rollout.
+(an ASOF join). ``sibling`` partitions by (rollout, parent span). ``nearest`` respects agent scope:
+a reward inside an agent span (``scope``: its nearest enclosing agent span) first walks only that
+span's calls (partition by scope); the rewards left then walk the rollout's calls not yet taken.
 
 ``link``: a reward naming a ``gen_ai.response.id`` of a call in its rollout goes to that call; the
-others fall back to ``nearest`` among the calls no link took.
+others fall back to (scoped) ``nearest`` among the calls no link took.
 
 ``final``: the rollout's final reward (the latest one flagged final, else the latest one) goes to
 every call of the rollout; its other rewards are superseded.
@@ -59,9 +64,41 @@ def _stack_match_sql(calls: str, rewards: str, partition: str) -> str:
     """
 
 
+TRAINABLE_CALLS = "(SELECT * FROM _calls WHERE trainable)"
+USABLE_REWARDS = "(SELECT * FROM _rewards WHERE v IS NOT NULL)"
+
+
+def _without(relation: str, pairs: str, side: str) -> str:
+    """SQL: the rows of ``relation`` (calls or rewards) that no (reward, call) pair in ``pairs`` took."""
+    return (
+        f"(SELECT * FROM {relation} ANTI JOIN {pairs} "
+        f"ON trace_id = {side}_trace_id AND span_id = {side}_span_id)"
+    )
+
+
+def _scoped_nearest(con: duckdb.DuckDBPyConnection, calls: str, rewards: str, out: str) -> None:
+    """Create ``out`` with the ``nearest`` pairs of ``calls`` and ``rewards``: a reward inside an agent
+    span (``scope``) first goes to the nearest call of that same agent span; the rewards left (outside
+    any agent span, or whose scope has no unrewarded call before them) then go to the nearest call of
+    the rollout that is still free."""
+    in_scope = _stack_match_sql(
+        f"(SELECT * FROM {calls} WHERE scope IS NOT NULL)",
+        f"(SELECT * FROM {rewards} WHERE scope IS NOT NULL)",
+        "scope",
+    )
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _in_scope AS {in_scope}")
+    rest = _stack_match_sql(
+        _without(calls, "_in_scope", "call"), _without(rewards, "_in_scope", "reward"), "''"
+    )
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {out} AS SELECT * FROM _in_scope UNION ALL ({rest})")
+    con.execute("DROP TABLE _in_scope")
+
+
 def assign_rewards(con: duckdb.DuckDBPyConnection, policy: RewardPolicy) -> None:
-    """Create ``_assign`` from ``_calls`` and ``_rewards`` under ``policy``."""
-    usable = "(SELECT * FROM _rewards WHERE v IS NOT NULL)"
+    """Create ``_assign`` from ``_calls`` and ``_rewards`` under ``policy``. Only trainable calls
+    (``_calls.trainable``: token ids present) take rewards, so a reward is never counted as matched to
+    a call that is not written."""
+    calls, usable = TRAINABLE_CALLS, USABLE_REWARDS
     if policy == "final":
         con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _assign AS
@@ -72,7 +109,7 @@ def assign_rewards(con: duckdb.DuckDBPyConnection, policy: RewardPolicy) -> None
         )
         SELECT fin.trace_id AS reward_trace_id, fin.span_id AS reward_span_id,
                c.trace_id AS call_trace_id, c.span_id AS call_span_id, fin.v
-        FROM fin JOIN _calls c USING (rollout_id)
+        FROM fin JOIN {calls} c USING (rollout_id)
         """)
         return
     if policy == "link":
@@ -80,23 +117,21 @@ def assign_rewards(con: duckdb.DuckDBPyConnection, policy: RewardPolicy) -> None
         CREATE OR REPLACE TEMP TABLE _linked AS
         SELECT r.trace_id AS reward_trace_id, r.span_id AS reward_span_id,
                c.trace_id AS call_trace_id, c.span_id AS call_span_id
-        FROM {usable} r JOIN _calls c
+        FROM {usable} r JOIN {calls} c
           ON c.rollout_id = r.rollout_id AND c.response_id = r.linked_response_id
         """)
-        rest_calls = (
-            "(SELECT * FROM _calls ANTI JOIN _linked ON trace_id = call_trace_id AND span_id = call_span_id)"
+        _scoped_nearest(
+            con, _without(calls, "_linked", "call"), _without(usable, "_linked", "reward"), "_unlinked"
         )
-        rest_rewards = (
-            f"(SELECT * FROM {usable} ANTI JOIN _linked "
-            "ON trace_id = reward_trace_id AND span_id = reward_span_id)"
-        )
-        fallback = _stack_match_sql(rest_calls, rest_rewards, "''")
-        pairs = f"SELECT * FROM _linked UNION ALL ({fallback})"
+        pairs = "SELECT * FROM _linked UNION ALL SELECT * FROM _unlinked"
+    elif policy == "sibling":
+        pairs = _stack_match_sql(calls, usable, "COALESCE(parent, '')")
     else:
-        partition = "COALESCE(parent, '')" if policy == "sibling" else "''"
-        pairs = _stack_match_sql("_calls", usable, partition)
+        _scoped_nearest(con, calls, usable, "_nearest")
+        pairs = "SELECT * FROM _nearest"
     con.execute(f"""
     CREATE OR REPLACE TEMP TABLE _assign AS
     SELECT p.*, r.v FROM ({pairs}) p
     JOIN _rewards r ON r.trace_id = p.reward_trace_id AND r.span_id = p.reward_span_id
     """)
+    con.execute("DROP TABLE IF EXISTS _nearest; DROP TABLE IF EXISTS _unlinked")

@@ -17,8 +17,10 @@ class BuildSummary:
     rollouts_seen: int = 0
     rollouts_excluded: int = 0  # in BuildOptions.exclude_rollouts (already built)
     rollouts_incomplete: dict[str, int] = field(default_factory=dict)  # reason -> count
+    rollouts_status_filtered: int = 0  # left out by --status (counted before the other filters)
     rollouts_filtered: int = 0  # left out by --since/--until/--split/--task
     rollouts_built: int = 0
+    rollouts_failed: int = 0  # built rollouts whose root says status failed (the agent raised)
     llm_spans: int = 0
     llm_duplicates: int = 0  # duplicate response ids and LLM spans nested in the same call
     llm_calls: int = 0  # distinct calls of the built rollouts
@@ -52,6 +54,8 @@ class BuildSummary:
             ("spans without rollout", str(self.spans_without_rollout)),
             ("rollouts seen", str(self.rollouts_seen)),
             ("rollouts built", str(self.rollouts_built)),
+            ("rollouts built that failed", str(self.rollouts_failed)),
+            ("rollouts left out by status", str(self.rollouts_status_filtered)),
             ("rollouts incomplete (left out)", by_reason(self.rollouts_incomplete)),
             ("rollouts filtered out", str(self.rollouts_filtered)),
             ("rollouts already built (excluded)", str(self.rollouts_excluded)),

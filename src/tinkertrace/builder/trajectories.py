@@ -6,10 +6,13 @@ turn *k-1*'s prompt + response; the row's tokens are then the last turn's prompt
 at offset ``len(prompt_j)``), 0 elsewhere. Otherwise a new row (``segment``) starts, and
 ``split_reason`` says where the prompt first differs from the previous prompt + response:
 
-* ``template_change`` — inside the previous prompt (the history was rendered differently:
-  another chat template or system prompt, truncated history);
-* ``retokenization_drift`` — inside the previous response, or the prompt stops before its end
-  (the sampled reply came back as text and was tokenised differently);
+* ``retokenization_drift`` — the same text tokenised differently: after a short stretch (at most
+  :data:`DRIFT_WINDOW` tokens on each side, e.g. a reply starting with newlines that BPE merges with
+  the template's newline before it, or a word split differently) the previous prompt + response
+  continues in the prompt unchanged, or it ends within that stretch;
+* ``template_change`` — anything else: the history itself changed (another chat template or system
+  prompt, a template dropping past ``<think>`` blocks as Qwen3's does, an edited reply, truncated
+  history);
 * ``other`` — at the very first token (an unrelated context).
 
 All comparisons are done for every pair of consecutive turns at once with numpy gathers.
@@ -24,6 +27,9 @@ import pyarrow.compute as pc
 from tinkertrace import schemas
 
 REASONS = ("template_change", "retokenization_drift", "other")
+# Most tokens a re-tokenised stretch of text may take on either side before the sequences agree again.
+# Small on purpose: Qwen3's empty thinking block (4 tokens) dropped from the history is a template change.
+DRIFT_WINDOW = 3
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -116,6 +122,40 @@ def _first_mismatch(prompts: _Lists, responses: _Lists, prev: np.ndarray, cur: n
     return first
 
 
+def _resyncs(
+    prompts: _Lists, responses: _Lists, prev: np.ndarray, cur: np.ndarray, at: np.ndarray
+) -> np.ndarray:
+    """For each broken pair, whether prompt[cur] differs from X = prompt[prev] + response[prev] only by
+    the same text tokenised differently around ``at``: after skipping ``a`` tokens of X and ``b`` of the
+    prompt (1 <= a, b <= :data:`DRIFT_WINDOW`), the rest of X follows in the prompt unchanged; or X
+    ends within ``DRIFT_WINDOW`` tokens of ``at`` (a merge across its end). Dropped content
+    (``b = 0``, e.g. a past ``<think>`` block) or inserted content (``a = 0``) does not resync."""
+    n = len(cur)
+    x_len = prompts.lengths[prev] + responses.lengths[prev]
+    tail = x_len - at
+    done = tail <= DRIFT_WINDOW  # X ends inside the divergent region
+    # X of each pair, flat: its prompt then its response, from one combined value buffer
+    combined = np.concatenate([prompts.values, responses.values])
+    starts = np.stack([prompts.starts[prev], len(prompts.values) + responses.starts[prev]], 1).ravel()
+    lens = np.stack([prompts.lengths[prev], responses.lengths[prev]], 1).ravel()
+    x_values = combined[_ranges(starts, lens)] if n else combined[:0]
+    x_start = np.r_[0, np.cumsum(x_len)[:-1]] if n else np.zeros(0, dtype=np.int64)
+    for a in range(1, DRIFT_WINDOW + 1):
+        for b in range(1, DRIFT_WINDOW + 1):
+            m = tail - a
+            todo = np.flatnonzero(~done & (m > 0) & (at + b + m <= prompts.lengths[cur]))
+            if len(todo) == 0:
+                continue
+            bad, _ = _mismatches(
+                x_values, x_start[todo] + at[todo] + a,
+                prompts.values, prompts.starts[cur[todo]] + at[todo] + b, m[todo],
+            )  # fmt: skip
+            ok = np.ones(len(todo), dtype=bool)
+            ok[bad] = False
+            done[todo[ok]] = True
+    return done
+
+
 def merge_turns(table: pa.Table) -> tuple[pa.Table, int]:
     """Trajectory rows (``schemas.trajectories()``) of whole rollouts in ``table``, whose rows are
     sorted by (rollout_id, turn) and carry the triplet columns plus group_key, traj_reward, split,
@@ -143,7 +183,7 @@ def merge_turns(table: pa.Table) -> tuple[pa.Table, int]:
     new_seg[cur[~extends]] = True
     reason = np.full(n, None, dtype=object)
     broken, at = cur[~extends], first[~extends]
-    kind = np.where(at == 0, 2, np.where(at < prompts.lengths[broken - 1], 0, 1))
+    kind = np.where(at == 0, 2, np.where(_resyncs(prompts, responses, broken - 1, broken, at), 1, 0))
     reason[broken] = np.array(REASONS, dtype=object)[kind]
 
     seg_id = np.cumsum(new_seg) - 1

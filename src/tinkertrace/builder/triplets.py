@@ -21,8 +21,8 @@ TOKEN_COLUMNS = ("prompt_token_ids", "response_token_ids", "response_logprobs")
 EXTRA_COLUMNS = ("group_key", "traj_reward", "split", "rollout_end")
 
 
-def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
-    row = con.execute(sql).fetchone()
+def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object] | None = None) -> int:
+    row = con.execute(sql, params or {}).fetchone()
     return int(row[0]) if row and row[0] is not None else 0
 
 
@@ -46,8 +46,16 @@ def _select_rollouts(con: duckdb.DuckDBPyConnection, options: BuildOptions, summ
             "SELECT rollout_id FROM _candidates WHERE incomplete_reason IS NOT NULL ORDER BY 1"
         ).fetchall()
     ]
-    where = ["true" if options.include_incomplete else "incomplete_reason IS NULL"]
+    pool = "true" if options.include_incomplete else "incomplete_reason IS NULL"
+    where = [pool]
     params: dict[str, object] = {}
+    if options.statuses:
+        status = "COALESCE(status, 'unknown') IN (SELECT unnest($statuses))"
+        params["statuses"] = list(options.statuses)
+        summary.rollouts_status_filtered = _scalar(
+            con, f"SELECT count(*) FROM _candidates WHERE {pool} AND NOT {status}", params
+        )
+        where.append(status)
     if options.since is not None:
         where.append("start_time::TIMESTAMPTZ >= $since")
         params["since"] = options.since
@@ -67,8 +75,11 @@ def _select_rollouts(con: duckdb.DuckDBPyConnection, options: BuildOptions, summ
     complete = _scalar(con, "SELECT count(*) FROM _candidates WHERE incomplete_reason IS NULL")
     considered = summary.rollouts_seen - summary.rollouts_excluded
     summary.rollouts_filtered = (
-        considered if options.include_incomplete else complete
-    ) - summary.rollouts_built
+        (considered if options.include_incomplete else complete)
+        - summary.rollouts_status_filtered
+        - summary.rollouts_built
+    )
+    summary.rollouts_failed = _scalar(con, f"SELECT count(*) FROM _sel WHERE status = '{sc.STATUS_FAILED}'")
     summary.rollout_ids = [r[0] for r in con.execute("SELECT rollout_id FROM _sel ORDER BY 1").fetchall()]
 
 
@@ -105,6 +116,34 @@ def _repair_parents(con: duckdb.DuckDBPyConnection, options: BuildOptions, summa
         WHERE s.span_type IN ('{sc.TYPE_LLM}', '{sc.TYPE_REWARD}')""")
 
 
+MAX_AGENT_DEPTH = 64  # ancestors walked up to find a span's agent span
+
+
+def _agent_scopes(con: duckdb.DuckDBPyConnection) -> None:
+    """Create ``_scope(trace_id, span_id, scope, scope_agent)``: for each LLM and reward span of the
+    built rollouts, its nearest enclosing agent span (``views`` column ``agent_span_name``) and that
+    span's agent name; spans under no agent span have no row. One recursive walk up the parent ids,
+    through the spans that can enclose others (neither LLM calls nor rewards)."""
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _scope AS
+        WITH RECURSIVE built AS (SELECT * FROM _meta SEMI JOIN _sel USING (rollout_id)),
+        nodes AS (
+            SELECT trace_id, span_id, any_value(parent_span_id) AS parent_span_id,
+                   any_value(agent_span_name) AS agent_span_name
+            FROM built WHERE span_type IS NULL OR span_type NOT IN ('{sc.TYPE_LLM}', '{sc.TYPE_REWARD}')
+            GROUP BY trace_id, span_id
+        ), walk(trace_id, span_id, cur, scope, scope_agent, depth) AS (
+            SELECT trace_id, span_id, any_value(parent_span_id), NULL::VARCHAR, NULL::VARCHAR, 0
+            FROM built WHERE span_type IN ('{sc.TYPE_LLM}', '{sc.TYPE_REWARD}') GROUP BY trace_id, span_id
+            UNION ALL
+            SELECT w.trace_id, w.span_id, n.parent_span_id,
+                   CASE WHEN n.agent_span_name IS NOT NULL THEN n.span_id END, n.agent_span_name, w.depth + 1
+            FROM walk w JOIN nodes n ON n.trace_id = w.trace_id AND n.span_id = w.cur
+            WHERE w.scope IS NULL AND w.depth < {MAX_AGENT_DEPTH}
+        )
+        SELECT trace_id, span_id, scope, scope_agent FROM walk WHERE scope IS NOT NULL""")
+
+
 def _parent_join(options: BuildOptions) -> tuple[str, str]:
     """(column expression, join clause) giving each call/reward its parent (sibling policy only)."""
     if options.reward_policy == "sibling":
@@ -117,13 +156,16 @@ def _select_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _calls AS
         SELECT c.trace_id, c.span_id, c.filename, c.received_at, {parent}, c.rollout_id, r.task_id, r.attempt,
-               c.agent_name, c.model, c.response_id, c.policy_version, c.token_source,
+               COALESCE(c.agent_name, c.agent_span_name, s.scope_agent) AS agent_name, s.scope,
+               c.model, c.response_id, c.policy_version, c.token_source, c.trainable, c.truncated,
                c.start_time, c.end_time, r.split, r.end_time AS rollout_end,
                CAST(row_number() OVER (PARTITION BY c.rollout_id
                     ORDER BY c.start_time, c.end_time, c.trace_id, c.span_id) - 1 AS INTEGER) AS turn
         FROM llm_calls c JOIN _sel r USING (rollout_id)
+        LEFT JOIN _scope s USING (trace_id, span_id)
         {join}""")
     summary.llm_calls = _scalar(con, "SELECT count(*) FROM _calls")
+    summary.llm_calls_without_tokens = _scalar(con, "SELECT count(*) FROM _calls WHERE NOT trainable")
     summary.llm_spans = _scalar(
         con,
         f"SELECT count(DISTINCT (trace_id, span_id)) FROM _meta SEMI JOIN _sel USING (rollout_id) "
@@ -142,8 +184,9 @@ def _select_rewards(con: duckdb.DuckDBPyConnection, options: BuildOptions, summa
         f"""
         CREATE OR REPLACE TEMP TABLE _rewards AS
         SELECT w.trace_id, w.span_id, w.rollout_id, w.start_time, w.end_time, w.is_final,
-               w.linked_response_id, {parent}, {value} AS v
+               w.linked_response_id, {parent}, s.scope, {value} AS v
         FROM rewards w JOIN _sel USING (rollout_id)
+        LEFT JOIN _scope s USING (trace_id, span_id)
         {join}""",
         {"name": options.reward_name} if options.reward_name is not None else {},
     )
@@ -157,7 +200,8 @@ def _reward_counts(con: duckdb.DuckDBPyConnection, options: BuildOptions, summar
         SELECT w.rollout_id, w.span_id, w.v,
                EXISTS (SELECT 1 FROM _assign a WHERE a.reward_trace_id = w.trace_id
                        AND a.reward_span_id = w.span_id) AS matched,
-               EXISTS (SELECT 1 FROM _calls c WHERE c.rollout_id = w.rollout_id) AS rollout_has_calls
+               EXISTS (SELECT 1 FROM _calls c WHERE c.rollout_id = w.rollout_id AND c.trainable)
+                   AS rollout_has_calls
         FROM _rewards w WHERE w.v IS NOT NULL""")
     summary.rewards_matched = _scalar(con, "SELECT count(*) FROM _reward_state WHERE matched")
     unmatched = "NOT matched"
@@ -211,6 +255,7 @@ def _output_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
                        {traj_reward} AS traj_reward,
                        {group_key} AS group_key
                 FROM _calls c LEFT JOIN call_reward cr USING (trace_id, span_id)
+                WHERE c.trainable  -- calls without ids are counted, never written
             )
             SELECT *, CAST((call_no * {summary.buckets}) // count(*) OVER () AS INTEGER) AS bucket
             FROM (SELECT *, row_number() OVER (ORDER BY {order}) - 1 AS call_no
@@ -219,7 +264,9 @@ def _output_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
         )
     except duckdb.InvalidInputException as exc:
         raise ValueError(f"invalid --agent regular expression {options.agent!r}: {exc}") from exc
-    summary.llm_calls_filtered = summary.llm_calls - _scalar(con, "SELECT count(*) FROM _out")
+    summary.llm_calls_filtered = (
+        summary.llm_calls - summary.llm_calls_without_tokens - _scalar(con, "SELECT count(*) FROM _out")
+    )
 
 
 def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
@@ -233,19 +280,21 @@ def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: Buil
                           kind, status_code, status_message, service_name, scope_name, date, hour)
                  REPLACE (CASE WHEN span_type = '{sc.TYPE_LLM}' THEN filename END AS filename,
                           CASE WHEN span_type = '{sc.TYPE_REWARD}' THEN name END AS name),
-               CASE WHEN {keep_attrs} THEN attributes END AS attributes
+               CASE WHEN {keep_attrs} THEN attributes END AS attributes,
+               {views.llm_trainable_sql()} AS trainable, {views.llm_truncated_sql()} AS truncated
         FROM spans""")  # only LLM calls need their file (the token join) and rewards their name
     summary.spans = _scalar(con, "SELECT count(*) FROM _meta")
     summary.spans_without_rollout = _scalar(con, "SELECT count(*) FROM _meta WHERE rollout_id IS NULL")
     views.create_derived_views(con, source="_meta")
     _select_rollouts(con, options, summary)
     _repair_parents(con, options, summary)
+    _agent_scopes(con)
     _select_calls(con, options, summary)
     _select_rewards(con, options, summary)
     # The query views stay defined over the full `spans` view afterwards. Each working table is
     # dropped once read for the last time, so the later steps (and the token phase) have its memory.
     views.create_derived_views(con, source="spans")
-    _drop(con, "_meta", "_all_rollouts", "_candidates", "_orphans", "_parent")
+    _drop(con, "_meta", "_all_rollouts", "_candidates", "_orphans", "_parent", "_scope")
     assign_rewards(con, options.reward_policy)
     _reward_counts(con, options, summary)
     _output_calls(con, options, summary)
@@ -259,5 +308,5 @@ def _drop(con: duckdb.DuckDBPyConnection, *tables: str) -> None:
 
 TRIPLET_COLUMNS = (
     "rollout_id", "task_id", "attempt", "agent_name", "turn", "span_id", "response_id", "model",
-    "policy_version", *TOKEN_COLUMNS, "token_source", "reward",
+    "policy_version", *TOKEN_COLUMNS, "token_source", "reward", "truncated",
 )  # fmt: skip

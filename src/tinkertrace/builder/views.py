@@ -5,7 +5,9 @@ LLM spans (``openai.chat.completion`` ...) become ``span_type = 'llm'`` with tok
 pulled out of the JSON attributes, its reward spans (``agentlightning.annotation``,
 ``agentlightning.reward``, AgentOps ``{"type": "reward"}`` outputs) become ``span_type = 'reward'``,
 and its resource attribute ``agentlightning.rollout_id`` fills ``rollout_id``. Spans that carry no
-rollout id inherit the one of the rollout root span in their trace.
+rollout id inherit the one of the rollout root span in their trace. ``agent_span_name`` is the agent
+name of agent spans (ours, GenAI ``invoke_agent``, or ``agent.name`` as Agent-lightning, OpenInference
+and AgentOps write it), null on other spans.
 
 The other three views are defined over any relation with the ``spans`` columns, so the builder can
 run them over a materialised, token-free copy (:func:`create_derived_views` with ``source``).
@@ -91,6 +93,18 @@ def span_tokens_sql() -> str:
     """
 
 
+def _agent_span_name_sql() -> str:
+    """SQL (over the raw row ``r``): the agent name of an agent span, else null. Agent spans are ours
+    (``span_type = 'agent'``), the GenAI convention's ``invoke_agent`` spans (name in
+    ``gen_ai.agent.name``, else in the span name ``invoke_agent {name}``) and spans carrying
+    ``agent.name`` (Agent-lightning, OpenInference, AgentOps)."""
+    invoke = f"{_attr(sc.GENAI_OPERATION)} = '{sc.AGENT_OPERATION}'"
+    named = f"NULLIF(regexp_extract(r.name, '^{sc.AGENT_OPERATION} (.+)$', 1), '')"
+    return f"""CASE WHEN r.span_type = '{sc.TYPE_AGENT}' THEN r.agent_name
+        WHEN r.span_type IS NULL THEN COALESCE({_attr(sc.FOREIGN_AGENT_NAME)},
+            CASE WHEN {invoke} THEN COALESCE(r.agent_name, {named}) END) END"""
+
+
 def _spans_sql() -> str:
     prompt_ids, response_ids, logprobs = _agl_token_sql()
     is_agl_llm = f"name IN ({_AGL_LLM})"
@@ -127,7 +141,8 @@ def _spans_sql() -> str:
                 THEN COALESCE({_agl_name(0)}, '{sc.PRIMARY_REWARD}') END) AS reward_name,
             COALESCE(r.reward_value, CASE WHEN {foreign} THEN {agl_value} END) AS reward_value
         ),
-        r.span_type IS NULL AND {agl_rollout} IS NOT NULL AS from_agentlightning
+        r.span_type IS NULL AND {agl_rollout} IS NOT NULL AS from_agentlightning,
+        {_agent_span_name_sql()} AS agent_span_name
         FROM {RAW_VIEW} r LEFT JOIN roots ON roots.trace_id = r.trace_id
     )
     SELECT * FROM typed
@@ -143,6 +158,38 @@ def _dimensions_sql() -> str:
     return (
         f"COALESCE({ours}, CASE WHEN from_agentlightning OR name = '{sc.AGL_ANNOTATION_SPAN}' THEN {agl} END)"
     )
+
+
+def llm_trainable_sql() -> str:
+    """SQL: whether a row of the ``spans`` view is an LLM call a trainer can use: it has prompt and
+    response ids, neither empty (``[]`` means no ids), and does not say ``token_source = none``."""
+    return f"""COALESCE(span_type = '{sc.TYPE_LLM}' AND token_source IS DISTINCT FROM '{sc.SOURCE_NONE}'
+        AND len(prompt_token_ids) > 0 AND len(response_token_ids) > 0, false)"""
+
+
+# Finish reasons that mean the token limit cut the response: OpenAI chat/completions and vLLM
+# ("length"), the Responses API's incomplete_details.reason ("max_output_tokens"), Anthropic's
+# stop_reason ("max_tokens").
+TRUNCATION_REASONS = ("length", "max_output_tokens", "max_tokens")
+
+
+def llm_truncated_sql() -> str:
+    """SQL: whether an LLM span's response was cut short: a finish reason of :data:`TRUNCATION_REASONS`
+    (the GenAI list ``gen_ai.response.finish_reasons``, or openllmetry's
+    ``gen_ai.completion.0.finish_reason``) or a stream the agent closed before its end
+    (``tinkertrace.llm.closed_early``). Null on other spans."""
+    reasons = _attr_json(sc.GENAI_FINISH_REASONS)
+    cut = ", ".join(f"'{r}'" for r in TRUNCATION_REASONS)
+    length = (
+        f"(list_has_any(TRY_CAST({reasons} AS VARCHAR[]), [{cut}]) "
+        f"OR {_attr(sc.GENAI_FINISH_REASONS)} IN ({cut}) OR {_attr(sc.AGL_FINISH_REASON)} IN ({cut}))"
+    )
+    closed = f"TRY_CAST({_attr(sc.LLM_CLOSED_EARLY)} AS BOOLEAN)"
+    # only spans whose attributes mention either key pay for the JSON parsing
+    mentioned = "(contains(attributes, 'finish_reason') OR contains(attributes, 'closed_early'))"
+    return f"""CASE WHEN span_type = '{sc.TYPE_LLM}' THEN
+        COALESCE(CASE WHEN {mentioned} THEN COALESCE({length}, false) OR COALESCE({closed}, false) END,
+                 false) END"""
 
 
 def llm_calls_sql(source: str) -> str:

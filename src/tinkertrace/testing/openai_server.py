@@ -129,6 +129,10 @@ class ServerOptions:
     chunk_chars: int = 1  # characters per streamed chunk
     reject_fields: tuple[str, ...] = ()  # answer 400 to requests with these fields (a strict server)
     max_context_tokens: int | None = None  # answer vLLM's context-length 400 to longer prompts
+    # A transformers tokenizer for the chat and completions endpoints: prompt ids from its chat template
+    # (with the request's tools), reply ids from its vocabulary, streamed a token a chunk. None: the byte
+    # tokens described above (always on /v1/responses).
+    tokenizer: Any = None
 
 
 @dataclass
@@ -184,6 +188,28 @@ class OpenAITestServer:
             return _error(400, f"Unrecognized request argument supplied: {', '.join(unknown)}")
         return body
 
+    def _encode(self, text: str) -> list[int]:
+        tok = self.options.tokenizer
+        return list(text.encode()) if tok is None else list(tok.encode(text, add_special_tokens=False))
+
+    def _decode(self, ids: list[int]) -> str:
+        tok = self.options.tokenizer
+        return bytes(ids).decode(errors="ignore") if tok is None else str(tok.decode(ids))
+
+    def _chat_prompt_ids(self, messages: list[dict[str, Any]], body: dict[str, Any]) -> list[int]:
+        tok = self.options.tokenizer
+        if tok is None:
+            return list(render_chat(messages).encode())
+        text = tok.apply_chat_template(
+            messages, tools=body.get("tools"), add_generation_prompt=True, tokenize=False
+        )
+        return self._encode(text)
+
+    def _pieces(self, text: str) -> list[tuple[str, list[int]]]:
+        if self.options.tokenizer is None:
+            return _pieces(text, self.options.chunk_chars)
+        return [(self._decode([t]), [t]) for t in self._encode(text)]
+
     def context_error(self, prompt_tokens: int) -> Response | None:
         """vLLM's 400 for a prompt longer than ``max_context_tokens``, else None."""
         limit = self.options.max_context_tokens
@@ -206,11 +232,11 @@ class OpenAITestServer:
                 ReplyRequest(req.kind, req.model, req.body, req.messages, req.prompt, i)
             )
             text = text.text() if isinstance(text, ToolCall) else text
-            ids = list(text.encode())
+            ids = self._encode(text)
             finish = "stop"
             if len(ids) > max_tokens:
                 ids = ids[:max_tokens]
-                text = bytes(ids).decode(errors="ignore")
+                text = self._decode(ids)
                 finish = "length"
             out.append(_Choice(i, text, ids, finish))
         return out
@@ -261,7 +287,7 @@ class OpenAITestServer:
         want_logprobs = bool(body.get("logprobs")) and self.options.logprobs
         top_n = int(body.get("top_logprobs") or 0)
         model = str(body.get("model") or self.options.model)
-        prompt_ids = list(render_chat(messages).encode())
+        prompt_ids = self._chat_prompt_ids(messages, body)
         if too_long := self.context_error(len(prompt_ids)):
             return too_long
         req = ReplyRequest("chat", model, body, messages, None, 0)
@@ -303,7 +329,7 @@ class OpenAITestServer:
                 if want_ids and c.index == 0:
                     first[semconv.RESPONSE_PROMPT_TOKEN_IDS] = prompt_ids
                 out.append(first)
-                for piece, ids in _pieces(c.text, self.options.chunk_chars):
+                for piece, ids in self._pieces(c.text):
                     ch: dict[str, Any] = {
                         "index": c.index,
                         "delta": {"content": piece},
@@ -334,7 +360,7 @@ class OpenAITestServer:
             prompt_ids = list(prompt)
             prompt = bytes(prompt_ids).decode(errors="replace")
         elif isinstance(prompt, str):
-            prompt_ids = list(prompt.encode())
+            prompt_ids = self._encode(prompt)
         else:
             return _error(400, "'prompt' must be a string or a list of byte token ids (0..255)")
         common = self._common(body)
@@ -381,7 +407,7 @@ class OpenAITestServer:
             }
             out: list[dict[str, Any]] = []
             for c in choices:
-                pieces = _pieces(c.text, self.options.chunk_chars)
+                pieces = self._pieces(c.text)
                 for k, (piece, ids) in enumerate(pieces):
                     last = k == len(pieces) - 1
                     ch: dict[str, Any] = {
