@@ -1,0 +1,188 @@
+"""The unchanged ``tinker`` SDK against ``tinkertrace engine``'s API: every call the training loop,
+the sampling endpoint and a Tinker user script make, compared with the in-process engine."""
+
+from __future__ import annotations
+
+import warnings
+
+import httpx
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+
+from .conftest import KEY, NANO, TEXTS, RunningEngine, datum
+
+LOSSES = {
+    "cross_entropy": None,
+    "importance_sampling": None,
+    "ppo": {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1},
+    "cispo": {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1},
+    "dro": {"beta": 0.2},
+}
+ADAM = types.AdamParams(learning_rate=5e-3)
+
+
+def _steps(
+    client: object, loss_fn: str, config: dict | None, steps: int = 2, data: list[types.Datum] | None = None
+) -> list[types.ForwardBackwardOutput]:
+    """``steps`` fwd/bwd + optim pairs, all submitted before any is awaited, then one forward."""
+    data = data or [datum(text, loss_fn, advantage=(-1.0) ** i) for i, text in enumerate(TEXTS)]
+    futures = []
+    for _ in range(steps):
+        futures.append(client.forward_backward(data, loss_fn, config))
+        client.optim_step(ADAM)
+    futures.append(client.forward(data, loss_fn, config))
+    return [f.result() for f in reversed(futures)][::-1]  # retrieved last-first: order is the server's
+
+
+def test_server_capabilities_health_and_session(engine: RunningEngine, sdk: tinker.ServiceClient) -> None:
+    rest = tinker.RestClient(base_url=engine.url, api_key=KEY)
+    names = [m.model_name for m in rest.get_server_capabilities().result().supported_models]
+    assert {"tinkertrace/tiny-chat", "tinkertrace/tiny-chat:nano", "tinkertrace/tiny-chat:base"} <= set(names)
+    assert httpx.get(engine.url + "/api/v1/healthz").json() == {"status": "ok"}  # no key needed
+    session_id = sdk.holder.get_session_id()
+    beat = httpx.post(
+        engine.url + "/api/v1/session_heartbeat", json={"session_id": session_id}, headers={"X-API-Key": KEY}
+    )
+    assert beat.status_code == 200 and beat.json()["type"] == "session_heartbeat"
+
+
+@pytest.mark.parametrize("loss_fn", list(LOSSES))
+def test_forward_backward_and_optim_step_match_the_in_process_engine(
+    engine: RunningEngine, sdk: tinker.ServiceClient, loss_fn: str
+) -> None:
+    config = LOSSES[loss_fn]
+    remote = sdk.create_lora_training_client(NANO, rank=4, seed=7).result()
+    local = engine.local.create_lora_training_client(NANO, rank=4, seed=7).result()
+    info = remote.get_info()
+    assert (info.is_lora, info.lora_rank, info.model_data.model_name) == (True, 4, NANO)
+    over_http, in_process = _steps(remote, loss_fn, config), _steps(local, loss_fn, config)
+    for got, want in zip(over_http, in_process, strict=True):
+        assert got.metrics["loss:sum"] == pytest.approx(want.metrics["loss:sum"], rel=1e-5, abs=1e-6)
+        for g, w in zip(got.loss_fn_outputs, want.loss_fn_outputs, strict=True):
+            np.testing.assert_allclose(
+                g["logprobs"].to_numpy(), w["logprobs"].to_numpy(), rtol=1e-5, atol=1e-6
+            )
+            np.testing.assert_allclose(
+                g["elementwise_loss"].to_numpy(), w["elementwise_loss"].to_numpy(), rtol=1e-5, atol=1e-6
+            )
+    assert over_http[0].metrics["loss:sum"] != over_http[-1].metrics["loss:sum"]  # the steps did train
+
+
+def test_state_round_trips_with_and_without_optimizer(
+    engine: RunningEngine, sdk: tinker.ServiceClient
+) -> None:
+    data = [datum(t) for t in TEXTS]
+    first = sdk.create_lora_training_client(NANO, rank=4, seed=3).result()
+    first.forward_backward(data, "cross_entropy")
+    first.optim_step(ADAM).result()
+    saved = first.save_state("after-one").result().path
+    assert saved == f"tinker://{first.model_id}/weights/after-one"
+    first.forward_backward(data, "cross_entropy")
+    first.optim_step(ADAM).result()
+    uninterrupted = first.forward(data, "cross_entropy").result().metrics["loss:sum"]
+
+    def second_step(client: object) -> float:
+        client.forward_backward(data, "cross_entropy")
+        client.optim_step(ADAM)
+        return client.forward(data, "cross_entropy").result().metrics["loss:sum"]
+
+    resumed = sdk.create_training_client_from_state_with_optimizer(saved).result()
+    assert resumed.model_id != first.model_id and resumed.get_info().lora_rank == 4
+    assert second_step(resumed) == pytest.approx(uninterrupted, rel=1e-6)  # exact continuation
+    fresh_optimizer = sdk.create_training_client_from_state(saved).result()
+    assert second_step(fresh_optimizer) != pytest.approx(uninterrupted, rel=1e-6)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # load_state is deprecated in SDK 0.38
+        reloaded = sdk.create_lora_training_client(NANO, rank=4, seed=99).result()
+        reloaded.load_state_with_optimizer(saved).result()
+    assert second_step(reloaded) == pytest.approx(uninterrupted, rel=1e-6)
+
+    listed = tinker.RestClient(base_url=engine.url, api_key=KEY).list_checkpoints(first.model_id).result()
+    assert [c.tinker_path for c in listed.checkpoints] == [saved]
+    assert listed.checkpoints[0].checkpoint_type == "training"
+
+
+def test_sampling_clients_sample_and_compute_logprobs(sdk: tinker.ServiceClient) -> None:
+    trainer = sdk.create_lora_training_client(NANO, rank=4, seed=1).result()
+    tokenizer = trainer.get_tokenizer()  # the SDK's own AutoTokenizer load, from the folder the server names
+    ids = tokenizer.encode(TEXTS[0])
+    assert ids == datum(TEXTS[0]).model_input.to_ints() + ids[-1:]
+    prompt = types.ModelInput.from_ints(ids)
+    forward = trainer.forward([datum(TEXTS[0])], "cross_entropy").result().loss_fn_outputs[0]["logprobs"]
+
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    assert sampler.get_base_model() == NANO
+    logprobs = sampler.compute_logprobs(prompt).result()
+    assert logprobs[0] is None
+    np.testing.assert_allclose(logprobs[1:], forward.to_numpy(), atol=1e-4)
+    params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=5)
+    response = sampler.sample(prompt, 3, params).result()
+    assert len(response.sequences) == 3 and len({s.sequence_id for s in response.sequences}) == 3
+    assert all(len(s.tokens) == len(s.logprobs) <= 6 for s in response.sequences)
+    assert sampler.sample(prompt, 3, params).result().sequences[0].tokens == response.sequences[0].tokens
+
+    path = trainer.save_weights_for_sampler("s0").result().path
+    assert path == f"tinker://{trainer.model_id}/sampler_weights/s0"
+    from_path = sdk.create_sampling_client(model_path=path).result()
+    assert from_path.compute_logprobs(prompt).result()[1:] == pytest.approx(logprobs[1:], abs=1e-5)
+    base = sdk.create_sampling_client(base_model=NANO).result()
+    assert base.sample(prompt, 1, types.SamplingParams(max_tokens=2)).result().sequences[0].stop_reason in (
+        "stop",
+        "length",
+    )
+
+
+def test_calls_of_one_model_run_in_submission_order_across_chunks(
+    engine: RunningEngine, sdk: tinker.ServiceClient
+) -> None:
+    """The SDK sends the chunks of one forward_backward concurrently (the first one last); the server
+    must still start them, and the optim_step after them, in seq_id order."""
+    client = sdk.create_lora_training_client(NANO, rank=4, seed=5).result()
+    reference = engine.local.create_lora_training_client(NANO, rank=4, seed=5).result()
+    data = [datum(TEXTS[i % 2]) for i in range(6)]
+    holder_config = client.holder._client_config
+    previous = holder_config.fwdbwd_max_chunk_len
+    object.__setattr__(holder_config, "fwdbwd_max_chunk_len", 2)  # three chunks, sent in parallel
+    try:
+        got = _steps(client, "cross_entropy", None, data=data)
+    finally:
+        object.__setattr__(holder_config, "fwdbwd_max_chunk_len", previous)
+    want = _steps(reference, "cross_entropy", None, data=data)
+    assert [len(r.loss_fn_outputs) for r in got] == [6, 6, 6]
+    assert [r.metrics["loss:sum"] for r in got] == pytest.approx(
+        [r.metrics["loss:sum"] for r in want], rel=1e-5
+    )
+
+
+def test_errors_come_back_in_tinkers_format(engine: RunningEngine, sdk: tinker.ServiceClient) -> None:
+    with pytest.raises(tinker.RequestFailedError, match="no-such-model"):
+        sdk.create_lora_training_client("/no-such-model", rank=4).result()
+
+    client = sdk.create_lora_training_client(NANO, rank=4, seed=0).result()
+    bad = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={"target_tokens": [2, 3], "weights": [1.0, 1.0]},
+    )
+    with pytest.raises(tinker.RequestFailedError, match=r"data\[0\].*shape") as failed:
+        client.forward_backward([bad], "cross_entropy").result()
+    assert failed.value.category == types.RequestErrorCategory.User
+    with pytest.raises(tinker.RequestFailedError, match="unknown loss"):
+        client.forward_backward([datum(TEXTS[0])], "no_such_loss").result()
+    assert client.forward_backward([datum(TEXTS[0])], "cross_entropy").result().metrics["loss:sum"] > 0
+
+    with pytest.raises(Exception, match="not found"):
+        sdk.create_sampling_client(model_path="tinker://nobody/sampler_weights/none").result()
+
+    unauthorized = httpx.post(engine.url + "/api/v1/create_session", json={}, headers={"X-API-Key": "nope"})
+    assert unauthorized.status_code == 401 and "API key" in unauthorized.json()["detail"]
+    unknown = httpx.post(
+        engine.url + "/api/v1/optim_step",
+        json={"model_id": "nobody:train:0", "seq_id": 1, "adam_params": {"learning_rate": 0.1}},
+        headers={"X-API-Key": KEY},
+    )
+    assert unknown.status_code == 404 and "unknown model_id" in unknown.json()["detail"]
+    missing = httpx.post(engine.url + "/api/v1/save_weights_external", json={}, headers={"X-API-Key": KEY})
+    assert missing.status_code == 404 and "not served by tinkertrace engine" in missing.json()["detail"]
