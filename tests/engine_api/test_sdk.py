@@ -157,6 +157,21 @@ def test_calls_of_one_model_run_in_submission_order_across_chunks(
     )
 
 
+def test_custom_losses_run_client_side_through_a_cross_entropy_call(sdk: tinker.ServiceClient) -> None:
+    client = sdk.create_lora_training_client(NANO, rank=4, seed=2).result()
+    data = [datum(t) for t in TEXTS]
+
+    def weighted_nll(batch: list[types.Datum], logprobs: list) -> tuple:
+        pairs = zip(batch, logprobs, strict=True)
+        total = sum(-(lp * d.loss_fn_inputs["weights"].to_torch()).sum() for d, lp in pairs)
+        return total, {"custom:sum": float(total.detach())}
+
+    custom = client.forward_backward_custom(data, weighted_nll).result()
+    builtin = client.forward(data, "cross_entropy").result()
+    assert custom.metrics["loss:sum"] == pytest.approx(builtin.metrics["loss:sum"], rel=1e-5)
+    assert custom.metrics["custom:sum"] == pytest.approx(custom.metrics["loss:sum"], rel=1e-6)
+
+
 def test_errors_come_back_in_tinkers_format(engine: RunningEngine, sdk: tinker.ServiceClient) -> None:
     with pytest.raises(tinker.RequestFailedError, match="no-such-model"):
         sdk.create_lora_training_client("/no-such-model", rank=4).result()
@@ -171,6 +186,19 @@ def test_errors_come_back_in_tinkers_format(engine: RunningEngine, sdk: tinker.S
     assert failed.value.category == types.RequestErrorCategory.User
     with pytest.raises(tinker.RequestFailedError, match="unknown loss"):
         client.forward_backward([datum(TEXTS[0])], "no_such_loss").result()
+    sparse = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2]),
+        loss_fn_inputs={
+            "target_tokens": [2, 3],
+            "weights": types.TensorData(
+                data=[1.0], dtype="float32", shape=[1, 2], sparse_crow_indices=[0, 1], sparse_col_indices=[1]
+            ),
+        },
+    )
+    with pytest.raises(tinker.RequestFailedError, match="sparse tensors are not supported"):
+        client.forward_backward([sparse], "cross_entropy").result()
+    with pytest.raises(tinker.RequestFailedError, match="AdamParams"):
+        client.optim_step(types.DimuonParams(learning_rate=0.1)).result()
     assert client.forward_backward([datum(TEXTS[0])], "cross_entropy").result().metrics["loss:sum"] > 0
 
     with pytest.raises(Exception, match="not found"):

@@ -34,6 +34,7 @@ from tinkertrace.engine_server import runs
 from tinkertrace.engine_server.state import (
     Encoding,
     ModelSequencer,
+    PendingCall,
     Sampler,
     ServerState,
     TrainingModel,
@@ -71,7 +72,7 @@ class EngineSettings:
     retrieve_poll_s: float = RETRIEVE_POLL_S
 
 
-class ApiError(Exception):
+class ApiError(ValueError):
     """A request refused before it ran: answered with ``status`` and ``{"detail": message}``."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -281,94 +282,118 @@ class EngineApi:
         )
         return JSONResponse(_dump(info.model_copy(update={"model_data": model_data})))
 
+    def _sequenced(
+        self, model: TrainingModel, seq_id: int, start: PendingCall | Exception, encoding: Encoding = "json"
+    ) -> JSONResponse:
+        """Queue a call of ``model`` at ``seq_id``. A refused body (``start`` an exception) fails that
+        call's future but still takes its place, so the model's later calls are not held back."""
+        if isinstance(start, Exception):
+            error = start
+
+            def start() -> Future[Any]:
+                raise error
+
+        return self._future_response(
+            model.sequencer.submit(seq_id, start), encoding=encoding, model_id=model.model_id
+        )
+
+    async def _model_call(
+        self, request: Request, model_cls: type[Any], build: Callable[[Any, TrainingModel], PendingCall]
+    ) -> JSONResponse:
+        """A JSON call on a training model: validated with ``model_cls``, started by ``build(req, model)``."""
+        try:
+            payload = await request.json()
+        except ValueError:
+            raise ApiError(400, f"body is not JSON (expected a {model_cls.__name__})") from None
+        if not isinstance(payload, dict):
+            raise ApiError(400, f"body is not a JSON object (expected a {model_cls.__name__})")
+        model = self.state.model(str(payload.get("model_id")))
+        seq_id = payload.get("seq_id")
+        if not isinstance(seq_id, int):
+            raise ApiError(400, "seq_id is required for calls on a training model")
+        try:
+            start: PendingCall | Exception = build(decode_json_model(model_cls, payload), model)
+        except (WireError, ApiError) as exc:
+            start = exc
+        return self._sequenced(model, seq_id, start)
+
     async def forward_backward(self, request: Request) -> Response:
         body = decompress(await request.body(), request.headers.get("content-encoding"))
         call = decode_forward_backward(body)
-        client = self.state.model(call.model_id)
-        method = client.client.forward if call.forward_only else client.client.forward_backward
-        future = client.sequencer.submit(
-            call.seq_id, lambda: method(call.data, call.loss_fn, call.loss_fn_config).future()
-        )
-        return self._future_response(future, encoding="proto", model_id=call.model_id)
+        model = self.state.model(call.model_id)
+        method = model.client.forward if call.forward_only else model.client.forward_backward
+        start = call.error or (lambda: method(call.data, call.loss_fn, call.loss_fn_config).future())
+        return self._sequenced(model, call.seq_id, start, encoding="proto")
 
     async def optim_step(self, request: Request) -> Response:
-        req = await self._json(request, types.OptimStepRequest)
-        model = self.state.model(req.model_id)
-        future = model.sequencer.submit(
-            _seq(req.seq_id), lambda: model.client.optim_step(req.optim_params).future()
+        return await self._model_call(
+            request,
+            types.OptimStepRequest,
+            lambda req, model: lambda: model.client.optim_step(req.optim_params).future(),
         )
-        return self._future_response(future, model_id=req.model_id)
 
     async def save_weights(self, request: Request) -> Response:
-        req = await self._json(request, types.SaveWeightsRequest)
-        model = self.state.model(req.model_id)
-        name = req.path or f"state-{_seq(req.seq_id):06d}"
-        future = model.sequencer.submit(
-            _seq(req.seq_id),
-            lambda: model.client.save_state(
+        def build(req: types.SaveWeightsRequest, model: TrainingModel) -> PendingCall:
+            name = req.path or f"state-{req.seq_id:06d}"
+            return lambda: model.client.save_state(
                 name, overwrite=req.overwrite, user_metadata=req.user_metadata
-            ).future(),
-        )
-        return self._future_response(future, model_id=req.model_id)
+            ).future()
+
+        return await self._model_call(request, types.SaveWeightsRequest, build)
 
     async def save_weights_for_sampler(self, request: Request) -> Response:
-        req = await self._json(request, types.SaveWeightsForSamplerRequest)
-        model = self.state.model(req.model_id)
-        client = model.client
-        if req.path is not None:
-            name = req.path
-            future = model.sequencer.submit(
-                _seq(req.seq_id),
-                lambda: _map_future(
-                    client.save_weights_for_sampler(name, user_metadata=req.user_metadata).future(),
+        def build(req: types.SaveWeightsForSamplerRequest, model: TrainingModel) -> PendingCall:
+            client = model.client
+            if req.path is not None:
+                return lambda: _map_future(
+                    client.save_weights_for_sampler(req.path, user_metadata=req.user_metadata).future(),
                     lambda saved: types.SaveWeightsForSamplerResponseInternal(path=saved.path),
-                ),
-            )
-        else:
+                )
             if req.sampling_session_seq_id is None:
                 raise ApiError(400, "save_weights_for_sampler needs a path or a sampling_session_seq_id")
             sampler_id = f"{model.session_id}:sample:{req.sampling_session_seq_id}"
-            base_model = client.spec.base_model
 
             def register(sampling_client: Any) -> types.SaveWeightsForSamplerResponseInternal:
-                self.state.add_sampler(Sampler(sampler_id, base_model, None, sampling_client))
+                self.state.add_sampler(Sampler(sampler_id, client.spec.base_model, None, sampling_client))
                 return types.SaveWeightsForSamplerResponseInternal(sampling_session_id=sampler_id)
 
-            future = model.sequencer.submit(
-                _seq(req.seq_id),
-                lambda: _map_future(
-                    client.save_weights_and_get_sampling_client(kind=req.kind).future(), register
-                ),
+            return lambda: _map_future(
+                client.save_weights_and_get_sampling_client(kind=req.kind).future(), register
             )
-        return self._future_response(future, model_id=req.model_id)
+
+        return await self._model_call(request, types.SaveWeightsForSamplerRequest, build)
 
     async def load_weights(self, request: Request) -> Response:
-        req = await self._json(request, types.LoadWeightsRequest)
-        if req.session_id is not None:  # a new model created from a checkpoint (its first request)
-            self.state.session(req.session_id)
-            if req.model_seq_id is None:
-                raise ApiError(400, "load_weights with session_id needs model_seq_id")
-            model_id = f"{req.session_id}:train:{req.model_seq_id}"
+        def build(req: types.LoadWeightsRequest, model: TrainingModel) -> PendingCall:
+            load = model.client.load_state_with_optimizer if req.optimizer else model.client.load_state
+            return lambda: load(req.path).future()
 
-            def create() -> types.LoadWeightsResponse:
-                if req.optimizer:
-                    made = self.service.create_training_client_from_state_with_optimizer(
-                        req.path, req.base_model, run_id=model_id
-                    )
-                else:
-                    made = self.service.create_training_client_from_state(
-                        req.path, req.base_model, optimizer=req.optimizer_config, run_id=model_id
-                    )
-                self._register(model_id, req.session_id, made.result(), req.user_metadata)
-                return types.LoadWeightsResponse(path=req.path, model_id=model_id)
+        try:
+            payload = await request.json()
+        except ValueError:
+            raise ApiError(400, "body is not JSON (expected a LoadWeightsRequest)") from None
+        if not isinstance(payload, dict) or payload.get("session_id") is None:
+            return await self._model_call(request, types.LoadWeightsRequest, build)
+        # A new model created from a checkpoint: the model's first request (no create_model).
+        req = decode_json_model(types.LoadWeightsRequest, payload)
+        self.state.session(req.session_id)
+        if req.model_seq_id is None:
+            raise ApiError(400, "load_weights with session_id needs model_seq_id")
+        model_id = f"{req.session_id}:train:{req.model_seq_id}"
 
-            return self._future_response(self._in_executor(create), model_id=model_id)
-        if req.model_id is None:
-            raise ApiError(400, "load_weights needs either session_id + model_seq_id or model_id + seq_id")
-        model = self.state.model(req.model_id)
-        load = model.client.load_state_with_optimizer if req.optimizer else model.client.load_state
-        future = model.sequencer.submit(_seq(req.seq_id), lambda: load(req.path).future())
-        return self._future_response(future, model_id=req.model_id)
+        def create() -> types.LoadWeightsResponse:
+            if req.optimizer:
+                made = self.service.create_training_client_from_state_with_optimizer(
+                    req.path, req.base_model, run_id=model_id
+                )
+            else:
+                made = self.service.create_training_client_from_state(
+                    req.path, req.base_model, optimizer=req.optimizer_config, run_id=model_id
+                )
+            self._register(model_id, req.session_id, made.result(), req.user_metadata)
+            return types.LoadWeightsResponse(path=req.path, model_id=model_id)
+
+        return self._future_response(self._in_executor(create), model_id=model_id)
 
     # -- sampling ----------------------------------------------------------------------------
 
@@ -504,12 +529,6 @@ class EngineApi:
             404,
             f"{request.method} {request.url.path} is not served by tinkertrace engine (see docs/engine.md)",
         )
-
-
-def _seq(seq_id: int | None) -> int:
-    if seq_id is None:
-        raise ApiError(400, "seq_id is required for calls on a training model")
-    return seq_id
 
 
 def _guard(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:

@@ -41,6 +41,8 @@ class ForwardBackwardCall:
     loss_fn_config: dict[str, float | str] | None
     forward_only: bool
     data: list[types.Datum]
+    error: WireError | None = None
+    """Set when the Datums do not decode: the call must fail, but it still holds its ``seq_id``."""
 
 
 def decompress(body: bytes, content_encoding: str | None) -> bytes:
@@ -99,11 +101,16 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
         }
     elif msg.loss_fn_config:
         config = dict(msg.loss_fn_config)
-    data = []
-    for i, datum in enumerate(msg.data):
-        chunks = [_chunk(c, f"data[{i}].model_input[{j}]") for j, c in enumerate(datum.model_input)]
-        inputs = {k: _tensor(t, f"data[{i}].loss_fn_inputs[{k!r}]") for k, t in datum.loss_fn_inputs.items()}
-        data.append(types.Datum(model_input=types.ModelInput(chunks=chunks), loss_fn_inputs=inputs))
+    data, error = [], None
+    try:
+        for i, datum in enumerate(msg.data):
+            chunks = [_chunk(c, f"data[{i}].model_input[{j}]") for j, c in enumerate(datum.model_input)]
+            inputs = {
+                k: _tensor(t, f"data[{i}].loss_fn_inputs[{k!r}]") for k, t in datum.loss_fn_inputs.items()
+            }
+            data.append(types.Datum(model_input=types.ModelInput(chunks=chunks), loss_fn_inputs=inputs))
+    except WireError as exc:
+        error = exc
     return ForwardBackwardCall(
         model_id=msg.model_id,
         seq_id=msg.seq_id,
@@ -111,6 +118,7 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
         loss_fn_config=config,
         forward_only=msg.forward_only,
         data=data,
+        error=error,
     )
 
 
