@@ -123,6 +123,11 @@ def test_sampling_clients_sample_and_compute_logprobs(sdk: tinker.ServiceClient)
     assert len(response.sequences) == 3 and len({s.sequence_id for s in response.sequences}) == 3
     assert all(len(s.tokens) == len(s.logprobs) <= 6 for s in response.sequences)
     assert sampler.sample(prompt, 3, params).result().sequences[0].tokens == response.sequences[0].tokens
+    topk = sampler.sample(prompt, 3, params, topk_sample_logprobs=3).result().sequences[0]
+    assert topk.tokens == response.sequences[0].tokens and len(topk.topk_logprobs) == len(topk.tokens)
+    for token, logprob, top in zip(topk.tokens, topk.logprobs, topk.topk_logprobs, strict=True):
+        assert len(top) == 3 and top[0][1] >= top[1][1] >= top[2][1] and top[0][1] >= logprob - 1e-6
+        assert token not in dict(top) or dict(top)[token] == pytest.approx(logprob, abs=1e-5)
 
     path = trainer.save_weights_for_sampler("s0").result().path
     assert path == f"tinker://{trainer.model_id}/sampler_weights/s0"

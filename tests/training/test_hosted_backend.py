@@ -96,12 +96,18 @@ def test_serve_backend_tinker_samples_through_the_sdk(
         wait_for_port(port, timeout=90)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0)
         reply = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "Q1?"}], max_tokens=4, n=2, logprobs=True
+            model=MODEL,
+            messages=[{"role": "user", "content": "Q1?"}],
+            max_tokens=4,
+            n=2,
+            logprobs=True,
+            top_logprobs=2,
         )
         assert reply.model_extra["policy_version"] == 3 and len(reply.choices) == 2
         for choice in reply.choices:
             token_ids = choice.model_extra["token_ids"]
             assert 1 <= len(token_ids) <= 4 and len(choice.logprobs.content) == len(token_ids)
+            assert all(len(lp.top_logprobs) == 2 for lp in choice.logprobs.content)
         assert reply.model_extra["prompt_token_ids"][:1] == [257]  # <|im_start|>: the chat template ran
     finally:
         proc.terminate()

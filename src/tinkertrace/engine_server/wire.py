@@ -171,6 +171,16 @@ def encode_sample_response(response: types.SampleResponse) -> bytes:
         logprobs = seq.logprobs_np if seq.logprobs_np is not None else seq.logprobs
         if logprobs is not None:
             out.logprobs = np.asarray(logprobs, dtype=np.float32).tobytes()
+        if seq.topk_logprobs_np is not None:
+            ids, values = seq.topk_logprobs_np.token_ids, seq.topk_logprobs_np.logprobs
+            out.topk_sampled_logprobs.CopyFrom(
+                public_pb.TopkLogprobs(
+                    token_ids=np.asarray(ids, dtype=np.int32).tobytes(),
+                    logprobs=np.asarray(values, dtype=np.float32).tobytes(),
+                    length=int(ids.shape[0]),
+                    k=int(ids.shape[1]) if ids.ndim == 2 else 0,
+                )
+            )
     if response.prompt_logprobs_np is not None:
         msg.prompt_logprobs = np.asarray(response.prompt_logprobs_np, dtype=np.float32).tobytes()
     elif response.prompt_logprobs is not None:
