@@ -18,8 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 from tinkertrace.cli.main import app
+from tinkertrace.engine import ServiceClient as LocalServiceClient
+from tinkertrace.engine_server import EngineSettings, create_app
 from tinkertrace.engine_server.process import EngineProcess
-from tinkertrace.netutil import free_port, wait_for_port
+from tinkertrace.netutil import BackgroundServer, free_port, wait_for_port
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.metrics import read_metrics
 
@@ -113,3 +115,19 @@ def test_serve_backend_tinker_samples_through_the_sdk(
         proc.terminate()
         _, stderr = proc.communicate(timeout=30)
     assert "backend tinker" in stderr
+
+
+def test_a_key_the_engine_refuses_is_one_message(
+    tmp_path: Path, trajectories_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = EngineSettings(api_key="tml-the-right-key")
+    with BackgroundServer(create_app(LocalServiceClient(tmp_path / "engine"), settings)) as server:
+        monkeypatch.setenv("TINKER_BASE_URL", server.url)
+        monkeypatch.setenv("TINKER_API_KEY", "tml-a-wrong-key")
+        args = ["train", str(trajectories_file), "--backend", "tinker", "--model", MODEL, "--no-progress"]
+        result = CliRunner().invoke(app, [*args, "--log-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert (
+        "could not open a training client" in result.output and "invalid or missing API key" in result.output
+    )
+    assert "Traceback" not in result.output
