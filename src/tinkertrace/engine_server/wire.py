@@ -10,6 +10,7 @@ same ``tinker.types`` objects. Every other body is JSON read and written with ``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +70,7 @@ def _tensor(msg: public_pb.Tensor, where: str) -> types.TensorData:
         raise WireError(f"{where}: {len(msg.dense)} bytes is not a whole number of {np_dtype} values")
     array = np.frombuffer(msg.dense, dtype=np_dtype)
     shape = list(msg.shape) or [array.size]
-    if int(np.prod(shape)) != array.size:
+    if math.prod(shape) != array.size:
         raise WireError(f"{where}: shape {shape} does not hold {array.size} values")
     return types.TensorData(data=array.reshape(shape), dtype=dtype, shape=shape)
 
