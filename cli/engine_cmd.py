@@ -59,7 +59,7 @@ def engine(
     from tinkertrace.engine.model import ModelNotFoundError, builtin_size
     from tinkertrace.engine_server import EngineSettings, create_app
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     models = list(model or [])
     for name in models:
         try:
@@ -77,11 +77,12 @@ def engine(
         raise typer.Exit(1)
     service = ServiceClient(base_dir=engine_dir, device=device, cpu_threads=cpu_threads)
     app = create_app(service, EngineSettings(api_key=api_key, models=models))
+    key_hint = "<the --api-key value>" if api_key else "tml-local"
     console.print(
         f"[bold]tinkertrace engine[/]: Tinker API at [green]http://{host}:{port}[/] "
         f"(device {service.device}, checkpoints in {service.store.base_dir}; "
         f"API key {'as given' if api_key else 'any tml-...'}). Use it with "
-        f"TINKER_BASE_URL=http://{host}:{port} TINKER_API_KEY={api_key or 'tml-local'}. Ctrl-C stops."
+        f"TINKER_BASE_URL=http://{host}:{port} TINKER_API_KEY={key_hint}. Ctrl-C stops."
     )
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
