@@ -219,3 +219,23 @@ def test_errors_come_back_in_tinkers_format(engine: RunningEngine, sdk: tinker.S
     assert unknown.status_code == 404 and "unknown model_id" in unknown.json()["detail"]
     missing = httpx.post(engine.url + "/api/v1/save_weights_external", json={}, headers={"X-API-Key": KEY})
     assert missing.status_code == 404 and "not served by tinkertrace engine" in missing.json()["detail"]
+
+
+def test_closing_a_session_releases_its_models(engine: RunningEngine) -> None:
+    service = tinker.ServiceClient(base_url=engine.url, api_key=KEY)
+    trainer = service.create_lora_training_client(NANO, rank=4, seed=0).result()
+    path = trainer.save_state("kept").result().path
+    api = engine.app.app.state.api
+    assert trainer.model_id in api.state.models
+    service.close("success").result(timeout=30)
+    assert trainer.model_id not in api.state.models
+    session = trainer.model_id.split(":")[0]
+    assert api.state.sessions[session]["finished"]
+    beat = httpx.post(
+        engine.url + "/api/v1/session_heartbeat", json={"session_id": session}, headers={"X-API-Key": KEY}
+    )
+    assert beat.status_code == 410
+    assert path.endswith("/weights/kept")  # checkpoints outlive the session: another session resumes them
+    again = tinker.ServiceClient(base_url=engine.url, api_key=KEY)
+    assert again.create_training_client_from_state(path).result().get_info().lora_rank == 4
+    again.close("success").result(timeout=30)

@@ -218,8 +218,9 @@ class EngineApi:
         return JSONResponse(_dump(types.SessionHeartbeatResponse()))
 
     async def finish_session(self, request: Request) -> Response:
-        session = self.state.session(request.path_params["session_id"])
-        session.setdefault("finished", time.time())
+        """``ServiceClient.close``: the session's models and samplers are released (memory, threads)."""
+        for client in self.state.finish_session(request.path_params["session_id"]):
+            self.executor.submit(client.close)  # finishes queued work, off the event loop
         return JSONResponse(None)
 
     async def accepted(self, request: Request) -> Response:

@@ -23,6 +23,8 @@ from tinkertrace.engine.sampling import SamplingClient
 from tinkertrace.engine.training import TrainingClient
 
 Encoding = Literal["json", "proto"]
+RESULT_TTL_S = 3600.0
+"""A finished result nobody retrieved for this long is dropped (its client is gone)."""
 PendingCall = Callable[[], Future[Any]]
 
 
@@ -130,6 +132,19 @@ class ServerState:
             self.sessions[session_id] = {**info, "created": time.time(), "heartbeat": time.time()}
         return session_id
 
+    def finish_session(self, session_id: str) -> list[TrainingClient | SamplingClient]:
+        """Mark a session finished and forget its models and samplers; returns their engine clients,
+        for the caller to close (checkpoints stay on disk)."""
+        self.session(session_id).setdefault("finished", time.time())
+        with self._lock:
+            models = [m for m in self.models.values() if m.session_id == session_id]
+            samplers = [s for s in self.samplers.values() if s.sampler_id.startswith(f"{session_id}:")]
+            for model in models:
+                del self.models[model.model_id]
+            for sampler in samplers:
+                del self.samplers[sampler.sampler_id]
+        return [m.client for m in models] + [s.client for s in samplers]
+
     def session(self, session_id: str) -> dict[str, Any]:
         try:
             return self.sessions[session_id]
@@ -167,7 +182,13 @@ class ServerState:
     def track(self, future: Future[Any], encoding: Encoding = "json") -> str:
         """Register a pending result; its request id for ``retrieve_future``."""
         request_id = f"req-{next(self._request_counter)}-{uuid.uuid4().hex[:8]}"
+        now = time.monotonic()
         with self._lock:
+            stale = [
+                k for k, r in self._results.items() if r.future.done() and now - r.created > RESULT_TTL_S
+            ]
+            for key in stale:
+                del self._results[key]
             self._results[request_id] = PendingResult(future, encoding)
         return request_id
 
