@@ -10,7 +10,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tinkertrace.engine_server.app import ApiKeyMiddleware
+from tinkertrace.engine_server.http import ApiKeyMiddleware
 from tinkertrace.engine_server.state import ModelSequencer
 from tinkertrace.netutil import BackgroundServer
 

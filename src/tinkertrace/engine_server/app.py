@@ -25,12 +25,19 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 from tinker import types
 
 from tinkertrace.engine import CheckpointError, ServiceClient
 from tinkertrace.engine.storage import WEIGHTS
 from tinkertrace.engine_server import runs
+from tinkertrace.engine_server.http import (
+    USER_ERRORS,
+    ApiError,
+    ApiKeyMiddleware,
+    error_response,
+    guard,
+)
 from tinkertrace.engine_server.state import (
     Encoding,
     ModelSequencer,
@@ -51,14 +58,9 @@ from tinkertrace.engine_server.wire import (
 )
 from tinkertrace.tokenizer import is_builtin, load_tokenizer
 
-API_KEY_PREFIX = "tml-"
-HEALTH_PATH = "/api/v1/healthz"
 RETRIEVE_POLL_S = 20.0
 """How long one ``retrieve_future`` call waits for a result before answering ``try_again`` (the SDK
 gives each call 45 s)."""
-
-USER_ERRORS = (ValueError, TypeError, LookupError, OSError, NotImplementedError)
-"""Exceptions that are the caller's to fix (category ``user``); anything else is ``server``."""
 
 
 @dataclass
@@ -70,53 +72,6 @@ class EngineSettings:
     models: list[str] = field(default_factory=list)
     """Local model folders (or built-in names) advertised by ``get_server_capabilities``."""
     retrieve_poll_s: float = RETRIEVE_POLL_S
-
-
-class ApiError(ValueError):
-    """A request refused before it ran: answered with ``status`` and ``{"detail": message}``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def error_response(status: int, message: str) -> JSONResponse:
-    """Tinker's error body; ``x-should-retry: false`` tells the SDK not to retry it."""
-    return JSONResponse({"detail": message}, status_code=status, headers={"x-should-retry": "false"})
-
-
-def _status_of(exc: Exception) -> int:
-    if isinstance(exc, ApiError):
-        return exc.status
-    if isinstance(exc, LookupError | FileNotFoundError):
-        return 404
-    return 400
-
-
-class ApiKeyMiddleware:
-    """Checks ``X-API-Key`` (or ``Authorization: Bearer``) on every route but the health check."""
-
-    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
-        self.app = app
-        self.api_key = api_key
-
-    def accepts(self, key: str | None) -> bool:
-        if not key:
-            return False
-        return key == self.api_key if self.api_key is not None else key.startswith(API_KEY_PREFIX)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != HEALTH_PATH:
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-            key = headers.get("x-api-key")
-            if key is None and headers.get("authorization", "").lower().startswith("bearer "):
-                key = headers["authorization"][7:].strip()
-            if not self.accepts(key):
-                wanted = "the key given to `tinkertrace engine --api-key`" if self.api_key else "a tml- key"
-                response = error_response(401, f"invalid or missing API key (X-API-Key): expected {wanted}")
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 def _map_future(source: Future[Any], fn: Callable[[Any], Any]) -> Future[Any]:
@@ -532,18 +487,6 @@ class EngineApi:
         )
 
 
-def _guard(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    """Turn refusals (bad body, unknown ids, engine ValueErrors) into Tinker-style error responses."""
-
-    async def guarded(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except (ApiError, WireError, UnknownResourceError, *USER_ERRORS) as exc:
-            return error_response(_status_of(exc), str(exc))
-
-    return guarded
-
-
 def create_app(service: ServiceClient, settings: EngineSettings | None = None) -> ASGIApp:
     """The ASGI app serving ``service`` over Tinker's API (wrapped in the API-key check)."""
     settings = settings or EngineSettings()
@@ -577,7 +520,7 @@ def create_app(service: ServiceClient, settings: EngineSettings | None = None) -
         ("/weights_info", api.weights_info, ["POST"]),
         ("/{rest:path}", api.unsupported, ["GET", "POST", "PUT", "DELETE", "PATCH"]),
     ]
-    routes = [Route(v1 + path, _guard(handler), methods=methods) for path, handler, methods in table]
+    routes = [Route(v1 + path, guard(handler), methods=methods) for path, handler, methods in table]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
