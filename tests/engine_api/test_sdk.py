@@ -4,12 +4,18 @@ the sampling endpoint and a Tinker user script make, compared with the in-proces
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import tinker
 from tinker import types
+
+from tinkertrace.engine import ServiceClient as LocalServiceClient
+from tinkertrace.engine_server import EngineSettings, create_app
+from tinkertrace.netutil import BackgroundServer
+from tinkertrace.tokenizer import BUILTIN_MODEL
 
 from .conftest import KEY, NANO, TEXTS, RunningEngine, datum
 
@@ -239,3 +245,19 @@ def test_closing_a_session_releases_its_models(engine: RunningEngine) -> None:
     again = tinker.ServiceClient(base_url=engine.url, api_key=KEY)
     assert again.create_training_client_from_state(path).result().get_info().lora_rank == 4
     again.close("success").result(timeout=30)
+
+
+def test_results_not_ready_are_polled_again_after_try_again(tmp_path: Path) -> None:
+    """With a 10 ms long-poll, every slower call is first answered ``try_again``; the SDK polls on."""
+    local = LocalServiceClient(tmp_path / "engine", device="cpu", cpu_threads=1)
+    app = create_app(local, EngineSettings(retrieve_poll_s=0.01))
+    with BackgroundServer(app) as server:
+        service = tinker.ServiceClient(base_url=server.url, api_key=KEY)
+        client = service.create_lora_training_client(f"{BUILTIN_MODEL}:base", rank=4, seed=0).result()
+        data = [datum(TEXTS[i % 2]) for i in range(16)]
+        first = client.forward_backward(data, "cross_entropy")
+        client.optim_step(ADAM)
+        after = client.forward(data, "cross_entropy").result().metrics["loss:sum"]
+        assert after < first.result().metrics["loss:sum"]
+        service.close("success").result(timeout=30)
+    assert app.app.state.api.try_again_answers > 0

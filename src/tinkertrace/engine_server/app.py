@@ -107,6 +107,8 @@ class EngineApi:
         self.state = ServerState()
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tinkertrace-engine-api")
         self.started = time.time()
+        self.try_again_answers = 0
+        """How many ``retrieve_future`` calls were answered ``try_again`` (results not ready yet)."""
         self._tokenizer_dirs: dict[str, str] = {}
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -415,6 +417,7 @@ class EngineApi:
         if not pending.future.done():
             await asyncio.wait([asyncio.wrap_future(pending.future)], timeout=self.settings.retrieve_poll_s)
         if not pending.future.done():
+            self.try_again_answers += 1
             return JSONResponse(
                 _dump(types.TryAgainResponse(request_id=req.request_id, queue_state="active"))
             )
