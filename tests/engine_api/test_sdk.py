@@ -106,9 +106,17 @@ def test_state_round_trips_with_and_without_optimizer(
         reloaded.load_state_with_optimizer(saved).result()
     assert second_step(reloaded) == pytest.approx(uninterrupted, rel=1e-6)
 
-    listed = tinker.RestClient(base_url=engine.url, api_key=KEY).list_checkpoints(first.model_id).result()
+    rest = tinker.RestClient(base_url=engine.url, api_key=KEY)
+    listed = rest.list_checkpoints(first.model_id).result()
     assert [c.tinker_path for c in listed.checkpoints] == [saved]
     assert listed.checkpoints[0].checkpoint_type == "training"
+    run = rest.get_training_run(first.model_id).result()
+    assert (run.base_model, run.is_lora, run.lora_rank) == (NANO, True, 4)
+    assert run.last_checkpoint is not None and run.last_checkpoint.tinker_path == saved
+    info = rest.get_weights_info_by_tinker_path(saved).result()
+    assert (info.base_model, info.lora_rank, info.train_mlp) == (NANO, 4, True)
+    runs = rest.list_training_runs(limit=100).result().training_runs
+    assert first.model_id in [r.training_run_id for r in runs]
 
 
 def test_sampling_clients_sample_and_compute_logprobs(sdk: tinker.ServiceClient) -> None:
