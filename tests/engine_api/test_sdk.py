@@ -117,6 +117,10 @@ def test_state_round_trips_with_and_without_optimizer(
     assert (info.base_model, info.lora_rank, info.train_mlp) == (NANO, 4, True)
     runs = rest.list_training_runs(limit=100).result().training_runs
     assert first.model_id in [r.training_run_id for r in runs]
+    admin = tinker.AdminClient(base_url=engine.url, api_key=KEY)
+    assert admin.get_billing_usage("2026-01-01T00:00:00Z", "2030-01-01T00:00:00Z").result().data == []
+    (storage,) = admin.get_current_checkpoint_storage_usage().result().data
+    assert storage.checkpoint_count >= 1 and storage.size_bytes > 0
 
 
 def test_sampling_clients_sample_and_compute_logprobs(sdk: tinker.ServiceClient) -> None:

@@ -483,6 +483,18 @@ class EngineApi:
             raise UnknownResourceError(str(exc)) from None
         return JSONResponse(_dump(runs.weights_info(meta)))
 
+    async def billing_usage(self, request: Request) -> Response:
+        """Nothing is billed locally: no usage events."""
+        return JSONResponse(_dump(types.BillingUsageResponse(data=[])))
+
+    async def checkpoint_storage(self, request: Request) -> Response:
+        """What the engine folder's checkpoints occupy (no cost: nothing is billed locally)."""
+        count, size = runs.storage_usage(self.service.store)
+        item = types.CurrentCheckpointStorageUsageItem(
+            checkpoint_count=count, size_bytes=size, size_gigabytes=size / 1e9
+        )
+        return JSONResponse(_dump(types.CurrentCheckpointStorageUsageResponse(data=[item])))
+
     async def unsupported(self, request: Request) -> Response:
         return error_response(
             404,
@@ -521,6 +533,8 @@ def create_app(service: ServiceClient, settings: EngineSettings | None = None) -
         ("/training_runs/{run_id}", api.get_training_run, ["GET"]),
         ("/training_runs/{run_id}/checkpoints", api.list_checkpoints, ["GET"]),
         ("/weights_info", api.weights_info, ["POST"]),
+        ("/billing/usage/events", api.billing_usage, ["GET"]),
+        ("/billing/usage/checkpoints/current", api.checkpoint_storage, ["GET"]),
         ("/{rest:path}", api.unsupported, ["GET", "POST", "PUT", "DELETE", "PATCH"]),
     ]
     routes = [Route(v1 + path, guard(handler), methods=methods) for path, handler, methods in table]

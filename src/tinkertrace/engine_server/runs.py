@@ -91,3 +91,10 @@ def weights_info(meta: dict[str, Any]) -> types.WeightsInfoResponse:
         train_mlp=spec.get("train_mlp"),
         train_attn=spec.get("train_attn"),
     )
+
+
+def storage_usage(store: CheckpointStore) -> tuple[int, int]:
+    """How many checkpoints the engine folder holds, and their total size in bytes."""
+    folders = [meta.parent for meta in store.base_dir.glob(f"*/*/*/{META_FILE}")]
+    size = sum(f.stat().st_size for folder in folders for f in folder.rglob("*") if f.is_file())
+    return len(folders), size
