@@ -162,17 +162,19 @@ def test_calls_of_one_model_run_in_submission_order_across_chunks(
     engine: RunningEngine, sdk: tinker.ServiceClient
 ) -> None:
     """The SDK sends the chunks of one forward_backward concurrently (the first one last); the server
-    must still start them, and the optim_step after them, in seq_id order."""
+    must still start them, and the optim_step after them, in seq_id order. Bodies zstd-compressed."""
     client = sdk.create_lora_training_client(NANO, rank=4, seed=5).result()
     reference = engine.local.create_lora_training_client(NANO, rank=4, seed=5).result()
     data = [datum(TEXTS[i % 2]) for i in range(6)]
     holder_config = client.holder._client_config
-    previous = holder_config.fwdbwd_max_chunk_len
+    previous = holder_config.model_dump()
     object.__setattr__(holder_config, "fwdbwd_max_chunk_len", 2)  # three chunks, sent in parallel
+    object.__setattr__(holder_config, "proto_compress_fwdbwd", True)  # zstd bodies, as hosted Tinker asks
     try:
         got = _steps(client, "cross_entropy", None, data=data)
     finally:
-        object.__setattr__(holder_config, "fwdbwd_max_chunk_len", previous)
+        for name in ("fwdbwd_max_chunk_len", "proto_compress_fwdbwd"):
+            object.__setattr__(holder_config, name, previous[name])
     want = _steps(reference, "cross_entropy", None, data=data)
     assert [len(r.loss_fn_outputs) for r in got] == [6, 6, 6]
     assert [r.metrics["loss:sum"] for r in got] == pytest.approx(
