@@ -46,6 +46,13 @@ def engine(
     device: Annotated[
         str | None, typer.Option(help="torch device (default: cuda when available, else cpu).")
     ] = None,
+    session_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds without a heartbeat after which a session's models are released (the SDK "
+            "sends one every 10 s; checkpoints stay)."
+        ),
+    ] = 600.0,
     cpu_threads: Annotated[
         int | None,
         typer.Option(help="torch CPU threads (default: $TINKERTRACE_CPU_THREADS, else torch's own)."),
@@ -76,7 +83,8 @@ def engine(
         )
         raise typer.Exit(1)
     service = ServiceClient(base_dir=engine_dir, device=device, cpu_threads=cpu_threads)
-    app = create_app(service, EngineSettings(api_key=api_key, models=models))
+    settings = EngineSettings(api_key=api_key, models=models, session_timeout_s=session_timeout)
+    app = create_app(service, settings)
     key_hint = "<the --api-key value>" if api_key else "tml-local"
     console.print(
         f"[bold]tinkertrace engine[/]: Tinker API at [green]http://{host}:{port}[/] "

@@ -3,6 +3,7 @@ the sampling endpoint and a Tinker user script make, compared with the in-proces
 
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 
@@ -275,3 +276,22 @@ def test_results_not_ready_are_polled_again_after_try_again(tmp_path: Path) -> N
         assert after < first.result().metrics["loss:sum"]
         service.close("success").result(timeout=30)
     assert app.app.state.api.try_again_answers > 0
+
+
+def test_a_session_without_heartbeats_is_released(tmp_path: Path) -> None:
+    """A client that stops sending heartbeats (killed) loses its models after the session timeout;
+    its checkpoints stay."""
+    local = LocalServiceClient(tmp_path / "engine", device="cpu", cpu_threads=1)
+    app = create_app(local, EngineSettings(session_timeout_s=1.0))
+    api = app.app.state.api
+    with BackgroundServer(app) as server:
+        service = tinker.ServiceClient(base_url=server.url, api_key=KEY)
+        trainer = service.create_lora_training_client(NANO, rank=4, seed=0).result()
+        path = trainer.save_state("before").result().path
+        assert trainer.model_id in api.state.models  # the SDK's first heartbeat comes after 10 s
+        deadline = time.monotonic() + 10
+        while trainer.model_id in api.state.models and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert trainer.model_id not in api.state.models
+        assert api.state.sessions[trainer.model_id.split(":")[0]]["finished"]
+        assert (tmp_path / "engine" / trainer.model_id / "weights" / "before").is_dir() and path

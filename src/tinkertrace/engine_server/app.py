@@ -63,6 +63,9 @@ RETRIEVE_POLL_S = 20.0
 gives each call 45 s)."""
 
 
+SESSION_TIMEOUT_S = 600.0
+
+
 @dataclass
 class EngineSettings:
     """How the server behaves: authentication, advertised models, long-poll time."""
@@ -72,6 +75,9 @@ class EngineSettings:
     models: list[str] = field(default_factory=list)
     """Local model folders (or built-in names) advertised by ``get_server_capabilities``."""
     retrieve_poll_s: float = RETRIEVE_POLL_S
+    session_timeout_s: float = SESSION_TIMEOUT_S
+    """A session without a heartbeat for this long is finished and its models released (the SDK
+    sends one every 10 s while its ServiceClient lives)."""
 
 
 def _map_future(source: Future[Any], fn: Callable[[Any], Any]) -> Future[Any]:
@@ -176,9 +182,22 @@ class EngineApi:
 
     async def finish_session(self, request: Request) -> Response:
         """``ServiceClient.close``: the session's models and samplers are released (memory, threads)."""
-        for client in self.state.finish_session(request.path_params["session_id"]):
-            self.executor.submit(client.close)  # finishes queued work, off the event loop
+        self._release(request.path_params["session_id"])
         return JSONResponse(None)
+
+    def _release(self, session_id: str) -> None:
+        for client in self.state.finish_session(session_id):
+            self.executor.submit(client.close)  # finishes queued work, off the event loop
+
+    async def expire_sessions(self) -> None:
+        """Forever: finish sessions whose client stopped sending heartbeats (it crashed or was killed)."""
+        timeout = self.settings.session_timeout_s
+        while True:
+            await asyncio.sleep(min(60.0, timeout / 4))
+            now = time.time()
+            for session_id, session in list(self.state.sessions.items()):
+                if not session.get("finished") and now - session["heartbeat"] > timeout:
+                    self._release(session_id)
 
     async def accepted(self, request: Request) -> Response:
         """Telemetry: accepted and dropped (nothing leaves this machine)."""
@@ -541,7 +560,9 @@ def create_app(service: ServiceClient, settings: EngineSettings | None = None) -
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        reaper = asyncio.create_task(api.expire_sessions())
         yield
+        reaper.cancel()
         api.executor.shutdown(wait=False, cancel_futures=True)
 
     app = Starlette(routes=routes, lifespan=lifespan)
