@@ -9,7 +9,16 @@ from __future__ import annotations
 import typer
 
 from tinkertrace import __version__
-from tinkertrace.cli import build_cmd, collector_cmd, demo_cmd, eval_cmd, serve_cmd, spans_cmd, train_cmd
+from tinkertrace.cli import (
+    build_cmd,
+    collector_cmd,
+    demo_cmd,
+    engine_cmd,
+    eval_cmd,
+    serve_cmd,
+    spans_cmd,
+    train_cmd,
+)
 
 app = typer.Typer(
     name="tinkertrace",
@@ -29,7 +38,7 @@ def version() -> None:
     typer.echo(__version__)
 
 
-for module in (collector_cmd, spans_cmd, build_cmd, train_cmd, serve_cmd, eval_cmd, demo_cmd):
+for module in (collector_cmd, spans_cmd, build_cmd, train_cmd, serve_cmd, engine_cmd, eval_cmd, demo_cmd):
     module.register(app)
 
 

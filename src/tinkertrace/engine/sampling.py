@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tinker import types
 from tinker.lib.public_interfaces.api_future import APIFuture
+from tinker.types.topk_logprobs import TopkLogprobs
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tinkertrace.engine.futures import OrderedWorker
@@ -104,8 +105,12 @@ def generate(
     prompt: list[int],
     num_samples: int,
     params: types.SamplingParams,
+    topk: int = 0,
 ) -> list[types.SampledSequence]:
-    """Sample ``num_samples`` continuations of ``prompt`` in one batch with a KV cache."""
+    """Sample ``num_samples`` continuations of ``prompt`` in one batch with a KV cache.
+
+    ``topk`` > 0 also returns, per sampled token, the ``topk`` most likely tokens of the distribution
+    it was drawn from (``SampledSequence.topk_logprobs``)."""
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     if params.temperature < 0:
@@ -120,6 +125,8 @@ def generate(
     max_new = DEFAULT_MAX_TOKENS if params.max_tokens is None else params.max_tokens
     if max_new < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_new}")
+    if not 0 <= topk <= int(model.config.vocab_size):
+        raise ValueError(f"topk_sample_logprobs must be in [0, {model.config.vocab_size}], got {topk}")
     max_new = min(max_new, room)
     stop_ids, stop_strings = stop_conditions(params.stop, tokenizer)
     tail = max((len(s) for s in stop_strings), default=0) + 4
@@ -137,6 +144,8 @@ def generate(
     past, logits = out.past_key_values, out.logits[:, -1].float()
     tokens = torch.empty((num_samples, max_new), dtype=torch.long, device=device)
     logprobs = torch.empty((num_samples, max_new), dtype=torch.float32, device=device)
+    top_values = torch.empty((num_samples, max_new, topk), dtype=torch.float32, device=device)
+    top_ids = torch.empty((num_samples, max_new, topk), dtype=torch.long, device=device)
     lengths = np.full(num_samples, max_new)
     stopped = np.zeros(num_samples, dtype=bool)
     for step in range(max_new):
@@ -149,6 +158,8 @@ def generate(
             tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         tokens[:, step] = tok
         logprobs[:, step] = lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        if topk:
+            top_values[:, step], top_ids[:, step] = torch.topk(lp, topk, dim=-1)
         hit = torch.isin(tok, stop_tensor).cpu().numpy() if len(stop_ids) else np.zeros(num_samples, bool)
         if stop_strings:
             for row in np.flatnonzero(~stopped & ~hit):
@@ -164,12 +175,19 @@ def generate(
 
     tokens_np = tokens.cpu().numpy().astype(np.int32)
     logprobs_np = logprobs.cpu().numpy()
+    top_ids_np = top_ids.cpu().numpy().astype(np.int32) if topk else None
+    top_values_np = top_values.cpu().numpy() if topk else None
     return [
         types.SampledSequence(
             stop_reason="stop" if stopped[i] else "length",
             sequence_id=_new_sequence_id(),
             tokens_np=tokens_np[i, : lengths[i]].copy(),
             logprobs_np=logprobs_np[i, : lengths[i]].copy(),
+            topk_logprobs_np=TopkLogprobs(
+                token_ids=top_ids_np[i, : lengths[i]].copy(), logprobs=top_values_np[i, : lengths[i]].copy()
+            )
+            if top_ids_np is not None and top_values_np is not None
+            else None,
         )
         for i in range(num_samples)
     ]
@@ -204,7 +222,7 @@ class SamplingClient:
         prompt_logprobs_last_n: int | None = None,
     ) -> APIFuture[types.SampleResponse]:
         """Generate ``num_samples`` completions of ``prompt``; a future of a `SampleResponse`."""
-        if topk_prompt_logprobs or topk_sample_logprobs or target_prompt_logprobs is not None:
+        if topk_prompt_logprobs or target_prompt_logprobs is not None:
             raise ValueError("top-k and target prompt logprobs are not supported by the local engine")
         if prompt_alt_tokens_k:
             raise ValueError("prompt_alt_tokens_k is not supported by the local engine")
@@ -216,6 +234,7 @@ class SamplingClient:
             sampling_params,
             include_prompt_logprobs,
             prompt_logprobs_last_n,
+            topk_sample_logprobs,
         )
 
     def _sample(
@@ -225,8 +244,9 @@ class SamplingClient:
         params: types.SamplingParams,
         include_prompt_logprobs: bool,
         last_n: int | None,
+        topk: int = 0,
     ) -> types.SampleResponse:
-        sequences = generate(self._model, self._tokenizer, tokens, num_samples, params)
+        sequences = generate(self._model, self._tokenizer, tokens, num_samples, params, topk)
         prompt_lp = self._prompt_logprobs(tokens, last_n) if include_prompt_logprobs else None
         return types.SampleResponse(sequences=sequences, prompt_logprobs_np=prompt_lp)
 

@@ -62,8 +62,13 @@ class ServiceClient:
         train_unembed: bool = True,
         user_metadata: dict[str, str] | None = None,
         optimizer: types.OptimizerConfig | None = None,
+        *,
+        run_id: str | None = None,
     ) -> ClientFuture[TrainingClient]:
-        """A TrainingClient with LoRA adapters of ``rank`` (seeded); ``rank=0`` trains all weights."""
+        """A TrainingClient with LoRA adapters of ``rank`` (seeded); ``rank=0`` trains all weights.
+
+        ``run_id`` (an extension, used by ``tinkertrace engine``) names the run instead of a fresh id.
+        """
         if not isinstance(rank, int) or rank < 0:
             raise ValueError(f"rank must be a non-negative integer (0 = full fine-tuning), got {rank!r}")
         _check_optimizer(optimizer)
@@ -75,16 +80,16 @@ class ServiceClient:
             train_attn=train_attn,
             train_unembed=train_unembed,
         )
-        return ClientFuture(TrainingClient(spec, self.store, self.device))
+        return ClientFuture(TrainingClient(spec, self.store, self.device, run_id=run_id))
 
     def _from_state(
-        self, path: str, base_model: str | None, with_optimizer: bool
+        self, path: str, base_model: str | None, with_optimizer: bool, run_id: str | None = None
     ) -> ClientFuture[TrainingClient]:
         _, meta = self.store.resolve(path, expected_kind=WEIGHTS)
         spec = ModelSpec(**meta["spec"])
         if base_model is not None and base_model != spec.base_model:
             raise ValueError(f"{path!r} was trained from {spec.base_model!r}, not {base_model!r}")
-        client = TrainingClient(spec, self.store, self.device)
+        client = TrainingClient(spec, self.store, self.device, run_id=run_id)
         future = client.load_state_with_optimizer(path) if with_optimizer else client.load_state(path)
         future.result()
         return ClientFuture(client)
@@ -96,10 +101,12 @@ class ServiceClient:
         user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
         optimizer: types.OptimizerConfig | None = None,
+        *,
+        run_id: str | None = None,
     ) -> ClientFuture[TrainingClient]:
         """A new training run starting from saved weights (fresh optimizer state)."""
         _check_optimizer(optimizer)
-        return self._from_state(path, base_model, with_optimizer=False)
+        return self._from_state(path, base_model, with_optimizer=False, run_id=run_id)
 
     def create_training_client_from_state_with_optimizer(
         self,
@@ -107,9 +114,11 @@ class ServiceClient:
         base_model: str | None = None,
         user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
+        *,
+        run_id: str | None = None,
     ) -> ClientFuture[TrainingClient]:
         """A new training run resuming saved weights and optimizer state exactly."""
-        return self._from_state(path, base_model, with_optimizer=True)
+        return self._from_state(path, base_model, with_optimizer=True, run_id=run_id)
 
     def create_sampling_client(
         self,

@@ -23,6 +23,8 @@ SAMPLER_WEIGHTS = "sampler_weights"
 Kind = Literal["weights", "sampler_weights"]
 META_FILE = "checkpoint.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+"""Run ids may also hold ':' (Tinker's model ids look like ``<session>:train:<n>``)."""
 
 
 class CheckpointError(ValueError):
@@ -41,9 +43,10 @@ def new_run_id() -> str:
 
 
 def check_name(name: str, what: str = "checkpoint name") -> str:
-    """Names become folder names: letters, digits, '.', '_', '-' only."""
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise CheckpointError(f"invalid {what} {name!r}: use letters, digits, '.', '_' or '-'")
+    """Names become folder names: letters, digits, '.', '_', '-' only (run ids also ':')."""
+    pattern, allowed = (_RUN_ID, "'.', '_', ':' or '-'") if what == "run id" else (_NAME, "'.', '_' or '-'")
+    if not isinstance(name, str) or not pattern.match(name):
+        raise CheckpointError(f"invalid {what} {name!r}: use letters, digits, {allowed}")
     return name
 
 

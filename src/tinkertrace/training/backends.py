@@ -38,7 +38,8 @@ def check_tinker_reachable(base_url: str, timeout_s: float = 10.0) -> None:
     except httpx.HTTPError as exc:
         raise BackendError(
             f"cannot reach the Tinker service at {base_url} ({type(exc).__name__}: {exc}). "
-            "Check the network, or $TINKER_BASE_URL; use --backend local to train on this machine."
+            "Check the network, or $TINKER_BASE_URL (e.g. the URL of a running `tinkertrace engine`); "
+            "use --backend local to train on this machine."
         ) from None
 
 
@@ -47,8 +48,9 @@ def make_service_client(
 ) -> Any:
     """A ``ServiceClient`` for ``backend``.
 
-    ``"tinker"``: the real ``tinker.ServiceClient()``, with ``TINKER_API_KEY`` from the environment;
-    the service is probed first so an unreachable one fails fast with a clear message.
+    ``"tinker"``: the real ``tinker.ServiceClient()``, with ``TINKER_API_KEY`` and ``TINKER_BASE_URL``
+    from the environment (hosted Tinker, or ``tinkertrace engine`` on this machine); the service is
+    probed first so an unreachable one fails fast with a clear message.
     ``"local"``: ``tinkertrace.engine.ServiceClient(base_dir=engine_dir)`` (default folder
     ``$TINKERTRACE_HOME/engine``).
     """
@@ -60,7 +62,8 @@ def make_service_client(
         if not os.environ.get("TINKER_API_KEY"):
             raise BackendError(
                 "the tinker backend needs an API key: export TINKER_API_KEY=<your key> "
-                "(from the Tinker console), or use --backend local to train on this machine"
+                "(from the Tinker console; any tml-... key for a local `tinkertrace engine`), "
+                "or use --backend local to train on this machine"
             )
         if check_reachable:
             check_tinker_reachable(tinker_base_url(), timeout_s)

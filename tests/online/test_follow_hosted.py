@@ -1,0 +1,43 @@
+"""`tinkertrace train --follow --backend tinker`: follow mode through the unchanged ``tinker`` SDK,
+against a real `tinkertrace engine` process (``TINKER_BASE_URL`` + a dummy key)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tinkertrace.engine_server.process import EngineProcess
+from tinkertrace.online.runner import OnlineStack
+from tinkertrace.training.checkpoints import read_checkpoints
+from tinkertrace.training.metrics import read_metrics
+
+from .conftest import MODEL, make_rollouts
+
+pytestmark = pytest.mark.slow
+
+
+def test_follow_mode_trains_through_the_tinker_sdk(stack: OnlineStack, tmp_path: Path) -> None:
+    make_rollouts(stack, "h", groups=2)
+    log_dir = tmp_path / "follow-hosted"
+    with EngineProcess(tmp_path / "engine") as engine:
+        cmd = [
+            sys.executable, "-m", "tinkertrace.cli.main", "train", str(stack.settings.spans_dir), "--follow",
+            "--backend", "tinker", "--log-dir", str(log_dir), "--model", MODEL, "--lora-rank", "4",
+            "--group-size", "4", "--groups-per-batch", "1", "--poll-seconds", "0.2", "--no-progress",
+            "--max-staleness", "1000", "--learning-rate", "1e-3", "--keep-constant-reward-groups",
+            "--idle-timeout", "4",
+        ]  # fmt: skip
+        env = {**os.environ, **engine.env(), "TINKERTRACE_CPU_THREADS": "1"}
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = read_checkpoints(log_dir)
+    assert [r["step"] for r in records] == list(range(1, len(records) + 1)) and len(records) >= 2
+    assert all(r["sampler_path"].startswith("tinker://") and ":train:" in r["sampler_path"] for r in records)
+    run_id = records[-1]["sampler_path"].split("/")[2]
+    assert (engine.engine_dir / run_id / "sampler_weights" / records[-1]["name"]).is_dir()
+    assert len({rid for r in records for rid in r["trained_rollout_ids"]}) == 2 * 4
+    assert all(m["loss:sum"] == m["loss:sum"] for m in read_metrics(log_dir))  # finite, logged per step
