@@ -42,6 +42,7 @@ class Request:
     path: str  # without the query string
     headers: dict[bytes, bytes]  # lower-case names; repeated headers joined with ", "
     body: bytes = b""
+    reserved: int = 0  # bytes of the handler's memory budget this request holds (see Handler.admit)
 
     @property
     def content_length(self) -> int | None:
@@ -113,6 +114,9 @@ class Handler(typing.Protocol):
     def admit(self, request: Request) -> Response | None:
         """Called with the headers (no body yet): a response refuses the request, ``None`` reads the body."""
 
+    def abandon(self, request: Request) -> None:
+        """An admitted request will never be answered (its connection was lost or timed out)."""
+
     def body_too_large(self, request: Request) -> Response:
         """The answer when a body without ``Content-Length`` grows past ``max_body_bytes``."""
 
@@ -157,6 +161,14 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        self._abandon_request()
+
+    def _abandon_request(self) -> None:
+        """Tell the handler that the admitted request being received will not complete."""
+        request, self.request = self.request, None
+        self.body = self.body_view = None
+        if request is not None and self.refusal is None:
+            self.handler.abandon(request)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if not self.direct:
@@ -236,6 +248,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.chunks.append(chunk)
         self.filled += len(chunk)
         if self.filled > self.server.max_body_bytes:
+            self.handler.abandon(self.request)
             self.refusal = self.handler.body_too_large(self.request)
             self.chunks = []
 

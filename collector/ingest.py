@@ -64,9 +64,42 @@ class RecoveryReport:
     notes: list[str] = field(default_factory=list)
 
 
+class MemoryBudget:
+    """One count of the bytes that requests hold in the collector, against one limit: bodies being
+    received (reserved at their declared size when admitted), bodies waiting and being converted, and
+    converted tables queued until the Parquet writer has them. Thread-safe."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def try_reserve(self, nbytes: int) -> bool:
+        """Take ``nbytes`` unless that would pass the limit (a request larger than the whole budget is
+        let in when nothing else is held, so it is not refused for ever)."""
+        with self._lock:
+            if self.used and self.used + nbytes > self.limit:
+                return False
+            self.used += nbytes
+            return True
+
+    def reserve(self, nbytes: int) -> None:
+        """Take ``nbytes`` regardless of the limit (work already admitted; negative gives back)."""
+        with self._lock:
+            self.used += nbytes
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.used -= nbytes
+
+    @property
+    def full(self) -> bool:
+        return self.used >= self.limit
+
+
 @dataclass
 class _Item:
-    payloads: list[bytes]  # the requests whose spans ``table`` holds, each logged as its own WAL record
+    payload: bytes  # the request, logged as one WAL record
     table: pa.Table
     received_at_ns: int
     cost: int
@@ -101,12 +134,11 @@ class Ingestor:
         self._wal_q: queue.Queue[Any] = queue.Queue()
         self._writer_q: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
-        self._pending_bytes = 0
+        self.budget = MemoryBudget(config.max_queue_bytes)
         self._closing = False
         self.failure: str | None = None
         self.stats = {
             "requests": 0,
-            "batched_requests": 0,  # requests that shared one conversion with others
             "spans": 0,
             "rejected_spans": 0,
             "overloaded": 0,
@@ -151,32 +183,58 @@ class Ingestor:
         """Raise :class:`Unavailable` / :class:`Overloaded` before a request is parsed."""
         if self.failure or self._closing:
             raise Unavailable(self.failure or "collector is shutting down")
-        if self._pending_bytes >= self.config.max_queue_bytes:
+        if self.budget.full:
             self.stats["overloaded"] += 1
             raise Overloaded(self.config.retry_after_s)
 
-    def submit(self, payloads: list[bytes], result: ConversionResult, received_at_ns: int) -> Future[None]:
-        """Queue converted requests (``result`` is their spans); the future resolves once their bytes are
-        fsynced in the WAL."""
-        future: Future[None] = Future()
-        cost = sum(map(len, payloads)) + result.table.get_total_buffer_size()
+    def admit(self, nbytes: int) -> int:
+        """Reserve ``nbytes`` of the memory budget for a body about to be received; returns them.
+        Raises :class:`Unavailable` / :class:`Overloaded` (before the body is read)."""
+        self.check_capacity()
+        if not self.budget.try_reserve(nbytes):
+            self.stats["overloaded"] += 1
+            raise Overloaded(self.config.retry_after_s)
+        return nbytes
+
+    def count_request(self, *, rejected: int) -> None:
         with self._lock:
-            self.stats["requests"] += len(payloads)
-            self.stats["batched_requests"] += len(payloads) if len(payloads) > 1 else 0
-            self.stats["rejected_spans"] += result.rejected
-            if result.accepted == 0:
-                future.set_result(None)
-                return future
-            self.check_capacity()
-            self._pending_bytes += cost
+            self.stats["requests"] += 1
+            self.stats["rejected_spans"] += rejected
+
+    def submit(
+        self, payload: bytes, result: ConversionResult, received_at_ns: int, *, reserved: int = 0
+    ) -> Future[None]:
+        """Queue one converted request (``result`` is its spans); the future resolves once its bytes are
+        fsynced in the WAL. ``reserved`` bytes already taken from the budget for it pass to the queue."""
+        future: Future[None] = Future()
+        cost = len(payload) + result.table.get_total_buffer_size()
+        self.count_request(rejected=result.rejected)
+        if result.accepted == 0:
+            self.budget.release(reserved)
+            future.set_result(None)
+            return future
+        with self._lock:
+            if self.failure or self._closing:
+                raise Unavailable(self.failure or "collector is shutting down")
+            self.budget.reserve(cost - reserved)
             self.stats["spans"] += result.accepted
             # queued under the lock: once the WAL has failed, _refuse_queued finds every item queued
-            self._wal_q.put(_Item(payloads, result.table, received_at_ns, cost, future))
+            self._wal_q.put(_Item(payload, result.table, received_at_ns, cost, future))
         return future
 
     @property
     def pending_bytes(self) -> int:
-        return self._pending_bytes
+        return self.budget.used
+
+    def health(self) -> dict[str, Any]:
+        """Status (``ok``, ``recovering`` from a storage error, ``failed``), what happened, and counts."""
+        return {
+            "status": "failed" if self.failure else "ok",
+            "failure": self.failure,
+            "pending_bytes": self.budget.used,
+            "budget_bytes": self.budget.limit,
+            **self.stats,
+        }
 
     # --- shutdown --------------------------------------------------------------------------------
     def stop(self, timeout: float = 60.0) -> None:
@@ -226,8 +284,7 @@ class Ingestor:
             return
         try:
             for item in items:
-                for payload in item.payloads:
-                    self.wal.append(payload, item.received_at_ns)
+                self.wal.append(item.payload, item.received_at_ns)
             self.wal.sync()
         except Exception as exc:
             self._refuse(items, f"write-ahead log failed: {exc!r}")
@@ -248,8 +305,7 @@ class Ingestor:
                     self.writer.file_prefix = file_tag(self.config.instance, value)
                 elif kind == "table":
                     self.stats["files"] += len(self.writer.write(value.table))
-                    with self._lock:
-                        self._pending_bytes -= value.cost
+                    self.budget.release(value.cost)
                 elif kind == "close":
                     self.stats["files"] += len(self.writer.flush())
                     self.wal.delete(value)
@@ -275,8 +331,6 @@ class Ingestor:
 
     def _refuse(self, items: list[_Item], reason: str) -> None:
         """Answer ``items`` with :class:`Unavailable` and take them out of the queued bytes."""
-        with self._lock:
-            for item in items:
-                self._pending_bytes -= item.cost
+        self.budget.release(sum(item.cost for item in items))
         for item in items:
             item.future.set_exception(Unavailable(reason))

@@ -250,9 +250,7 @@ def test_overload_answers_429_with_retry_after_then_recovers(tmp_path: Path) -> 
     ingestor = Ingestor(IngestConfig(out=out, wal_dir=out / "_wal" / "x", instance="x", max_queue_bytes=1000))
     body = llm_request(5, seed=1).SerializeToString()
     filler = request_to_table(llm_request(5, seed=9), 1_767_225_600_000_000_000)
-    backlog: Future[None] = ingestor.submit(
-        [b"x" * 2000], filler, 1_767_225_600_000_000_000
-    )  # fills the queue
+    backlog: Future[None] = ingestor.submit(b"x" * 2000, filler, 1_767_225_600_000_000_000)  # fills the queue
     handler = OtlpHttpHandler(ingestor, max_request_bytes=1 << 20)
     server = HttpServer(handler, "127.0.0.1", free_port(), max_body_bytes=1 << 20)
     server.start()
@@ -289,15 +287,15 @@ def test_a_failed_wal_answers_every_queued_request_and_refuses_new_ones(
     monkeypatch.setattr(ingestor.wal, "sync", failing_sync)
     result = request_to_table(llm_request(5, seed=1), 1_767_225_600_000_000_000)
     ingestor.start()
-    first = ingestor.submit([b"first"], result, 1_767_225_600_000_000_000)
+    first = ingestor.submit(b"first", result, 1_767_225_600_000_000_000)
     assert syncing.wait(10)  # the WAL thread is inside the failing fsync; these wait in its queue
-    queued = [ingestor.submit([b"queued"], result, 1_767_225_600_000_000_000) for _ in range(3)]
+    queued = [ingestor.submit(b"queued", result, 1_767_225_600_000_000_000) for _ in range(3)]
     release.set()
     for future in [first, *queued]:
         with pytest.raises(Unavailable, match="No space left on device"):
             future.result(timeout=10)
     with pytest.raises(Unavailable, match="write-ahead log failed"):
-        ingestor.submit([b"later"], result, 1_767_225_600_000_000_000)
+        ingestor.submit(b"later", result, 1_767_225_600_000_000_000)
     assert ingestor.pending_bytes == 0
     ingestor.stop()
 

@@ -19,11 +19,15 @@ class EchoHandler:
 
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
+        self.abandoned: list[str] = []
 
     def admit(self, request: Request) -> Response | None:
         if request.path.startswith("/refuse"):
             return Response(403, b"refused " + request.path.encode())
         return None
+
+    def abandon(self, request: Request) -> None:
+        self.abandoned.append(request.path)
 
     def body_too_large(self, request: Request) -> Response:
         return Response(413, b"too large")

@@ -338,6 +338,17 @@ def id_problem(
     return None
 
 
+MAX_TIME_NS = 2**63 - 1  # the timestamp columns are int64 nanoseconds (until the year 2262)
+
+
+def time_problem(start_ns: int, end_ns: int) -> str | None:
+    """Why a span's times cannot be stored (``None`` if they can)."""
+    for name, value in (("start_time_unix_nano", start_ns), ("end_time_unix_nano", end_ns)):
+        if value > MAX_TIME_NS:
+            return f"{name} {value} is beyond the largest storable time (2^63-1 ns)"
+    return None
+
+
 def resource_columns(resource: Any) -> tuple[str | None, str]:
     """``service_name`` and ``resource_attributes`` (JSON) of an OTLP ``Resource``."""
     attributes = _attrs(resource.attributes)
@@ -363,6 +374,8 @@ def reference_body_to_table(body: bytes, received_at_ns: int) -> ConversionResul
                 problem = id_problem(
                     len(trace_id), trace_id == _ZERO_TRACE, len(span_id), span_id == _ZERO_SPAN, len(parent)
                 )
+                if problem is None:
+                    problem = time_problem(span.start_time_unix_nano, span.end_time_unix_nano)
                 lifted: list[Any] = [None] * n_scalar
                 tokens: list[Any] = [None, None, None]
                 rest: dict[str, bytes] = {}
