@@ -34,6 +34,7 @@ log = logging.getLogger("tinkertrace.collector")
 SCRATCH_BYTES = 64 * 1024  # receive buffer for request heads, chunked bodies and discarded bodies
 MAX_HEAD_BYTES = 1024 * 1024  # a request head (line + headers) larger than this is refused
 MAX_QUEUED_REQUESTS = 8  # pipelined requests received ahead of their answer before reading pauses
+SWEEP_S = 0.25  # how often deadlines and idle connections are checked
 
 
 @dataclass
@@ -138,6 +139,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.last_activity = time.monotonic()
         self.receiving = False  # between the first byte of a request and its last
         self.finished = False  # answered a request that ends the connection: ignore further input
+        self.deadline = self.last_activity + server.header_timeout_s  # for the head (or body) in progress
+        self.served = 0  # requests whose head was complete
         self._reset_request()
 
     def _reset_request(self) -> None:
@@ -153,10 +156,17 @@ class _Connection(asyncio.BufferedProtocol):
         self.expected = 0  # Content-Length of the body being received
         self.chunks: list[bytes] = []  # a chunked body
         self.direct = False  # receiving the rest of a Content-Length body without the parser
+        self.answered_early = False  # refused from its head and answered before its body arrived
 
     # --- asyncio.BufferedProtocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        if len(self.server.connections) >= self.server.max_connections:
+            self.finished = True
+            busy = Response(503, b"too many open connections", headers=[(b"retry-after", b"1")])
+            self.transport.write(busy.render(keep_alive=False))
+            self.transport.close()
+            return
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -206,6 +216,8 @@ class _Connection(asyncio.BufferedProtocol):
     def on_message_begin(self) -> None:
         self._reset_request()
         self.receiving = True
+        if self.served:  # a request after the first on this connection: its head's time starts now
+            self.deadline = time.monotonic() + self.server.header_timeout_s
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -218,20 +230,29 @@ class _Connection(asyncio.BufferedProtocol):
         path = self.url.split(b"?", 1)[0].decode("latin-1")
         request = Request(self.parser.get_method().decode("latin-1"), path, self.headers)
         self.request = request
+        self.served += 1
         self.keep_alive = self.parser.should_keep_alive() and not self.server.stopping
-        try:
-            self.refusal = self.handler.admit(request)
-        except Exception:
-            log.exception("HTTP handler failed in admit")
-            self.refusal = Response(500, b"internal error")
+        length = request.content_length
+        self.deadline = time.monotonic() + self.server.body_seconds(length or 0)
+        if length is not None and length > self.server.max_body_bytes:
+            self.refusal = self.handler.body_too_large(request)
+        else:
+            try:
+                self.refusal = self.handler.admit(request)
+            except Exception:
+                log.exception("HTTP handler failed in admit")
+                self.refusal = Response(500, b"internal error")
         expects_continue = self.headers.get(b"expect", b"").lower() == b"100-continue"
-        if self.refusal is not None and expects_continue:  # the client will not send the body it announced
+        if self.refusal is not None and (expects_continue or self.refusal.status == 413):
+            # the client will not send the body it announced, or it is too large to read and drop
             self._queue_answer(request, self.refusal, keep_alive=False)
             self.finished = True
             return
+        if self.refusal is not None:  # answered now; the body is read and dropped, keeping the connection
+            self._queue_answer(request, self.refusal, self.keep_alive)
+            self.answered_early = True
         if expects_continue and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        length = request.content_length
         if length:
             self.expected = length
             if self.refusal is None:
@@ -263,7 +284,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.body = self.body_view = None
         self.chunks = []
         self.request = None
-        self._queue_answer(request, self.refusal, self.keep_alive)
+        if not self.answered_early:
+            self._queue_answer(request, self.refusal, self.keep_alive)
 
     # --- answering -----------------------------------------------------------------------------------
     def _queue_answer(self, request: Request, refusal: Response | None, keep_alive: bool) -> None:
@@ -300,13 +322,28 @@ class _Connection(asyncio.BufferedProtocol):
         self.finished = True
         self._queue_answer(Request("-", "-", {}), Response(status, message.encode()), keep_alive=False)
 
-    def close_if_quiet(self, quiet_s: float, *, mid_request: bool) -> None:
-        """Close unless an answer is pending or something arrived in the last ``quiet_s`` seconds; a
-        connection in the middle of receiving a request is closed only if ``mid_request``."""
+    def close_if_quiet(self, quiet_s: float) -> None:
+        """Close unless an answer is pending, a request is being received or something arrived in the
+        last ``quiet_s`` seconds."""
         answering = self.worker is not None or bool(self.answers)
         quiet = time.monotonic() - self.last_activity >= quiet_s
-        if quiet and not answering and (mid_request or not self.receiving) and self.transport is not None:
+        if quiet and not answering and not self.receiving and self.transport is not None:
             self.transport.close()
+
+    def enforce_deadline(self, now: float) -> bool:
+        """Close a connection whose first request's head, or whose request in progress (head or body),
+        is late: 408 when it is that connection's turn to be answered. Whether it was closed."""
+        late = (self.receiving or not self.served) and now > self.deadline and not self.finished
+        if not late or self.transport is None:
+            return False
+        self.finished = True
+        if self.receiving and self.worker is None and not self.answers:
+            what = "body" if self.request is not None else "request head"
+            timeout = Response(408, f"the {what} did not arrive in time".encode())
+            self.transport.write(timeout.render(keep_alive=False))
+        self._abandon_request()
+        self.transport.close()
+        return True
 
 
 class HttpServer:
@@ -320,6 +357,10 @@ class HttpServer:
         *,
         max_body_bytes: int,
         keep_alive_s: float = 30.0,
+        header_timeout_s: float = 10.0,
+        body_timeout_s: float = 30.0,
+        min_body_rate: float = 1024 * 1024,
+        max_connections: int = 1024,
         thread_name: str = "tt-http",
     ) -> None:
         self.handler = handler
@@ -327,6 +368,11 @@ class HttpServer:
         self.port = port
         self.max_body_bytes = max_body_bytes
         self.keep_alive_s = keep_alive_s
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.min_body_rate = min_body_rate
+        self.max_connections = max_connections
+        self.timed_out = 0  # connections closed for a late head or body
         self.thread_name = thread_name
         self.connections: set[_Connection] = set()
         self.stopping = False
@@ -354,7 +400,7 @@ class HttpServer:
                 loop.close()
                 return
             started.set()
-            loop.call_later(1.0, self._close_idle_connections)
+            loop.call_later(SWEEP_S, self._sweep)
             try:
                 loop.run_forever()
             finally:
@@ -374,12 +420,21 @@ class HttpServer:
         asyncio.run_coroutine_threadsafe(self._shut_down(timeout), loop)
         thread.join(timeout + 5)
 
-    def _close_idle_connections(self) -> None:
-        """Once a second: close keep-alive connections idle for ``keep_alive_s`` (or stalled mid-request)."""
+    def body_seconds(self, length: int) -> float:
+        """Time allowed for the head and the body of a request of ``length`` bytes, from the head's end:
+        ``body_timeout_s`` plus what ``length`` takes at ``min_body_rate`` bytes/s."""
+        return self.body_timeout_s + length / self.min_body_rate
+
+    def _sweep(self) -> None:
+        """Every SWEEP_S: 408 and close requests past their deadline; close idle keep-alive connections."""
+        now = time.monotonic()
         for connection in list(self.connections):
-            connection.close_if_quiet(self.keep_alive_s, mid_request=True)
+            if connection.enforce_deadline(now):
+                self.timed_out += 1
+            else:
+                connection.close_if_quiet(self.keep_alive_s)
         if not self.stopping and self._loop is not None:
-            self._loop.call_later(1.0, self._close_idle_connections)
+            self._loop.call_later(SWEEP_S, self._sweep)
 
     async def _shut_down(self, timeout: float) -> None:
         self.stopping = True
@@ -389,7 +444,7 @@ class HttpServer:
         deadline = loop.time() + timeout
         while self.connections and loop.time() < deadline:
             for connection in list(self.connections):
-                connection.close_if_quiet(0.0, mid_request=False)
+                connection.close_if_quiet(0.0)
             await asyncio.sleep(0.02)
         for connection in list(self.connections):
             if connection.transport is not None:

@@ -184,3 +184,99 @@ def test_a_port_in_use_is_a_clear_error() -> None:
         port = holder.getsockname()[1]
         with pytest.raises(OSError, match=f"cannot listen for HTTP on 127.0.0.1:{port}"):
             HttpServer(EchoHandler(), "127.0.0.1", port, max_body_bytes=1).start()
+
+
+@pytest.fixture
+def strict_server() -> Iterator[tuple[HttpServer, EchoHandler]]:
+    """Short deadlines (0.5 s for a head, 0.5 s + 1 s per MiB for a body) and at most 3 connections."""
+    handler = EchoHandler()
+    http = HttpServer(
+        handler, "127.0.0.1", free_port(), max_body_bytes=4 << 20, header_timeout_s=0.5, body_timeout_s=0.5,
+        max_connections=3,
+    )  # fmt: skip
+    http.start()
+    yield http, handler
+    http.stop()
+
+
+def _trickle(sock: socket.socket, data: bytes, seconds: float) -> bytes:
+    """Send ``data`` a byte every 50 ms for up to ``seconds`` (stopping when the server closes); then
+    everything the server sent."""
+    sock.settimeout(0.05)
+    received = b""
+    deadline = time.monotonic() + seconds
+    for byte in data:
+        if time.monotonic() > deadline:
+            break
+        try:
+            sock.send(bytes([byte]))
+            chunk = sock.recv(65536)
+            if not chunk:
+                return received
+            received += chunk
+        except TimeoutError:
+            continue
+        except OSError:
+            return received
+    sock.settimeout(5)
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except OSError:
+        pass
+    return received
+
+
+def test_a_trickling_request_head_gets_408_and_is_closed(strict_server: tuple) -> None:
+    http, _ = strict_server
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", http.port)) as sock:
+        answer = _trickle(sock, b"POST /echo HTTP/1.1\r\nhost: x\r\nx-slow: " + b"a" * 200, seconds=5)
+    assert answer.startswith(b"HTTP/1.1 408") and b"request head did not arrive in time" in answer
+    assert time.monotonic() - started < 3
+    assert http.timed_out == 1
+
+
+def test_a_trickling_body_gets_408_is_closed_and_its_request_abandoned(strict_server: tuple) -> None:
+    http, handler = strict_server
+    with socket.create_connection(("127.0.0.1", http.port)) as sock:
+        sock.sendall(b"POST /slow HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n")
+        answer = _trickle(sock, b"b" * 1000, seconds=5)
+    assert answer.startswith(b"HTTP/1.1 408") and b"body did not arrive in time" in answer
+    assert handler.abandoned == ["/slow"] and handler.bodies == []
+    assert httpx.post(_url(http), content=b"fine").status_code == 200
+
+
+def test_a_declared_body_over_the_limit_is_413_before_any_byte_of_it(strict_server: tuple) -> None:
+    http, handler = strict_server
+    with socket.create_connection(("127.0.0.1", http.port)) as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 100000000\r\n\r\n")
+        sock.settimeout(3)
+        answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 413") and b"connection: close" in answer
+        assert sock.recv(100) == b""  # closed: the body is not read
+    assert handler.abandoned == []
+
+
+def test_a_request_refused_from_its_head_is_answered_before_its_body_is_sent(strict_server: tuple) -> None:
+    http, _ = strict_server
+    with socket.create_connection(("127.0.0.1", http.port)) as sock:
+        sock.sendall(b"POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: 300000\r\n\r\n")
+        assert _read_responses(sock, 1)[0].endswith(b"refused /refuse")
+        sock.sendall(b"z" * 300_000 + b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi")
+        assert _read_responses(sock, 1)[0].endswith(b"POST /echo 2 209")  # same connection, still usable
+
+
+def test_connections_beyond_the_cap_get_503_and_the_cap_frees_up(strict_server: tuple) -> None:
+    http, _ = strict_server
+    held = [socket.create_connection(("127.0.0.1", http.port)) for _ in range(3)]
+    time.sleep(0.1)
+    with socket.create_connection(("127.0.0.1", http.port)) as extra:
+        extra.settimeout(3)
+        answer = extra.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer
+    for sock in held:  # silent connections are closed after the head deadline (0.5 s)
+        sock.settimeout(3)
+        assert sock.recv(100) == b""
+        sock.close()
+    assert httpx.post(_url(http), content=b"fine").status_code == 200
