@@ -16,10 +16,11 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -50,6 +51,7 @@ class IngestConfig:
     max_queue_bytes: int = 256 * 1024 * 1024
     max_file_bytes: int = 128 * 1024 * 1024
     roll_seconds: float = 30.0
+    idle_flush_s: float = 0.25  # a segment with records and no new request for this long goes to Parquet
     wal_segment_bytes: int = 256 * 1024 * 1024
     retry_after_s: int = 1
     zstd_level: int = ZSTD_LEVEL
@@ -107,6 +109,9 @@ class _Item:
 
 
 _STOP = object()
+_T = TypeVar("_T")
+WAL, WRITER = "write-ahead log", "Parquet writer"  # the storage parts whose errors are retried
+RETRY_FIRST_S, RETRY_MAX_S = 0.05, 2.0  # backoff between retries of a failed storage step
 
 
 def name_os_thread() -> None:
@@ -136,13 +141,17 @@ class Ingestor:
         self._lock = threading.Lock()
         self.budget = MemoryBudget(config.max_queue_bytes)
         self._closing = False
-        self.failure: str | None = None
+        self.failure: str | None = None  # a bug stopped the storage threads: nothing is accepted any more
+        self.troubles: dict[str, str] = {}  # storage errors being retried, by part (WAL, WRITER)
+        self.last_storage_error: str | None = None
         self.stats = {
             "requests": 0,
             "spans": 0,
             "rejected_spans": 0,
             "overloaded": 0,
             "files": 0,
+            "storage_errors": 0,
+            "storage_recoveries": 0,
         }
         self._threads = [
             threading.Thread(target=self._wal_loop, name="tt-wal", daemon=True),
@@ -183,6 +192,8 @@ class Ingestor:
         """Raise :class:`Unavailable` / :class:`Overloaded` before a request is parsed."""
         if self.failure or self._closing:
             raise Unavailable(self.failure or "collector is shutting down")
+        if WAL in self.troubles:
+            raise Unavailable(f"{self.troubles[WAL]}; retrying")
         if self.budget.full:
             self.stats["overloaded"] += 1
             raise Overloaded(self.config.retry_after_s)
@@ -229,8 +240,10 @@ class Ingestor:
     def health(self) -> dict[str, Any]:
         """Status (``ok``, ``recovering`` from a storage error, ``failed``), what happened, and counts."""
         return {
-            "status": "failed" if self.failure else "ok",
+            "status": "failed" if self.failure else "recovering" if self.troubles else "ok",
             "failure": self.failure,
+            "storage_errors_now": sorted(self.troubles.values()),
+            "last_storage_error": self.last_storage_error,
             "pending_bytes": self.budget.used,
             "budget_bytes": self.budget.limit,
             **self.stats,
@@ -239,61 +252,93 @@ class Ingestor:
     # --- shutdown --------------------------------------------------------------------------------
     def stop(self, timeout: float = 60.0) -> None:
         """Stop accepting, write everything queued to Parquet, delete the flushed WAL segments."""
-        self._closing = True
-        self._wal_q.put(_STOP)
+        with self._lock:  # submit() queues under it: nothing is queued after the stop
+            self._closing = True
+            self._wal_q.put(_STOP)
         for thread in self._threads:
             thread.join(timeout)
 
     # --- threads ---------------------------------------------------------------------------------
     def _wal_loop(self) -> None:
+        """Log batches (group commit); roll the segment when full, old, idle, or at the stop. A storage
+        error (``OSError``: too many open files, disk full, ...) refuses the batch it hit with
+        :class:`Unavailable`, closes the segment (its acknowledged records still go to Parquet) and
+        retries opening a new one with backoff until it works; meanwhile requests get 503."""
         name_os_thread()
+        cfg = self.config
+        retry_at, backoff = 0.0, RETRY_FIRST_S
+        last_append = time.monotonic()
         try:
-            self._writer_q.put(("open", self.wal.open_segment()))
             while True:
-                try:
-                    batch = [self._wal_q.get(timeout=0.2)]
-                except queue.Empty:
-                    batch = []
-                while batch and len(batch) < 4096:
+                if not self.wal.is_open and time.monotonic() >= retry_at:
                     try:
-                        batch.append(self._wal_q.get_nowait())
-                    except queue.Empty:
-                        break
+                        segment = self.wal.open_segment()
+                        self._writer_q.put(("open", segment))
+                        self.wal.sync()  # writes the segment's header: a probe that the disk takes data
+                        self._resolved(WAL)
+                    except OSError as exc:
+                        if self.wal.is_open:
+                            self._writer_q.put(("close", self.wal.abandon_segment()))
+                        self._trouble(WAL, exc)
+                        retry_at, backoff = time.monotonic() + backoff, min(backoff * 2, RETRY_MAX_S)
+                batch = self._next_batch(min(cfg.idle_flush_s / 2, 0.2))
                 stop = any(item is _STOP for item in batch)
                 items = [item for item in batch if item is not _STOP]
-                self._log_batch(items)
-                cfg = self.config
+                now = time.monotonic()
+                if items and not self.wal.is_open:
+                    self._refuse(items, f"write-ahead log unavailable: {self.troubles.get(WAL)}")
+                elif items:
+                    try:
+                        self._log_batch(items)
+                        last_append, backoff = now, RETRY_FIRST_S
+                    except OSError as exc:
+                        self._trouble(WAL, exc)
+                        self._refuse(items, f"write-ahead log failed: {exc!r}")
+                        self._writer_q.put(("close", self.wal.abandon_segment()))
+                        retry_at, backoff = now + backoff, min(backoff * 2, RETRY_MAX_S)
+                has_data = self.wal.is_open and self.wal.segment_bytes > 0
                 full = self.wal.segment_bytes >= cfg.wal_segment_bytes
-                old = (
-                    self.wal.segment_bytes > 0
-                    and time.monotonic() - self.wal.segment_started >= cfg.roll_seconds
-                )
-                if stop or full or old:
-                    self._writer_q.put(("close", self.wal.close_segment()))
-                    if stop:
-                        self._writer_q.put(_STOP)
-                        return
-                    self._writer_q.put(("open", self.wal.open_segment()))
-        except Exception as exc:  # disk full, permissions, ...: stop acknowledging anything
+                old = now - self.wal.segment_started >= cfg.roll_seconds
+                idle = not items and now - last_append >= cfg.idle_flush_s
+                if self.wal.is_open and (stop or (has_data and (full or old or idle))):
+                    try:
+                        self._writer_q.put(("close", self.wal.close_segment()))
+                    except OSError as exc:
+                        self._trouble(WAL, exc)
+                        self._writer_q.put(("close", self.wal.abandon_segment()))
+                if stop:
+                    self._refuse_queued("collector is shutting down")
+                    self._writer_q.put(_STOP)
+                    return
+        except Exception as exc:  # a bug, not the storage: stop acknowledging anything
             self._fail(f"write-ahead log failed: {exc!r}")
             self._refuse_queued(f"write-ahead log failed: {exc!r}")
             self._writer_q.put(_STOP)
 
-    def _log_batch(self, items: list[_Item]) -> None:
-        if not items:
-            return
+    def _next_batch(self, wait_s: float) -> list[Any]:
+        """What is queued (up to 4096 items), waiting up to ``wait_s`` for the first."""
         try:
-            for item in items:
-                self.wal.append(item.payload, item.received_at_ns)
-            self.wal.sync()
-        except Exception as exc:
-            self._refuse(items, f"write-ahead log failed: {exc!r}")
-            raise
+            batch = [self._wal_q.get(timeout=wait_s)]
+        except queue.Empty:
+            return []
+        while len(batch) < 4096:
+            try:
+                batch.append(self._wal_q.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _log_batch(self, items: list[_Item]) -> None:
+        for item in items:
+            self.wal.append(item.payload, item.received_at_ns)
+        self.wal.sync()
         for item in items:
             self._writer_q.put(("table", item))
             item.future.set_result(None)
 
     def _writer_loop(self) -> None:
+        """Hand tables to the Parquet writer; write files; delete a closed segment once its spans are in
+        Parquet. A storage error is retried with backoff (the WAL keeps the data meanwhile)."""
         name_os_thread()
         while True:
             message = self._writer_q.get()
@@ -304,14 +349,45 @@ class Ingestor:
                 if kind == "open":
                     self.writer.file_prefix = file_tag(self.config.instance, value)
                 elif kind == "table":
-                    self.stats["files"] += len(self.writer.write(value.table))
+                    self.writer.add(value.table)
                     self.budget.release(value.cost)
+                    self.stats["files"] += len(self._retrying(WRITER, self.writer.write_due))
                 elif kind == "close":
-                    self.stats["files"] += len(self.writer.flush())
-                    self.wal.delete(value)
-            except Exception as exc:  # keep the WAL segment: the next start replays it
+                    self.stats["files"] += len(self._retrying(WRITER, self.writer.flush))
+                    self._retrying(WRITER, lambda segment=value: self.wal.delete(segment))
+            except Exception as exc:  # a bug: keep the WAL segment, the next start replays it
                 self._fail(f"Parquet writer failed: {exc!r}")
                 break
+
+    def _retrying(self, what: str, step: Callable[[], _T]) -> _T:
+        """``step()``, repeated with backoff while it raises ``OSError`` (unless the collector stops)."""
+        backoff = RETRY_FIRST_S
+        while True:
+            try:
+                result = step()
+            except OSError as exc:
+                self._trouble(what, exc)
+                if self._closing and backoff >= RETRY_MAX_S:
+                    raise
+                time.sleep(backoff)
+                backoff = min(backoff * 2, RETRY_MAX_S)
+                continue
+            self._resolved(what)
+            return result
+
+    def _trouble(self, what: str, exc: OSError) -> None:
+        """Record a storage error of ``what`` (retried): /health says ``recovering`` until it clears."""
+        message = f"{what}: {exc!r}"
+        if what not in self.troubles:
+            log.warning("%s; retrying", message)
+            self.stats["storage_errors"] += 1
+        self.troubles[what] = message
+        self.last_storage_error = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {message}"
+
+    def _resolved(self, what: str) -> None:
+        if self.troubles.pop(what, None) is not None:
+            log.warning("%s works again", what)
+            self.stats["storage_recoveries"] += 1
 
     def _fail(self, reason: str) -> None:
         log.error(reason)

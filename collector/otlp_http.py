@@ -110,7 +110,7 @@ class OtlpHttpHandler:
         An admitted request holds its declared size of the memory budget (``request.reserved``)."""
         if request.path in HEALTH_PATHS:
             health = self.health()
-            return Response(200 if health["status"] != "failed" else 503, json.dumps(health).encode(), JSON)
+            return Response(200 if health["status"] == "ok" else 503, json.dumps(health).encode(), JSON)
         if request.path != TRACES_PATH:
             return Response(404, _json_status(404, f"no route {request.path}; use POST {TRACES_PATH}"), JSON)
         try:
