@@ -75,6 +75,35 @@ def read_segment(path: Path) -> tuple[list[WalRecord], str | None]:
     return records, None
 
 
+def holds_records(path: Path) -> bool:
+    """Whether a segment holds at least one record (read from its first bytes only)."""
+    try:
+        with open(path, "rb") as segment:
+            head = segment.read(len(MAGIC) + _HEADER.size)
+    except OSError:
+        return False
+    if not head.startswith(MAGIC):  # a legacy segment (no magic) with anything in it, or a torn header
+        return len(head) >= _HEADER.size and not MAGIC.startswith(head)
+    return len(head) == len(MAGIC) + _HEADER.size and any(head[len(MAGIC) :])
+
+
+def unflushed_wal_note(spans_dir: Path) -> str | None:
+    """A line for readers of ``spans_dir`` (``build-trajectories``, ``spans query``) when a collector's
+    WAL there (``<spans_dir>/_wal/<instance>/``) holds acknowledged spans that are not in Parquet yet;
+    ``None`` when there are none."""
+    segments = [p for p in sorted(Path(spans_dir).glob(f"_wal/*/*{SUFFIX}")) if holds_records(p)]
+    if not segments:
+        return None
+    size = sum(p.stat().st_size for p in segments if p.exists()) / 1e6
+    instances = sorted({p.parent.name for p in segments})
+    return (
+        f"note: {len(segments)} write-ahead log segment(s) of collector {', '.join(instances)} "
+        f"({size:.1f} MB) hold acknowledged spans that are not in Parquet yet: a running collector writes "
+        "them within about a second of its last request (under load: --roll-seconds); a stopped one on "
+        "its next start. They are not in this result."
+    )
+
+
 def iter_records(wal_dir: Path) -> Iterator[tuple[int, list[WalRecord], str | None]]:
     for segment in segment_ids(wal_dir):
         records, note = read_segment(segment_path(wal_dir, segment))
