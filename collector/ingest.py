@@ -68,8 +68,9 @@ class RecoveryReport:
 
 class MemoryBudget:
     """One count of the bytes that requests hold in the collector, against one limit: bodies being
-    received (reserved at their declared size when admitted), bodies waiting and being converted, and
-    converted tables queued until the Parquet writer has them. Thread-safe."""
+    received (reserved at their declared size when admitted), bodies waiting for the WAL, and converted
+    tables until their Parquet file is written (the writer writes early when it holds half the
+    budget). Thread-safe."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -348,16 +349,22 @@ class Ingestor:
             try:
                 if kind == "open":
                     self.writer.file_prefix = file_tag(self.config.instance, value)
-                elif kind == "table":
-                    self.writer.add(value.table)
-                    self.budget.release(value.cost)
-                    self.stats["files"] += len(self._retrying(WRITER, self.writer.write_due))
+                elif kind == "table":  # the body goes; the buffered table counts until its file is written
+                    self.budget.release(value.cost - self.writer.add(value.table))
+                    crowding = self.writer.buffered_bytes >= self.budget.limit // 2  # leave room for requests
+                    self._write_files(self.writer.flush if crowding else self.writer.write_due)
                 elif kind == "close":
-                    self.stats["files"] += len(self._retrying(WRITER, self.writer.flush))
+                    self._write_files(self.writer.flush)
                     self._retrying(WRITER, lambda segment=value: self.wal.delete(segment))
             except Exception as exc:  # a bug: keep the WAL segment, the next start replays it
                 self._fail(f"Parquet writer failed: {exc!r}")
                 break
+
+    def _write_files(self, step: Callable[[], list[Path]]) -> None:
+        """Run a writer step (retried) and give the bytes of the rows it wrote back to the budget."""
+        before = self.writer.buffered_bytes
+        self.stats["files"] += len(self._retrying(WRITER, step))
+        self.budget.release(before - self.writer.buffered_bytes)
 
     def _retrying(self, what: str, step: Callable[[], _T]) -> _T:
         """``step()``, repeated with backoff while it raises ``OSError`` (unless the collector stops)."""

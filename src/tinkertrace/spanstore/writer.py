@@ -233,10 +233,12 @@ class PartitionedParquetWriter:
         self.add(table)
         return self.write_due()
 
-    def add(self, table: pa.Table) -> None:
-        """Buffer ``table`` (spans schema) without writing anything (no I/O, so no I/O errors)."""
+    def add(self, table: pa.Table) -> int:
+        """Buffer ``table`` (spans schema) without writing anything (no I/O, so no I/O errors); returns
+        the bytes it adds to :attr:`buffered_bytes`."""
         if table.num_rows == 0:
-            return
+            return 0
+        added = 0
         with self._lock:
             if self._closed:
                 raise RuntimeError("PartitionedParquetWriter is closed")
@@ -244,9 +246,10 @@ class PartitionedParquetWriter:
             for partition, part in _split_by_partition(table):
                 buffer = self._buffers.setdefault(partition, _Buffer(since=now))
                 buffer.tables.append(part)
-                buffer.nbytes += (
-                    part.get_total_buffer_size()
-                )  # O(buffers); .nbytes walks every value (~0.3 µs/span)
+                size = part.get_total_buffer_size()  # O(buffers); .nbytes walks every value (~0.3 µs/span)
+                buffer.nbytes += size
+                added += size
+        return added
 
     def write_due(self) -> list[Path]:
         """Write the partitions whose buffer is full or expired. After a failure (an ``OSError``) every
