@@ -233,7 +233,9 @@ def test_plain_otel_arrays_of_token_ids_and_logprobs_take_the_fast_path() -> Non
     ids.value.array_value.values[0].int_value = -(2**31)
     ids.value.array_value.values[1].int_value = 2**31 - 1
     ids.value.array_value.values[2].int_value = -1
-    del next(kv for kv in spans[3].attributes if kv.key == semconv.RESPONSE_LOGPROBS).value.array_value.values[:]
+    del next(
+        kv for kv in spans[3].attributes if kv.key == semconv.RESPONSE_LOGPROBS
+    ).value.array_value.values[:]
     packed = llm_request(4, prompt_tokens=20, response_tokens=5, seed=31)
     spans.extend(packed.resource_spans[0].scope_spans[0].spans)  # packed and array rows in one column
     _assert_same(arrays.SerializeToString())
