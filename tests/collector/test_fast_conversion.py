@@ -243,6 +243,42 @@ def test_plain_otel_arrays_of_token_ids_and_logprobs_take_the_fast_path() -> Non
     assert row["prompt_token_ids"][:3] == [-(2**31), 2**31 - 1, -1]
 
 
+def _as_agentlightning(request: ExportTraceServiceRequest) -> None:
+    """Rename our token id attributes to Agent-lightning's keys (int lists), in place."""
+    renames = {semconv.PROMPT_TOKEN_IDS: semconv.AGL_PROMPT_TOKEN_IDS}
+    renames[semconv.RESPONSE_TOKEN_IDS] = semconv.AGL_RESPONSE_TOKEN_IDS
+    for span in request.resource_spans[0].scope_spans[0].spans:
+        for kv in span.attributes:
+            kv.key = renames.get(kv.key, kv.key)
+
+
+def test_agentlightning_token_id_lists_fill_the_token_columns_on_the_fast_path() -> None:
+    request = llm_request(5, prompt_tokens=30, response_tokens=6, packed=False, seed=32)
+    ours = reference_body_to_table(request.SerializeToString(), T0).table
+    _as_agentlightning(request)
+    spans = request.resource_spans[0].scope_spans[0].spans
+    spans[1].attributes.append(_kv(semconv.PROMPT_TOKEN_IDS, bytes_value=b"\x07\x00\x00\x00"))  # ours win
+    _assert_same(request.SerializeToString())
+    table = otlp_fast.convert(request.SerializeToString(), T0).table
+    assert table.column("prompt_token_ids")[1].as_py() == [7]
+    for column in ("response_token_ids", "response_logprobs"):
+        assert table.column(column).equals(ours.column(column))
+    assert table.column("prompt_token_ids")[0].as_py() == ours.column("prompt_token_ids")[0].as_py()
+    assert "token_ids" not in table.column("attributes")[0].as_py()
+
+
+def test_an_agentlightning_key_that_holds_no_token_ids_stays_an_attribute() -> None:
+    request = llm_request(2, prompt_tokens=4, response_tokens=2, seed=33)
+    request.resource_spans[0].scope_spans[0].spans[0].attributes.append(
+        _kv(semconv.AGL_PROMPT_TOKEN_IDS, string_value="not a list")
+    )
+    body = request.SerializeToString()
+    assert otlp_fast.convert(body, T0) is None
+    table = body_to_table(body, T0).table
+    assert json.loads(table.column("attributes")[0].as_py())[semconv.AGL_PROMPT_TOKEN_IDS] == "not a list"
+    assert table.column("prompt_token_ids")[0].as_py() is not None
+
+
 def test_token_values_survive_exactly() -> None:
     request = llm_request(8, prompt_tokens=33, response_tokens=9, seed=16)
     table = otlp_fast.convert(request.SerializeToString(), T0).table

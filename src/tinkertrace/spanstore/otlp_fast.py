@@ -27,15 +27,21 @@ from tinkertrace.spanstore import otlp_scan as k
 from tinkertrace.spanstore.encoding import lists_from_packed
 from tinkertrace.spanstore.otlp_raw import RawEvent
 
-# lifted attribute keys in slot order: the scalar columns, then the three token columns
-_SLOT_KEYS = [*ref.SCALAR_COLUMNS, *ref.TOKEN_COLUMNS]
+# lifted attribute keys in slot order: the scalar columns, the three token columns, their aliases
+_SLOT_KEYS = [*ref.SCALAR_COLUMNS, *ref.TOKEN_COLUMNS, *ref.TOKEN_ALIASES]
 _SCALAR_KINDS = [kind for _, kind in ref.SCALAR_COLUMNS.values()]  # of the first slots, in order
 _SLOT_KIND = {"str": k.V_STRING, "int32": k.V_INT, "int": k.V_INT, "float": k.V_DOUBLE}
 _TOKEN_KINDS = [
     k.V_BYTES + (k.FLOAT_TOKENS if np.dtype(dtype).kind == "f" else 0)
     for _, dtype in ref.TOKEN_COLUMNS.values()
 ]
-_LIFTED_KINDS = np.array([_SLOT_KIND[kind] for kind in _SCALAR_KINDS] + _TOKEN_KINDS, dtype=np.int64)
+_TOKEN_SLOT = {key: len(_SCALAR_KINDS) + i for i, key in enumerate(ref.TOKEN_COLUMNS)}
+# (alias slot, the token slot it fills when a span lacks that one)
+_ALIASES = [(_SLOT_KEYS.index(alias), _TOKEN_SLOT[key]) for alias, key in ref.TOKEN_ALIASES.items()]
+_ALIAS_KINDS = [_TOKEN_KINDS[target - len(_SCALAR_KINDS)] for _, target in _ALIASES]
+_LIFTED_KINDS = np.array(
+    [_SLOT_KIND[kind] for kind in _SCALAR_KINDS] + _TOKEN_KINDS + _ALIAS_KINDS, dtype=np.int64
+)
 _KEY_TABLE = k.key_table(_SLOT_KEYS)
 _N_SLOTS = len(_SLOT_KEYS)
 _NUMBER_SLOTS = [slot for slot, kind in enumerate(_SCALAR_KINDS) if kind != "str"]
@@ -116,6 +122,7 @@ def convert(body: bytes, received_at_ns: int) -> ref.ConversionResult | None:
     try:
         keep, errors = _check_ids(body, spans, groups)
         rows = spans[keep]  # a copy: Arrow arrays may keep views of it, the scratch matrix is reused
+        _resolve_aliases(rows)
         columns = {
             **_id_and_span_columns(buf, rows),
             **_group_columns(body, groups, rows[:, k.S_GROUP]),
@@ -144,6 +151,16 @@ def warm_up() -> None:
 
     if convert(llm_request(2, prompt_tokens=3, response_tokens=2).SerializeToString(), 0) is None:
         raise RuntimeError("the fast OTLP converter declined its own sample request")
+
+
+def _resolve_aliases(rows: np.ndarray) -> None:
+    """Where a span has an alias token attribute (another producer's key) and not ours, take the alias's
+    value (its L_WIDTH lifted columns) for ours, as the reference decoder does. In place."""
+    for alias, target in _ALIASES:
+        alias_at, target_at = k.S_LIFTED + k.L_WIDTH * alias, k.S_LIFTED + k.L_WIDTH * target
+        use = (rows[:, alias_at + k.L_LEN] >= 0) & (rows[:, target_at + k.L_LEN] < 0)
+        if use.any():
+            rows[use, target_at : target_at + k.L_WIDTH] = rows[use, alias_at : alias_at + k.L_WIDTH]
 
 
 def _check_ids(body: bytes, spans: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, list[str]]:
