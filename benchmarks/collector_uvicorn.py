@@ -66,7 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--http-port", type=int, required=True)
-    parser.add_argument("--max-queue-mb", type=float, default=256)
+    parser.add_argument("--max-queue-mb", type=float, default=384)
     parser.add_argument("--max-request-mb", type=float, default=64)
     args = parser.parse_args()
     out = args.out.resolve()

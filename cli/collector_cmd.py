@@ -56,9 +56,10 @@ def collector(
     max_queue_mb: Annotated[
         float,
         typer.Option(
-            help="Converted data waiting for Parquet, MiB, before answering 429/RESOURCE_EXHAUSTED."
+            help="Memory budget, MiB: request bodies from their head on, and their converted spans until "
+            "they are in a Parquet file. At the budget new requests get 429/RESOURCE_EXHAUSTED."
         ),
-    ] = 256,
+    ] = 384,
     max_file_mb: Annotated[
         float, typer.Option(help="Roll a Parquet file at this much buffered data, MiB.")
     ] = 128,

@@ -48,7 +48,7 @@ class IngestConfig:
     out: Path
     wal_dir: Path
     instance: str
-    max_queue_bytes: int = 256 * 1024 * 1024
+    max_queue_bytes: int = 384 * 1024 * 1024
     max_file_bytes: int = 128 * 1024 * 1024
     roll_seconds: float = 30.0
     idle_flush_s: float = 0.25  # a segment with records and no new request for this long goes to Parquet

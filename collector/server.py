@@ -33,7 +33,7 @@ class CollectorConfig:
     instance: str | None = None  # names this collector's WAL folder and files; default host-port
     wal_dir: Path | None = None
     max_request_bytes: int = 64 * MiB
-    max_queue_bytes: int = 256 * MiB
+    max_queue_bytes: int = 384 * MiB
     max_file_bytes: int = 128 * MiB
     roll_seconds: float = 30.0
     zstd_level: int = ZSTD_LEVEL
