@@ -11,7 +11,10 @@ body, reads an admitted body in uvicorn's chunks and joins them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +87,22 @@ def main() -> None:
         asgi_app(handler), host="127.0.0.1", port=args.http_port, http="httptools", loop="uvloop",
         lifespan="off", log_level="warning", access_log=False,
     )  # fmt: skip
+    server = _Server(config)
+    signal.signal(signal.SIGTERM, lambda signum, frame: setattr(server, "should_exit", True))
+    signal.signal(signal.SIGINT, lambda signum, frame: setattr(server, "should_exit", True))
     try:
-        uvicorn.Server(config).run()
+        server.run()
     finally:
-        ingestor.stop()
+        ingestor.stop()  # everything acknowledged goes to Parquet, as `tinkertrace collector` does
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal capture, which re-raises SIGTERM after shutting down and so
+    would end the process before the ingestor flushes."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 if __name__ == "__main__":
