@@ -40,6 +40,9 @@ class _Drain:
     def admit(self, request: Any) -> None:
         return None
 
+    def abandon(self, request: Any) -> None:
+        pass
+
     def body_too_large(self, request: Any) -> Any:
         raise AssertionError("no limit is reached here")
 
