@@ -121,21 +121,13 @@ def run(
     clients: int,
     bodies: int,
     extra: list[str],
-    *,
-    uvicorn: bool = False,
 ) -> tuple[float, float]:
-    """One run; returns (acknowledged spans/s, spans per collector CPU-second) of its measured window.
-    ``uvicorn``: the collector's handler served by uvicorn (``collector_uvicorn.py``) instead of its own
-    HTTP server."""
+    """One run; returns (acknowledged spans/s, spans per collector CPU-second) of its measured window."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "spans"
         port = free_port()
-        if uvicorn:
-            script = Path(__file__).with_name("collector_uvicorn.py")
-            command = [sys.executable, str(script), "--out", str(out), "--http-port", str(port), *extra]
-        else:
-            command = [sys.executable, "-m", "tinkertrace.collector", "--out", str(out)]
-            command += ["--http-port", str(port), "--no-grpc", "--zstd-level", str(args.zstd_level), *extra]
+        command = [sys.executable, "-m", "tinkertrace.collector", "--out", str(out)]
+        command += ["--http-port", str(port), "--no-grpc", "--zstd-level", str(args.zstd_level), *extra]
         if args.collector_cpu is not None:  # pin the collector (all its threads) to one core
             command = ["taskset", "-c", str(args.collector_cpu), *command]
         collector = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
@@ -220,27 +212,6 @@ def run(
         return spans / window, spans / max(cpu_acked, 1e-9)
 
 
-def compare_uvicorn(args: argparse.Namespace) -> None:
-    """Interleaved pairs (own server first in odd pairs, uvicorn first in even ones), then a summary."""
-    results: dict[str, list[tuple[float, float]]] = {"own": [], "uvicorn": []}
-    for pair in range(args.compare_uvicorn):
-        order = ["own", "uvicorn"] if pair % 2 == 0 else ["uvicorn", "own"]
-        for server in order:
-            label = f"pair {pair + 1}, {'own HTTP server' if server == 'own' else 'uvicorn'}"
-            results[server].append(
-                run(label, args, args.clients, args.bodies, [], uvicorn=server == "uvicorn")
-            )
-    print("== summary: spans per collector CPU-second (acknowledged spans/s), pair by pair")
-    for pair, (own, other) in enumerate(zip(results["own"], results["uvicorn"], strict=True), 1):
-        print(
-            f"  pair {pair}: own {own[1]:,.0f} ({own[0]:,.0f}/s), uvicorn {other[1]:,.0f} "
-            f"({other[0]:,.0f}/s): uvicorn {other[1] / own[1] - 1:+.1%} per CPU-second"
-        )
-    own_cpu = sum(r[1] for r in results["own"]) / len(results["own"])
-    other_cpu = sum(r[1] for r in results["uvicorn"]) / len(results["uvicorn"])
-    print(f"  mean: own {own_cpu:,.0f}, uvicorn {other_cpu:,.0f} ({other_cpu / own_cpu - 1:+.1%})")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -282,23 +253,12 @@ def main() -> None:
     )
     parser.add_argument("--no-overload", action="store_true", help="skip the overload run")
     parser.add_argument(
-        "--compare-uvicorn",
-        type=int,
-        default=0,
-        metavar="PAIRS",
-        help="instead: PAIRS interleaved pairs of sustained runs, the collector's own HTTP server and "
-        "uvicorn (httptools + uvloop) serving the same handler, then a summary",
-    )
-    parser.add_argument(
         "--collector-cpu",
         type=int,
         default=None,
         help="pin the collector to this CPU (taskset): its spans/s is then the rate on one core",
     )
     args = parser.parse_args()
-    if args.compare_uvicorn:
-        compare_uvicorn(args)
-        return
     run("sustained", args, args.clients, args.bodies, [])
     if not args.no_overload:  # memory under overload, not speed: fewer distinct requests to encode
         overload = ["--max-queue-mb", "16", "--max-file-mb", "32"]
