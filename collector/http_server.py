@@ -198,7 +198,8 @@ class HttpServer:
             sock.bind((self.host, self.port))
         except OSError as exc:
             sock.close()
-            raise OSError(f"cannot listen for HTTP on {self.host}:{self.port}: {exc}") from exc
+            reason = (exc.strerror or str(exc)).lower()  # e.g. "address already in use"
+            raise OSError(exc.errno, f"cannot listen for HTTP on {self.host}:{self.port}: {reason}") from exc
         sock.listen(1024)
         config = uvicorn.Config(
             self._app, http=self._protocol_class(), loop="none", lifespan="off", log_level="warning",
