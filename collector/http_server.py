@@ -269,37 +269,27 @@ class HttpServer:
 
     async def _read_body(self, request: Request, receive: Any) -> bytes | None:
         """The whole body (``None`` if the client went away); reading stops once it is over the limit.
-        A body with a declared length is gathered into one buffer of that size rather than a list of
-        uvicorn's chunks: many small blocks held by stalled bodies would leave the heap fragmented (RSS
-        kept after they are freed)."""
+        A body with a declared length that comes in several chunks is gathered into one buffer of that
+        size rather than a list of uvicorn's chunks: many small blocks held by stalled bodies would
+        leave the heap fragmented (RSS kept after they are freed)."""
         declared = request.content_length
-        if declared:
-            return await self._read_declared_body(request, receive, declared)
-        chunks, size = [], 0
+        buffer = bytearray(declared) if declared else None
+        chunks: list[bytes] = []  # a chunked body, or a declared one that came in one piece
+        size = 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 self.handler.abandon(request)
                 return None
-            chunk = message.get("body", b"")
+            chunk, more = message.get("body", b""), message.get("more_body", False)
+            if buffer is None or (size == 0 and not more):
+                chunks.append(chunk)
+            else:
+                buffer[size : size + len(chunk)] = chunk
             size += len(chunk)
-            chunks.append(chunk)
-            if not message.get("more_body") or size > self.max_body_bytes:
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    async def _read_declared_body(self, request: Request, receive: Any, declared: int) -> bytes | None:
-        buffer, filled = bytearray(declared), 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self.handler.abandon(request)
-                return None
-            chunk = message.get("body", b"")
-            if filled == 0 and not message.get("more_body") and len(chunk) == declared:
-                return chunk  # arrived at once (small bodies): no copy
-            buffer[filled : filled + len(chunk)] = chunk
-            filled += len(chunk)
-            if not message.get("more_body"):
+            if not more or size > self.max_body_bytes:
+                if buffer is None or chunks:
+                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 return bytes(buffer)
 
 
