@@ -45,6 +45,7 @@ def _client(
     prompt: int,
     response: int,
     spread: float,
+    packed: bool,
     n_bodies: int,
     seed: int,
     ready: mp.Queue,
@@ -54,7 +55,12 @@ def _client(
 ) -> None:
     bodies = [
         llm_request(
-            spans, prompt_tokens=prompt, response_tokens=response, spread=spread, seed=seed * 10_000 + i
+            spans,
+            prompt_tokens=prompt,
+            response_tokens=response,
+            spread=spread,
+            packed=packed,
+            seed=seed * 10_000 + i,
         ).SerializeToString()
         for i in range(n_bodies)
     ]
@@ -109,14 +115,21 @@ def _thread_cpu_seconds(pid: int) -> dict[str, float]:
     return totals
 
 
-def run(label: str, args: argparse.Namespace, clients: int, bodies: int, extra: list[str]) -> None:
+def run(
+    label: str,
+    args: argparse.Namespace,
+    clients: int,
+    bodies: int,
+    extra: list[str],
+) -> tuple[float, float]:
+    """One run; returns (acknowledged spans/s, spans per collector CPU-second) of its measured window."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "spans"
         port = free_port()
-        command = [sys.executable, "-m", "tinkertrace.collector", "--out", str(out), "--http-port", str(port)]
+        command = [sys.executable, "-m", "tinkertrace.collector", "--out", str(out)]
+        command += ["--http-port", str(port), "--no-grpc", "--zstd-level", str(args.zstd_level), *extra]
         if args.collector_cpu is not None:  # pin the collector (all its threads) to one core
             command = ["taskset", "-c", str(args.collector_cpu), *command]
-        command += ["--no-grpc", "--zstd-level", str(args.zstd_level), *extra]
         collector = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         wait_for_port(port, timeout=60)
         url = f"http://127.0.0.1:{port}/v1/traces"
@@ -124,7 +137,7 @@ def run(label: str, args: argparse.Namespace, clients: int, bodies: int, extra: 
         ready: mp.Queue = mp.Queue()
         go = mp.Event()
         acked = mp.Array("q", clients, lock=False)  # spans acknowledged so far, per client
-        shape = (args.spans, args.prompt, args.response, args.spread, bodies)
+        shape = (args.spans, args.prompt, args.response, args.spread, not args.arrays, bodies)
         seconds = args.warmup + args.seconds
         procs = [
             mp.Process(target=_client, args=(url, seconds, *shape, c, ready, go, acked, queue))
@@ -169,7 +182,8 @@ def run(label: str, args: argparse.Namespace, clients: int, bodies: int, extra: 
         parquet_mb = sum(p.stat().st_size for p in out.rglob("*.parquet")) / 1e6
         print(
             f"== {label}: {clients} client process(es), {args.spans} spans/request, "
-            f"{args.prompt}+{args.response} token ids per span (±{args.spread:.0%}), "
+            f"{args.prompt}+{args.response} token ids per span (±{args.spread:.0%}, "
+            f"{'plain arrays' if args.arrays else 'packed'}), "
             f"{bodies} distinct requests per client"
         )
         print(
@@ -195,6 +209,7 @@ def run(label: str, args: argparse.Namespace, clients: int, bodies: int, extra: 
         print(f"  refused (429/503): {refused} requests; collector peak RSS {rss:.0f} MB")
         if stored != sent:
             raise SystemExit(f"stored {stored} spans but {sent} were acknowledged")
+        return spans / window, spans / max(cpu_acked, 1e-9)
 
 
 def main() -> None:
@@ -229,6 +244,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--zstd-level", type=int, default=1, help="the collector's --zstd-level (1 is its default)"
+    )
+    parser.add_argument(
+        "--arrays",
+        action="store_true",
+        help="send token ids and logprobs as plain OTel int/double arrays (other producers' form) "
+        "instead of packed bytes",
     )
     parser.add_argument("--no-overload", action="store_true", help="skip the overload run")
     parser.add_argument(

@@ -109,6 +109,7 @@ def build_trajectories_cmd(
     from rich.table import Table
 
     from tinkertrace.builder import BuildOptions, build_trajectories
+    from tinkertrace.collector.wal import unflushed_wal_note
 
     console = Console()
     if not spans_dir.is_dir():
@@ -149,6 +150,8 @@ def build_trajectories_cmd(
     if summary.rewards_unmatched > 10:
         console.print(f"... and {summary.rewards_unmatched - 10} more unmatched rewards")
     console.print(f"wrote {result.triplets_path} and {result.trajectories_path}")
+    if note := unflushed_wal_note(spans_dir):  # spans a collector acknowledged, not in Parquet yet
+        typer.echo(note, err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -56,15 +56,22 @@ def collector(
     max_queue_mb: Annotated[
         float,
         typer.Option(
-            help="Converted data waiting for Parquet, MiB, before answering 429/RESOURCE_EXHAUSTED."
+            help="Memory budget, MiB: request bodies from their head on, and their converted spans until "
+            "they are in a Parquet file. At the budget new requests get 429/RESOURCE_EXHAUSTED."
         ),
-    ] = 256,
+    ] = 384,
     max_file_mb: Annotated[
         float, typer.Option(help="Roll a Parquet file at this much buffered data, MiB.")
     ] = 128,
     roll_seconds: Annotated[
         float, typer.Option(help="Roll the WAL segment and write Parquet files at least this often, seconds.")
     ] = 30.0,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            min=8, help="Open HTTP connections before new ones get 503 (lowered to fit the open-files limit)."
+        ),
+    ] = 1024,
     zstd_level: Annotated[
         int,
         zstd_level_option(
@@ -92,6 +99,7 @@ def collector(
         max_file_bytes=mib_bytes(max_file_mb),
         roll_seconds=roll_seconds,
         zstd_level=zstd_level,
+        max_connections=max_connections,
     )
     raise typer.Exit(run_collector(config))
 

@@ -108,6 +108,7 @@ def query(
     from rich.table import Table
 
     from tinkertrace.builder.query import QueryError, export, fetch, open_query_views
+    from tinkertrace.collector.wal import unflushed_wal_note
 
     console = Console()
     if format not in ("table", "csv", "json", "parquet"):
@@ -115,6 +116,8 @@ def query(
             f"unknown format {format!r}: use table, csv, json or parquet", param_hint="--format"
         )
     con, report = open_query_views(spans_dir)
+    if note := unflushed_wal_note(spans_dir):  # spans a collector acknowledged, not in Parquet yet
+        typer.echo(note, err=True)
     for path, reason in report.skipped:
         console.print(f"[yellow]skipped {path}: {reason}[/yellow]", highlight=False)
     try:

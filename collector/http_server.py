@@ -1,12 +1,13 @@
-"""A small HTTP/1.1 server for large request bodies: the httptools parser on an asyncio ``BufferedProtocol``.
+"""The collector's HTTP/1.1 server: uvicorn (httptools parser, uvloop) with the limits a receiver needs.
 
-A request body with a ``Content-Length`` is received straight from the socket into the ``bytes``
-object the handler gets, in as few ``recv`` calls as the kernel allows: no 64 KiB chunk objects, no
-flow-control pauses, no join, no copy. For a 1.4 MB OTLP request that is about 30% less server CPU
-than uvicorn with httptools (benchmarks/collector_http.py). Chunked bodies go through the parser.
-Requests on one connection are answered in order (keep-alive and pipelining), ``Expect:
-100-continue`` is honoured, and a request the handler refuses from its headers alone
-(:meth:`Handler.admit`) has its body read and dropped, so the connection stays usable.
+A :class:`Handler` decides from a request's head alone (:meth:`Handler.admit`): a refusal is answered
+before the body is read (uvicorn then drops the body as it arrives and keeps the connection), and a
+declared body over ``max_body_bytes`` gets 413 and the connection is closed without reading it. An
+admitted body is read, joined and handed to :meth:`Handler.respond`. On top of uvicorn
+(:class:`_LimitedProtocol`): a deadline for each request head (from the connection's start, or from a
+later request's first byte) and for its body (from the head's end, longer for larger bodies): a client
+past it gets 408 and is closed, however slowly it keeps sending; a cap on open connections (503 and
+close beyond it). uvicorn's own signal handling is left out: the collector stops the server itself.
 
 The server runs its own event loop (uvloop when installed) in a thread of its own.
 """
@@ -14,26 +15,21 @@ The server runs its own event loop (uvloop when installed) in a thread of its ow
 from __future__ import annotations
 
 import asyncio
-import collections
-import ctypes
+import contextlib
 import logging
-import sys
+import socket
 import threading
-import time
 import typing
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
-from http import HTTPStatus
+from typing import Any
 
-import httptools
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tinkertrace.collector.ingest import name_os_thread
 
 log = logging.getLogger("tinkertrace.collector")
-
-SCRATCH_BYTES = 64 * 1024  # receive buffer for request heads, chunked bodies and discarded bodies
-MAX_HEAD_BYTES = 1024 * 1024  # a request head (line + headers) larger than this is refused
-MAX_QUEUED_REQUESTS = 8  # pipelined requests received ahead of their answer before reading pauses
 
 
 @dataclass
@@ -42,6 +38,7 @@ class Request:
     path: str  # without the query string
     headers: dict[bytes, bytes]  # lower-case names; repeated headers joined with ", "
     body: bytes = b""
+    reserved: int = 0  # bytes of the handler's memory budget this request holds (see Handler.admit)
 
     @property
     def content_length(self) -> int | None:
@@ -56,244 +53,101 @@ class Response:
     content_type: bytes = b"text/plain"
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
 
-    def render(self, keep_alive: bool) -> bytes:
-        try:
-            reason = HTTPStatus(self.status).phrase.encode()
-        except ValueError:
-            reason = b""
-        lines = [
-            b"HTTP/1.1 %d %s" % (self.status, reason),
-            b"content-type: " + self.content_type,
-            b"content-length: %d" % len(self.body),
-            *(name + b": " + value for name, value in self.headers),
-        ]
-        if not keep_alive:
-            lines.append(b"connection: close")
+    def asgi_start(self, *, close: bool = False) -> dict[str, Any]:
+        headers = [(b"content-type", self.content_type), (b"content-length", b"%d" % len(self.body))]
+        headers += self.headers + ([(b"connection", b"close")] if close else [])
+        return {"type": "http.response.start", "status": self.status, "headers": headers}
+
+    def render(self) -> bytes:
+        """The whole response with ``connection: close``, for answers written outside an ASGI cycle."""
+        lines = [b"HTTP/1.1 %d %s" % (self.status, _REASONS.get(self.status, b""))]
+        lines += [name + b": " + value for name, value in self.asgi_start(close=True)["headers"]]
         return b"\r\n".join(lines) + b"\r\n\r\n" + self.body
 
 
-def _bytes_data_offset() -> int | None:
-    """Where a ``bytes`` object's contents start from its address, if this interpreter's ``bytes`` can be
-    filled in place (CPython: the contents follow the header, then a NUL; checked on a probe)."""
-    if sys.implementation.name != "cpython":
-        return None
-    offset = sys.getsizeof(b"") - 1
-    probe = _new_bytes(None, 4)
-    ctypes.memmove(id(probe) + offset, b"tt\x00t", 4)
-    return offset if probe == b"tt\x00t" else None
-
-
-_new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
-_new_bytes.restype, _new_bytes.argtypes = ctypes.py_object, (ctypes.c_void_p, ctypes.c_ssize_t)
-_memory_view = ctypes.pythonapi.PyMemoryView_FromMemory  # a view of raw memory: no ctypes type per size
-_memory_view.restype, _memory_view.argtypes = (
-    ctypes.py_object,
-    (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int),
-)
-_PYBUF_WRITE = 0x200
-_BYTES_DATA_OFFSET = _bytes_data_offset()
-
-
-def body_buffer(size: int) -> tuple[bytes | bytearray, memoryview]:
-    """A body of ``size`` bytes to receive into, and a writable view of it.
-
-    On CPython the body is a new ``bytes`` object whose contents are filled through the view, as
-    CPython's own readers do (``PyBytes_FromStringAndSize(NULL, size)``): for a 1.4 MB request this saves
-    zero-filling a ``bytearray`` and copying it into ``bytes``, ~0.5 ms (~1 µs per span) of the HTTP
-    thread. The object must not be used before it is filled. Elsewhere it is a ``bytearray``.
-    """
-    if _BYTES_DATA_OFFSET is None:
-        body = bytearray(size)
-        return body, memoryview(body)
-    body = _new_bytes(None, size)
-    return body, _memory_view(id(body) + _BYTES_DATA_OFFSET, size, _PYBUF_WRITE)
+_REASONS = {408: b"Request Timeout", 503: b"Service Unavailable"}
 
 
 class Handler(typing.Protocol):
     def admit(self, request: Request) -> Response | None:
         """Called with the headers (no body yet): a response refuses the request, ``None`` reads the body."""
 
+    def abandon(self, request: Request) -> None:
+        """An admitted request will never be answered (its connection was lost or timed out)."""
+
     def body_too_large(self, request: Request) -> Response:
-        """The answer when a body without ``Content-Length`` grows past ``max_body_bytes``."""
+        """The answer when a body (declared, or a chunked one as it grows) is over ``max_body_bytes``."""
 
     def respond(self, request: Request) -> Awaitable[Response]:
         """The answer to a request whose body has been read."""
 
 
-class _Connection(asyncio.BufferedProtocol):
-    """One client connection: parses requests, receives bodies, answers them in order."""
+class _LimitedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with deadlines and a connection cap (set per server by
+    :meth:`HttpServer._protocol_class`)."""
 
-    def __init__(self, server: HttpServer) -> None:
-        self.server = server
-        self.handler = server.handler
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpRequestParser(self)
-        self.scratch = memoryview(bytearray(SCRATCH_BYTES))
-        self.answers: collections.deque[tuple[Request, Response | None, bool]] = collections.deque()
-        self.worker: asyncio.Task[None] | None = None
-        self.last_activity = time.monotonic()
-        self.receiving = False  # between the first byte of a request and its last
-        self.finished = False  # answered a request that ends the connection: ignore further input
-        self._reset_request()
+    limits: HttpServer  # (uvicorn uses self.server for the local address)
 
-    def _reset_request(self) -> None:
-        self.url = b""
-        self.headers: dict[bytes, bytes] = {}
-        self.head_bytes = 0  # received while the head is incomplete
-        self.request: Request | None = None  # set once the head is complete
-        self.refusal: Response | None = None
-        self.keep_alive = True
-        self.body: bytes | bytearray | None = None  # a Content-Length body being filled (body_buffer)
-        self.body_view: memoryview | None = None
-        self.filled = 0
-        self.expected = 0  # Content-Length of the body being received
-        self.chunks: list[bytes] = []  # a chunked body
-        self.direct = False  # receiving the rest of a Content-Length body without the parser
-
-    # --- asyncio.BufferedProtocol ------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self.server.connections.add(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.server.connections.discard(self)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if not self.direct:
-            return self.scratch
-        if self.body_view is not None:
-            return self.body_view[self.filled :]
-        return self.scratch[: min(SCRATCH_BYTES, self.expected - self.filled)]  # a refused body: dropped
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.last_activity = time.monotonic()
-        if self.finished:
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._served = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._waiting_for = "request head"  # what the armed deadline is for
+        if len(self.connections) > self.limits.max_connections:
+            busy = Response(503, b"too many open connections", headers=[(b"retry-after", b"1")])
+            transport.write(busy.render())
+            transport.close()
             return
-        if self.direct:
-            self.filled += nbytes
-            if self.filled == self.expected:
-                self.parser = httptools.HttpRequestParser(self)  # it never saw the rest of this body
-                self.on_message_complete()
-            return
-        try:
-            self.parser.feed_data(self.scratch[:nbytes])
-        except httptools.HttpParserUpgrade:
-            self._fail(400, "protocol upgrades are not supported")
-            return
-        except httptools.HttpParserError as exc:
-            self._fail(400, f"malformed HTTP request: {exc}")
-            return
-        if self.receiving and self.request is None:
-            self.head_bytes += nbytes
-            if self.head_bytes > MAX_HEAD_BYTES:
-                self._fail(431, f"request head is over {MAX_HEAD_BYTES} bytes")
-        elif self.expected > self.filled:  # the rest of a Content-Length body: straight from the socket
-            self.direct = True
+        self._arm(self.limits.header_timeout_s)
 
-    # --- httptools callbacks -------------------------------------------------------------------------
     def on_message_begin(self) -> None:
-        self._reset_request()
-        self.receiving = True
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        self.headers[name] = self.headers[name] + b", " + value if name in self.headers else value
+        super().on_message_begin()
+        if self._served:  # a later request: its head's time starts with its first byte
+            self._arm(self.limits.header_timeout_s)
 
     def on_headers_complete(self) -> None:
-        path = self.url.split(b"?", 1)[0].decode("latin-1")
-        request = Request(self.parser.get_method().decode("latin-1"), path, self.headers)
-        self.request = request
-        self.keep_alive = self.parser.should_keep_alive() and not self.server.stopping
-        try:
-            self.refusal = self.handler.admit(request)
-        except Exception:
-            log.exception("HTTP handler failed in admit")
-            self.refusal = Response(500, b"internal error")
-        expects_continue = self.headers.get(b"expect", b"").lower() == b"100-continue"
-        if self.refusal is not None and expects_continue:  # the client will not send the body it announced
-            self._queue_answer(request, self.refusal, keep_alive=False)
-            self.finished = True
-            return
-        if expects_continue and self.transport is not None:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        length = request.content_length
-        if length:
-            self.expected = length
-            if self.refusal is None:
-                self.body, self.body_view = body_buffer(length)
-
-    def on_body(self, chunk: bytes) -> None:
-        if self.expected:  # Content-Length: into the body buffer, or dropped if refused
-            if self.body_view is not None:
-                self.body_view[self.filled : self.filled + len(chunk)] = chunk
-            self.filled += len(chunk)
-            return
-        if self.refusal is not None or self.request is None:
-            return
-        self.chunks.append(chunk)
-        self.filled += len(chunk)
-        if self.filled > self.server.max_body_bytes:
-            self.refusal = self.handler.body_too_large(self.request)
-            self.chunks = []
+        super().on_headers_complete()
+        self._served += 1
+        length = dict(self.headers).get(b"content-length", b"0")
+        self._arm(self.limits.body_seconds(int(length) if length.isdigit() else 0), "body")
 
     def on_message_complete(self) -> None:
-        request = self.request
-        if request is None or self.finished:
+        super().on_message_complete()
+        self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self, seconds: float, waiting_for: str = "request head") -> None:
+        self._disarm()
+        self._waiting_for = waiting_for
+        self._timer = self.loop.call_later(seconds, self._late)
+
+    def _disarm(self) -> None:
+        if getattr(self, "_timer", None) is not None:
+            self._timer.cancel()  # type: ignore[union-attr]
+            self._timer = None
+
+    def _late(self) -> None:
+        """A request head or body past its deadline: 408 unless an answer was started, then close."""
+        self._timer = None
+        if self.transport.is_closing():
             return
-        if self.refusal is None:
-            body = self.body if self.body is not None else b"".join(self.chunks)
-            request.body = bytes(body) if isinstance(body, bytearray) else body
-        self.receiving = self.direct = False
-        self.body = self.body_view = None
-        self.chunks = []
-        self.request = None
-        self._queue_answer(request, self.refusal, self.keep_alive)
+        self.limits.timed_out += 1
+        answered = self._waiting_for == "body" and self.cycle is not None and self.cycle.response_started
+        if not answered:  # (a body refused from its head was answered already: just close)
+            late = Response(408, f"the {self._waiting_for} did not arrive in time".encode())
+            self.transport.write(late.render())
+        self.transport.close()
 
-    # --- answering -----------------------------------------------------------------------------------
-    def _queue_answer(self, request: Request, refusal: Response | None, keep_alive: bool) -> None:
-        self.answers.append((request, refusal, keep_alive))
-        if len(self.answers) >= MAX_QUEUED_REQUESTS and self.transport is not None:
-            self.transport.pause_reading()
-        if self.worker is None:
-            self.worker = asyncio.get_running_loop().create_task(self._answer_in_order())
 
-    async def _answer_in_order(self) -> None:
-        while self.answers:
-            request, refusal, keep_alive = self.answers.popleft()
-            response = refusal
-            if response is None:
-                try:
-                    response = await self.handler.respond(request)
-                except Exception:
-                    log.exception("HTTP handler failed on %s %s", request.method, request.path)
-                    response = Response(500, b"internal error")
-            keep_alive = keep_alive and not self.server.stopping
-            if self.transport is None or self.transport.is_closing():
-                break
-            self.transport.write(response.render(keep_alive))
-            if not keep_alive:
-                self.transport.close()
-                break
-            if len(self.answers) < MAX_QUEUED_REQUESTS:
-                self.transport.resume_reading()
-        self.worker = None
-        self.last_activity = time.monotonic()
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal capture (which re-raises SIGTERM after shutting down)."""
 
-    def _fail(self, status: int, message: str) -> None:
-        """Answer (after any earlier requests) input the parser cannot make sense of, then close."""
-        self.finished = True
-        self._queue_answer(Request("-", "-", {}), Response(status, message.encode()), keep_alive=False)
-
-    def close_if_quiet(self, quiet_s: float, *, mid_request: bool) -> None:
-        """Close unless an answer is pending or something arrived in the last ``quiet_s`` seconds; a
-        connection in the middle of receiving a request is closed only if ``mid_request``."""
-        answering = self.worker is not None or bool(self.answers)
-        quiet = time.monotonic() - self.last_activity >= quiet_s
-        if quiet and not answering and (mid_request or not self.receiving) and self.transport is not None:
-            self.transport.close()
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 class HttpServer:
@@ -307,6 +161,10 @@ class HttpServer:
         *,
         max_body_bytes: int,
         keep_alive_s: float = 30.0,
+        header_timeout_s: float = 10.0,
+        body_timeout_s: float = 30.0,
+        min_body_rate: float = 1024 * 1024,
+        max_connections: int = 1024,
         thread_name: str = "tt-http",
     ) -> None:
         self.handler = handler
@@ -314,79 +172,135 @@ class HttpServer:
         self.port = port
         self.max_body_bytes = max_body_bytes
         self.keep_alive_s = keep_alive_s
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.min_body_rate = min_body_rate
+        self.max_connections = max_connections
         self.thread_name = thread_name
-        self.connections: set[_Connection] = set()
-        self.stopping = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: asyncio.Server | None = None
+        self.timed_out = 0  # connections closed for a late head or body
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def open_connections(self) -> int:
+        return 0 if self._server is None else len(self._server.server_state.connections)
+
+    def body_seconds(self, length: int) -> float:
+        """Time allowed for a body of ``length`` bytes, from the end of its head: ``body_timeout_s`` plus
+        what ``length`` takes at ``min_body_rate`` bytes/s."""
+        return self.body_timeout_s + length / self.min_body_rate
 
     def start(self) -> None:
         """Listen and serve; returns once listening. Raises ``OSError`` if the port cannot be bound."""
-        started = threading.Event()
-        failure: list[BaseException] = []
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            reason = (exc.strerror or str(exc)).lower()  # e.g. "address already in use"
+            raise OSError(exc.errno, f"cannot listen for HTTP on {self.host}:{self.port}: {reason}") from exc
+        sock.listen(1024)
+        config = uvicorn.Config(
+            self._app, http=self._protocol_class(), loop="none", lifespan="off", log_level="warning",
+            interface="asgi3", proxy_headers=False,
+            access_log=False, timeout_keep_alive=int(self.keep_alive_s), timeout_graceful_shutdown=10,
+        )  # fmt: skip
+        server = self._server = _Server(config)
+        ready = threading.Event()
 
         def serve() -> None:
             name_os_thread()
             loop = _new_event_loop()
             asyncio.set_event_loop(loop)
-            self._loop = loop
+            task = loop.create_task(server.serve(sockets=[sock]))
+            loop.call_soon(ready.set)
             try:
-                self._server = loop.run_until_complete(
-                    loop.create_server(lambda: _Connection(self), self.host, self.port, backlog=1024)
-                )
-            except BaseException as exc:
-                failure.append(exc)
-                started.set()
-                loop.close()
-                return
-            started.set()
-            loop.call_later(1.0, self._close_idle_connections)
-            try:
-                loop.run_forever()
+                loop.run_until_complete(task)
             finally:
                 loop.close()
+                ready.set()
 
         self._thread = threading.Thread(target=serve, name=self.thread_name, daemon=True)
         self._thread.start()
-        started.wait()
-        if failure:
-            raise OSError(f"cannot listen for HTTP on {self.host}:{self.port}: {failure[0]}") from failure[0]
+        ready.wait()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop listening, let requests in progress get their answers (up to ``timeout``), then close."""
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None or not thread.is_alive():
+        if self._server is None or self._thread is None:
             return
-        asyncio.run_coroutine_threadsafe(self._shut_down(timeout), loop)
-        thread.join(timeout + 5)
+        self._server.config.timeout_graceful_shutdown = int(timeout)
+        self._server.should_exit = True
+        self._thread.join(timeout + 5)
 
-    def _close_idle_connections(self) -> None:
-        """Once a second: close keep-alive connections idle for ``keep_alive_s`` (or stalled mid-request)."""
-        for connection in list(self.connections):
-            connection.close_if_quiet(self.keep_alive_s, mid_request=True)
-        if not self.stopping and self._loop is not None:
-            self._loop.call_later(1.0, self._close_idle_connections)
+    def _protocol_class(self) -> type[HttpToolsProtocol]:
+        return type("LimitedProtocol", (_LimitedProtocol,), {"limits": self})
 
-    async def _shut_down(self, timeout: float) -> None:
-        self.stopping = True
-        if self._server is not None:
-            self._server.close()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.connections and loop.time() < deadline:
-            for connection in list(self.connections):
-                connection.close_if_quiet(0.0, mid_request=False)
-            await asyncio.sleep(0.02)
-        for connection in list(self.connections):
-            if connection.transport is not None:
-                connection.transport.abort()
-        loop.stop()
+    async def _app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The ASGI application: admission from the head, then the body, then the handler's answer."""
+        if scope["type"] != "http":
+            return
+        headers: dict[bytes, bytes] = {}
+        for name, value in scope["headers"]:
+            headers[name] = headers[name] + b", " + value if name in headers else value
+        request = Request(scope["method"], scope["path"], headers)
+        declared = request.content_length
+        if declared is not None and declared > self.max_body_bytes:
+            await _send(send, self.handler.body_too_large(request), close=True)  # the body is never read
+            return
+        response = self.handler.admit(request)
+        if response is None:
+            body = await self._read_body(request, receive)
+            if body is None:  # the client went away
+                return
+            if len(body) > self.max_body_bytes:  # a chunked body that grew past the limit
+                self.handler.abandon(request)
+                await _send(send, self.handler.body_too_large(request), close=True)
+                return
+            request.body = body
+            try:
+                response = await self.handler.respond(request)
+            except Exception:
+                log.exception("HTTP handler failed on %s %s", request.method, request.path)
+                response = Response(500, b"internal error")
+        # 413, or a refused `Expect: 100-continue` request whose client will not send the body: close
+        expects_continue = headers.get(b"expect", b"").lower() == b"100-continue"
+        await _send(send, response, close=response.status == 413 or (expects_continue and not request.body))
+
+    async def _read_body(self, request: Request, receive: Any) -> bytes | None:
+        """The whole body (``None`` if the client went away); reading stops once it is over the limit.
+        A body with a declared length that comes in several chunks is gathered into one buffer of that
+        size rather than a list of uvicorn's chunks: many small blocks held by stalled bodies would
+        leave the heap fragmented (RSS kept after they are freed)."""
+        declared = request.content_length
+        buffer = bytearray(declared) if declared else None
+        chunks: list[bytes] = []  # a chunked body, or a declared one that came in one piece
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.handler.abandon(request)
+                return None
+            chunk, more = message.get("body", b""), message.get("more_body", False)
+            if buffer is None or (size == 0 and not more):
+                chunks.append(chunk)
+            else:
+                buffer[size : size + len(chunk)] = chunk
+            size += len(chunk)
+            if not more or size > self.max_body_bytes:
+                if buffer is None or chunks:
+                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                return bytes(buffer)
+
+
+async def _send(send: Any, response: Response, *, close: bool = False) -> None:
+    await send(response.asgi_start(close=close))
+    await send({"type": "http.response.body", "body": response.body})
 
 
 def _new_event_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
-    except ImportError:  # not available on every platform; asyncio's loop supports BufferedProtocol too
+    except ImportError:  # not available on every platform
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()

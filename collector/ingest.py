@@ -16,10 +16,11 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -47,9 +48,10 @@ class IngestConfig:
     out: Path
     wal_dir: Path
     instance: str
-    max_queue_bytes: int = 256 * 1024 * 1024
+    max_queue_bytes: int = 384 * 1024 * 1024
     max_file_bytes: int = 128 * 1024 * 1024
     roll_seconds: float = 30.0
+    idle_flush_s: float = 0.25  # a segment with records and no new request for this long goes to Parquet
     wal_segment_bytes: int = 256 * 1024 * 1024
     retry_after_s: int = 1
     zstd_level: int = ZSTD_LEVEL
@@ -64,9 +66,43 @@ class RecoveryReport:
     notes: list[str] = field(default_factory=list)
 
 
+class MemoryBudget:
+    """One count of the bytes that requests hold in the collector, against one limit: bodies being
+    received (reserved at their declared size when admitted), bodies waiting for the WAL, and converted
+    tables until their Parquet file is written (the writer writes early when it holds half the
+    budget). Thread-safe."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def try_reserve(self, nbytes: int) -> bool:
+        """Take ``nbytes`` unless that would pass the limit (a request larger than the whole budget is
+        let in when nothing else is held, so it is not refused for ever)."""
+        with self._lock:
+            if self.used and self.used + nbytes > self.limit:
+                return False
+            self.used += nbytes
+            return True
+
+    def reserve(self, nbytes: int) -> None:
+        """Take ``nbytes`` regardless of the limit (work already admitted; negative gives back)."""
+        with self._lock:
+            self.used += nbytes
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.used -= nbytes
+
+    @property
+    def full(self) -> bool:
+        return self.used >= self.limit
+
+
 @dataclass
 class _Item:
-    payloads: list[bytes]  # the requests whose spans ``table`` holds, each logged as its own WAL record
+    payload: bytes  # the request, logged as one WAL record
     table: pa.Table
     received_at_ns: int
     cost: int
@@ -74,6 +110,9 @@ class _Item:
 
 
 _STOP = object()
+_T = TypeVar("_T")
+WAL, WRITER = "write-ahead log", "Parquet writer"  # the storage parts whose errors are retried
+RETRY_FIRST_S, RETRY_MAX_S = 0.05, 2.0  # backoff between retries of a failed storage step
 
 
 def name_os_thread() -> None:
@@ -101,16 +140,19 @@ class Ingestor:
         self._wal_q: queue.Queue[Any] = queue.Queue()
         self._writer_q: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
-        self._pending_bytes = 0
+        self.budget = MemoryBudget(config.max_queue_bytes)
         self._closing = False
-        self.failure: str | None = None
+        self.failure: str | None = None  # a bug stopped the storage threads: nothing is accepted any more
+        self.troubles: dict[str, str] = {}  # storage errors being retried, by part (WAL, WRITER)
+        self.last_storage_error: str | None = None
         self.stats = {
             "requests": 0,
-            "batched_requests": 0,  # requests that shared one conversion with others
             "spans": 0,
             "rejected_spans": 0,
             "overloaded": 0,
             "files": 0,
+            "storage_errors": 0,
+            "storage_recoveries": 0,
         }
         self._threads = [
             threading.Thread(target=self._wal_loop, name="tt-wal", daemon=True),
@@ -151,92 +193,153 @@ class Ingestor:
         """Raise :class:`Unavailable` / :class:`Overloaded` before a request is parsed."""
         if self.failure or self._closing:
             raise Unavailable(self.failure or "collector is shutting down")
-        if self._pending_bytes >= self.config.max_queue_bytes:
+        if WAL in self.troubles:
+            raise Unavailable(f"{self.troubles[WAL]}; retrying")
+        if self.budget.full:
             self.stats["overloaded"] += 1
             raise Overloaded(self.config.retry_after_s)
 
-    def submit(self, payloads: list[bytes], result: ConversionResult, received_at_ns: int) -> Future[None]:
-        """Queue converted requests (``result`` is their spans); the future resolves once their bytes are
-        fsynced in the WAL."""
-        future: Future[None] = Future()
-        cost = sum(map(len, payloads)) + result.table.get_total_buffer_size()
+    def admit(self, nbytes: int) -> int:
+        """Reserve ``nbytes`` of the memory budget for a body about to be received; returns them.
+        Raises :class:`Unavailable` / :class:`Overloaded` (before the body is read)."""
+        self.check_capacity()
+        if not self.budget.try_reserve(nbytes):
+            self.stats["overloaded"] += 1
+            raise Overloaded(self.config.retry_after_s)
+        return nbytes
+
+    def count_request(self, *, rejected: int) -> None:
         with self._lock:
-            self.stats["requests"] += len(payloads)
-            self.stats["batched_requests"] += len(payloads) if len(payloads) > 1 else 0
-            self.stats["rejected_spans"] += result.rejected
-            if result.accepted == 0:
-                future.set_result(None)
-                return future
-            self.check_capacity()
-            self._pending_bytes += cost
+            self.stats["requests"] += 1
+            self.stats["rejected_spans"] += rejected
+
+    def submit(
+        self, payload: bytes, result: ConversionResult, received_at_ns: int, *, reserved: int = 0
+    ) -> Future[None]:
+        """Queue one converted request (``result`` is its spans); the future resolves once its bytes are
+        fsynced in the WAL. ``reserved`` bytes already taken from the budget for it pass to the queue."""
+        future: Future[None] = Future()
+        cost = len(payload) + result.table.get_total_buffer_size()
+        self.count_request(rejected=result.rejected)
+        if result.accepted == 0:
+            self.budget.release(reserved)
+            future.set_result(None)
+            return future
+        with self._lock:
+            if self.failure or self._closing:
+                raise Unavailable(self.failure or "collector is shutting down")
+            self.budget.reserve(cost - reserved)
             self.stats["spans"] += result.accepted
             # queued under the lock: once the WAL has failed, _refuse_queued finds every item queued
-            self._wal_q.put(_Item(payloads, result.table, received_at_ns, cost, future))
+            self._wal_q.put(_Item(payload, result.table, received_at_ns, cost, future))
         return future
 
     @property
     def pending_bytes(self) -> int:
-        return self._pending_bytes
+        return self.budget.used
+
+    def health(self) -> dict[str, Any]:
+        """Status (``ok``, ``recovering`` from a storage error, ``failed``), what happened, and counts."""
+        return {
+            "status": "failed" if self.failure else "recovering" if self.troubles else "ok",
+            "failure": self.failure,
+            "storage_errors_now": sorted(self.troubles.values()),
+            "last_storage_error": self.last_storage_error,
+            "pending_bytes": self.budget.used,
+            "budget_bytes": self.budget.limit,
+            **self.stats,
+        }
 
     # --- shutdown --------------------------------------------------------------------------------
     def stop(self, timeout: float = 60.0) -> None:
         """Stop accepting, write everything queued to Parquet, delete the flushed WAL segments."""
-        self._closing = True
-        self._wal_q.put(_STOP)
+        with self._lock:  # submit() queues under it: nothing is queued after the stop
+            self._closing = True
+            self._wal_q.put(_STOP)
         for thread in self._threads:
             thread.join(timeout)
 
     # --- threads ---------------------------------------------------------------------------------
     def _wal_loop(self) -> None:
+        """Log batches (group commit); roll the segment when full, old, idle, or at the stop. A storage
+        error (``OSError``: too many open files, disk full, ...) refuses the batch it hit with
+        :class:`Unavailable`, closes the segment (its acknowledged records still go to Parquet) and
+        retries opening a new one with backoff until it works; meanwhile requests get 503."""
         name_os_thread()
+        cfg = self.config
+        retry_at, backoff = 0.0, RETRY_FIRST_S
+        last_append = time.monotonic()
         try:
-            self._writer_q.put(("open", self.wal.open_segment()))
             while True:
-                try:
-                    batch = [self._wal_q.get(timeout=0.2)]
-                except queue.Empty:
-                    batch = []
-                while batch and len(batch) < 4096:
+                if not self.wal.is_open and time.monotonic() >= retry_at:
                     try:
-                        batch.append(self._wal_q.get_nowait())
-                    except queue.Empty:
-                        break
+                        segment = self.wal.open_segment()
+                        self._writer_q.put(("open", segment))
+                        self.wal.sync()  # writes the segment's header: a probe that the disk takes data
+                        self._resolved(WAL)
+                    except OSError as exc:
+                        if self.wal.is_open:
+                            self._writer_q.put(("close", self.wal.abandon_segment()))
+                        self._trouble(WAL, exc)
+                        retry_at, backoff = time.monotonic() + backoff, min(backoff * 2, RETRY_MAX_S)
+                batch = self._next_batch(min(cfg.idle_flush_s / 2, 0.2))
                 stop = any(item is _STOP for item in batch)
                 items = [item for item in batch if item is not _STOP]
-                self._log_batch(items)
-                cfg = self.config
+                now = time.monotonic()
+                if items and not self.wal.is_open:
+                    self._refuse(items, f"write-ahead log unavailable: {self.troubles.get(WAL)}")
+                elif items:
+                    try:
+                        self._log_batch(items)
+                        last_append, backoff = now, RETRY_FIRST_S
+                    except OSError as exc:
+                        self._trouble(WAL, exc)
+                        self._refuse(items, f"write-ahead log failed: {exc!r}")
+                        self._writer_q.put(("close", self.wal.abandon_segment()))
+                        retry_at, backoff = now + backoff, min(backoff * 2, RETRY_MAX_S)
+                has_data = self.wal.is_open and self.wal.segment_bytes > 0
                 full = self.wal.segment_bytes >= cfg.wal_segment_bytes
-                old = (
-                    self.wal.segment_bytes > 0
-                    and time.monotonic() - self.wal.segment_started >= cfg.roll_seconds
-                )
-                if stop or full or old:
-                    self._writer_q.put(("close", self.wal.close_segment()))
-                    if stop:
-                        self._writer_q.put(_STOP)
-                        return
-                    self._writer_q.put(("open", self.wal.open_segment()))
-        except Exception as exc:  # disk full, permissions, ...: stop acknowledging anything
+                old = now - self.wal.segment_started >= cfg.roll_seconds
+                idle = not items and now - last_append >= cfg.idle_flush_s
+                if self.wal.is_open and (stop or (has_data and (full or old or idle))):
+                    try:
+                        self._writer_q.put(("close", self.wal.close_segment()))
+                    except OSError as exc:
+                        self._trouble(WAL, exc)
+                        self._writer_q.put(("close", self.wal.abandon_segment()))
+                if stop:
+                    self._refuse_queued("collector is shutting down")
+                    self._writer_q.put(_STOP)
+                    return
+        except Exception as exc:  # a bug, not the storage: stop acknowledging anything
             self._fail(f"write-ahead log failed: {exc!r}")
             self._refuse_queued(f"write-ahead log failed: {exc!r}")
             self._writer_q.put(_STOP)
 
-    def _log_batch(self, items: list[_Item]) -> None:
-        if not items:
-            return
+    def _next_batch(self, wait_s: float) -> list[Any]:
+        """What is queued (up to 4096 items), waiting up to ``wait_s`` for the first."""
         try:
-            for item in items:
-                for payload in item.payloads:
-                    self.wal.append(payload, item.received_at_ns)
-            self.wal.sync()
-        except Exception as exc:
-            self._refuse(items, f"write-ahead log failed: {exc!r}")
-            raise
+            batch = [self._wal_q.get(timeout=wait_s)]
+        except queue.Empty:
+            return []
+        while len(batch) < 4096:
+            try:
+                batch.append(self._wal_q.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _log_batch(self, items: list[_Item]) -> None:
+        for item in items:
+            self.wal.append(item.payload, item.received_at_ns)
+        self.wal.sync()
         for item in items:
             self._writer_q.put(("table", item))
             item.future.set_result(None)
 
     def _writer_loop(self) -> None:
+        """Hand tables to the Parquet writer; write files; delete a closed segment once its spans are in
+        Parquet. A storage error is retried with backoff (the WAL keeps the data meanwhile)."""
         name_os_thread()
         while True:
             message = self._writer_q.get()
@@ -246,16 +349,52 @@ class Ingestor:
             try:
                 if kind == "open":
                     self.writer.file_prefix = file_tag(self.config.instance, value)
-                elif kind == "table":
-                    self.stats["files"] += len(self.writer.write(value.table))
-                    with self._lock:
-                        self._pending_bytes -= value.cost
+                elif kind == "table":  # the body goes; the buffered table counts until its file is written
+                    self.budget.release(value.cost - self.writer.add(value.table))
+                    crowding = self.writer.buffered_bytes >= self.budget.limit // 2  # leave room for requests
+                    self._write_files(self.writer.flush if crowding else self.writer.write_due)
                 elif kind == "close":
-                    self.stats["files"] += len(self.writer.flush())
-                    self.wal.delete(value)
-            except Exception as exc:  # keep the WAL segment: the next start replays it
+                    self._write_files(self.writer.flush)
+                    self._retrying(WRITER, lambda segment=value: self.wal.delete(segment))
+            except Exception as exc:  # a bug: keep the WAL segment, the next start replays it
                 self._fail(f"Parquet writer failed: {exc!r}")
                 break
+
+    def _write_files(self, step: Callable[[], list[Path]]) -> None:
+        """Run a writer step (retried) and give the bytes of the rows it wrote back to the budget."""
+        before = self.writer.buffered_bytes
+        self.stats["files"] += len(self._retrying(WRITER, step))
+        self.budget.release(before - self.writer.buffered_bytes)
+
+    def _retrying(self, what: str, step: Callable[[], _T]) -> _T:
+        """``step()``, repeated with backoff while it raises ``OSError`` (unless the collector stops)."""
+        backoff = RETRY_FIRST_S
+        while True:
+            try:
+                result = step()
+            except OSError as exc:
+                self._trouble(what, exc)
+                if self._closing and backoff >= RETRY_MAX_S:
+                    raise
+                time.sleep(backoff)
+                backoff = min(backoff * 2, RETRY_MAX_S)
+                continue
+            self._resolved(what)
+            return result
+
+    def _trouble(self, what: str, exc: OSError) -> None:
+        """Record a storage error of ``what`` (retried): /health says ``recovering`` until it clears."""
+        message = f"{what}: {exc!r}"
+        if what not in self.troubles:
+            log.warning("%s; retrying", message)
+            self.stats["storage_errors"] += 1
+        self.troubles[what] = message
+        self.last_storage_error = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {message}"
+
+    def _resolved(self, what: str) -> None:
+        if self.troubles.pop(what, None) is not None:
+            log.warning("%s works again", what)
+            self.stats["storage_recoveries"] += 1
 
     def _fail(self, reason: str) -> None:
         log.error(reason)
@@ -275,8 +414,6 @@ class Ingestor:
 
     def _refuse(self, items: list[_Item], reason: str) -> None:
         """Answer ``items`` with :class:`Unavailable` and take them out of the queued bytes."""
-        with self._lock:
-            for item in items:
-                self._pending_bytes -= item.cost
+        self.budget.release(sum(item.cost for item in items))
         for item in items:
             item.future.set_exception(Unavailable(reason))

@@ -1,14 +1,13 @@
 """OTLP/gRPC receiver: ``opentelemetry.proto.collector.trace.v1.TraceService/Export``.
 
-The method is registered with raw-bytes request handling so the exact bytes go to the WAL without
-re-serialising. Overload answers RESOURCE_EXHAUSTED with a ``google.rpc.RetryInfo`` trailer (which
-the OTel exporters honour); shutdown or storage failure answers UNAVAILABLE.
+The method is registered with raw-bytes request handling so the exact bytes go to the ingest pipeline
+(and the WAL) without re-serialising. Overload answers RESOURCE_EXHAUSTED with a
+``google.rpc.RetryInfo`` trailer (which the OTel exporters honour); shutdown or storage failure
+answers UNAVAILABLE.
 """
 
 from __future__ import annotations
 
-import hmac
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -16,7 +15,8 @@ from google.protobuf.duration_pb2 import Duration
 from google.rpc import error_details_pb2
 
 from tinkertrace.collector.ingest import Ingestor, Overloaded, Unavailable
-from tinkertrace.collector.otlp_http import BadRequest, convert_protobuf_body, export_response
+from tinkertrace.collector.otlp_http import bearer_matches
+from tinkertrace.collector.pipeline import IngestPipeline, InternalError, InvalidRequest
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
@@ -24,27 +24,29 @@ SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 class _Export:
     def __init__(self, ingestor: Ingestor, token: str | None) -> None:
         self.ingestor = ingestor
-        self.expected = None if token is None else "Bearer " + token
+        self.pipeline = IngestPipeline(ingestor)
+        self.token = None if token is None else token.encode()
 
     def __call__(self, body: bytes, context: grpc.ServicerContext) -> bytes:
-        if self.expected is not None:
-            given = dict(context.invocation_metadata()).get("authorization", "")
-            if not hmac.compare_digest(str(given), self.expected):
+        if self.token is not None:
+            given = str(dict(context.invocation_metadata()).get("authorization", ""))
+            if not bearer_matches(given.encode(), self.token):
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         try:
-            self.ingestor.check_capacity()
-            received = time.time_ns()
-            result = convert_protobuf_body(body, received)
-            self.ingestor.submit([body], result, received).result()
-        except BadRequest as exc:
+            # grpcio has received the whole message by now: it counts against the budget from here
+            reserved = self.ingestor.admit(len(body))
+            response = self.pipeline.accept(body, reserved=reserved).result()
+        except InvalidRequest as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except InternalError as exc:
+            context.abort(grpc.StatusCode.INTERNAL, str(exc))
         except Overloaded as exc:
             info = error_details_pb2.RetryInfo(retry_delay=Duration(seconds=exc.retry_after_s))
             context.set_trailing_metadata((("google.rpc.retryinfo-bin", info.SerializeToString()),))
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except Unavailable as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        return export_response(result).SerializeToString()
+        return response.SerializeToString()
 
 
 def start_grpc_server(

@@ -6,6 +6,7 @@ import gc
 import logging
 import os
 import re
+import resource
 import signal
 import socket
 import sys
@@ -32,15 +33,38 @@ class CollectorConfig:
     instance: str | None = None  # names this collector's WAL folder and files; default host-port
     wal_dir: Path | None = None
     max_request_bytes: int = 64 * MiB
-    max_queue_bytes: int = 256 * MiB
+    max_queue_bytes: int = 384 * MiB
     max_file_bytes: int = 128 * MiB
     roll_seconds: float = 30.0
     zstd_level: int = ZSTD_LEVEL
     grpc_workers: int = 8
+    max_connections: int = 1024  # open HTTP connections; more get 503 (lowered to fit RLIMIT_NOFILE)
 
     def resolved_instance(self) -> str:
         raw = self.instance or f"{socket.gethostname()}-{self.http_port or self.grpc_port or 0}"
         return re.sub(r"[^A-Za-z0-9_.]+", "_", raw)
+
+
+FILES_RESERVED = 256  # descriptors kept for the WAL, Parquet files, gRPC and the runtime
+
+
+def raise_open_files_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (where allowed); returns the soft limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft if soft != resource.RLIM_INFINITY else 1 << 20
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return soft
+    return target
+
+
+def connection_cap(wanted: int, open_files: int) -> int:
+    """The HTTP connection cap: ``wanted``, lowered so that the connections leave FILES_RESERVED
+    descriptors under the open-files limit (at least 8)."""
+    return max(8, min(wanted, open_files - FILES_RESERVED))
 
 
 def _prepare_converter() -> None:
@@ -69,6 +93,8 @@ def run_collector(config: CollectorConfig) -> int:
     if config.http_port is None and config.grpc_port is None:
         print("error: both OTLP/HTTP and OTLP/gRPC are turned off; nothing to serve", file=sys.stderr)
         return 2
+    open_files = raise_open_files_limit()
+    max_connections = connection_cap(config.max_connections, open_files)
     instance = config.resolved_instance()
     out = config.out.resolve()
     wal_dir = (config.wal_dir or out / "_wal" / instance).resolve()
@@ -123,7 +149,11 @@ def run_collector(config: CollectorConfig) -> int:
 
         handler = OtlpHttpHandler(ingestor, token=config.token, max_request_bytes=config.max_request_bytes)
         http_server = HttpServer(
-            handler, config.host, config.http_port, max_body_bytes=config.max_request_bytes
+            handler,
+            config.host,
+            config.http_port,
+            max_body_bytes=config.max_request_bytes,
+            max_connections=max_connections,
         )
         try:
             http_server.start()
@@ -142,7 +172,8 @@ def run_collector(config: CollectorConfig) -> int:
     auth = "bearer token required" if config.token else "no auth"
     print(
         f"tinkertrace collector listening on {', '.join(where)}; writing spans to {out} "
-        f"(WAL {wal_dir}; {auth}; pid {os.getpid()})",
+        f"(WAL {wal_dir}; {auth}; up to {max_connections} HTTP connections, open-files limit {open_files}; "
+        f"pid {os.getpid()})",
         flush=True,
     )
     stop.wait()

@@ -10,6 +10,7 @@ that segment's replay, and so does zero padding (see :class:`WriteAheadLog`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import mmap
@@ -74,6 +75,35 @@ def read_segment(path: Path) -> tuple[list[WalRecord], str | None]:
     return records, None
 
 
+def holds_records(path: Path) -> bool:
+    """Whether a segment holds at least one record (read from its first bytes only)."""
+    try:
+        with open(path, "rb") as segment:
+            head = segment.read(len(MAGIC) + _HEADER.size)
+    except OSError:
+        return False
+    if not head.startswith(MAGIC):  # a legacy segment (no magic) with anything in it, or a torn header
+        return len(head) >= _HEADER.size and not MAGIC.startswith(head)
+    return len(head) == len(MAGIC) + _HEADER.size and any(head[len(MAGIC) :])
+
+
+def unflushed_wal_note(spans_dir: Path) -> str | None:
+    """A line for readers of ``spans_dir`` (``build-trajectories``, ``spans query``) when a collector's
+    WAL there (``<spans_dir>/_wal/<instance>/``) holds acknowledged spans that are not in Parquet yet;
+    ``None`` when there are none."""
+    segments = [p for p in sorted(Path(spans_dir).glob(f"_wal/*/*{SUFFIX}")) if holds_records(p)]
+    if not segments:
+        return None
+    size = sum(p.stat().st_size for p in segments if p.exists()) / 1e6
+    instances = sorted({p.parent.name for p in segments})
+    return (
+        f"note: {len(segments)} write-ahead log segment(s) of collector {', '.join(instances)} "
+        f"({size:.1f} MB) hold acknowledged spans that are not in Parquet yet: a running collector writes "
+        "them within about a second of its last request (under load: --roll-seconds); a stopped one on "
+        "its next start. They are not in this result."
+    )
+
+
 def iter_records(wal_dir: Path) -> Iterator[tuple[int, list[WalRecord], str | None]]:
     for segment in segment_ids(wal_dir):
         records, note = read_segment(segment_path(wal_dir, segment))
@@ -102,6 +132,11 @@ class WriteAheadLog:
         self._offset = 0  # where in the segment the staged bytes go (a block boundary when direct)
         self._stage = memoryview(mmap.mmap(-1, STAGE_BYTES + 2 * BLOCK))  # page-aligned
         self._staged = 0
+        self._synced_end = 0  # where the last durable batch's records end in the segment
+
+    @property
+    def is_open(self) -> bool:
+        return self._fd >= 0
 
     def open_segment(self) -> int:
         """Start a new segment whose id is above every existing one; returns the id."""
@@ -116,7 +151,7 @@ class WriteAheadLog:
             path.unlink(missing_ok=True)
             self.direct = False  # this file system refuses O_DIRECT
             self._fd = os.open(path, flags, 0o644)
-        self._offset = self._staged = 0
+        self._offset = self._staged = self._synced_end = 0
         self._add(MAGIC)  # made durable by the first batch's sync, before any acknowledgement
         self.segment_bytes = 0
         self.segment_started = time.monotonic()
@@ -139,6 +174,7 @@ class WriteAheadLog:
         """Write everything staged and make it durable."""
         self._write(final=True)
         os.fdatasync(self._fd)
+        self._synced_end = self._offset + self._staged  # direct: the partial last block is still staged
 
     def close_segment(self) -> int:
         """Write what is staged, fsync and close the current segment; returns its id."""
@@ -146,6 +182,20 @@ class WriteAheadLog:
             self._write(final=True)
             os.fsync(self._fd)
             os.close(self._fd)
+            self._fd = -1
+        return self.segment
+
+    def abandon_segment(self) -> int:
+        """After a failed write or sync: drop the staged bytes, cut the segment back to the end of its last
+        durable batch (best effort: the records after it were refused, not acknowledged) and close it.
+        Returns its id; the acknowledged records in it stay replayable."""
+        self._staged = 0
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._synced_end)
+                os.fsync(self._fd)
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
             self._fd = -1
         return self.segment
 

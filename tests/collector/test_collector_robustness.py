@@ -19,6 +19,7 @@ import grpc
 import httpx
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from google.rpc import status_pb2
 
@@ -27,6 +28,7 @@ from tinkertrace.collector.ingest import IngestConfig, Ingestor, Unavailable, fi
 from tinkertrace.collector.otlp_http import OtlpHttpHandler
 from tinkertrace.collector.wal import BLOCK, MAGIC, STAGE_BYTES, WriteAheadLog, read_segment, segment_ids
 from tinkertrace.netutil import free_port
+from tinkertrace.spanstore import writer as writer_module
 from tinkertrace.spanstore.otlp_arrow import request_to_table
 from tinkertrace.spanstore.samples import llm_request
 from tinkertrace.spanstore.writer import PartitionedParquetWriter
@@ -250,9 +252,7 @@ def test_overload_answers_429_with_retry_after_then_recovers(tmp_path: Path) -> 
     ingestor = Ingestor(IngestConfig(out=out, wal_dir=out / "_wal" / "x", instance="x", max_queue_bytes=1000))
     body = llm_request(5, seed=1).SerializeToString()
     filler = request_to_table(llm_request(5, seed=9), 1_767_225_600_000_000_000)
-    backlog: Future[None] = ingestor.submit(
-        [b"x" * 2000], filler, 1_767_225_600_000_000_000
-    )  # fills the queue
+    backlog: Future[None] = ingestor.submit(b"x" * 2000, filler, 1_767_225_600_000_000_000)  # fills the queue
     handler = OtlpHttpHandler(ingestor, max_request_bytes=1 << 20)
     server = HttpServer(handler, "127.0.0.1", free_port(), max_body_bytes=1 << 20)
     server.start()
@@ -273,10 +273,11 @@ def test_overload_answers_429_with_retry_after_then_recovers(tmp_path: Path) -> 
     assert isinstance(filler.table, pa.Table)
 
 
-def test_a_failed_wal_answers_every_queued_request_and_refuses_new_ones(
+def test_a_failing_wal_answers_every_queued_request_and_refuses_new_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Requests queued behind a WAL write that fails get Unavailable (HTTP 503) instead of no answer."""
+    """Requests queued behind a WAL write that fails get Unavailable (HTTP 503) instead of no answer;
+    while it keeps failing, new ones are refused before their bodies are read."""
     out = tmp_path / "spans"
     ingestor = Ingestor(IngestConfig(out=out, wal_dir=out / "_wal" / "x", instance="x"))
     syncing, release = threading.Event(), threading.Event()
@@ -289,15 +290,16 @@ def test_a_failed_wal_answers_every_queued_request_and_refuses_new_ones(
     monkeypatch.setattr(ingestor.wal, "sync", failing_sync)
     result = request_to_table(llm_request(5, seed=1), 1_767_225_600_000_000_000)
     ingestor.start()
-    first = ingestor.submit([b"first"], result, 1_767_225_600_000_000_000)
+    first = ingestor.submit(b"first", result, 1_767_225_600_000_000_000)
     assert syncing.wait(10)  # the WAL thread is inside the failing fsync; these wait in its queue
-    queued = [ingestor.submit([b"queued"], result, 1_767_225_600_000_000_000) for _ in range(3)]
+    queued = [ingestor.submit(b"queued", result, 1_767_225_600_000_000_000) for _ in range(3)]
     release.set()
     for future in [first, *queued]:
         with pytest.raises(Unavailable, match="No space left on device"):
             future.result(timeout=10)
-    with pytest.raises(Unavailable, match="write-ahead log failed"):
-        ingestor.submit([b"later"], result, 1_767_225_600_000_000_000)
+    with pytest.raises(Unavailable, match="No space left on device"):
+        ingestor.admit(100)
+    assert ingestor.health()["status"] == "recovering"
     assert ingestor.pending_bytes == 0
     ingestor.stop()
 
@@ -316,3 +318,64 @@ def test_collector_keeps_freed_arrow_memory_for_a_minute(
     assert httpx.get(f"http://127.0.0.1:{collector.http_port}/health").status_code == 200
     output = collector.stop()
     assert f"option 'purge_delay': {expected}" in output
+
+
+def test_transient_storage_errors_are_retried_and_the_collector_recovers_without_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Too many open files for the WAL, then a full disk for the Parquet writer: the requests hit are
+    refused with 503 (clients retry), /health says what happened, and once the errors clear every
+    acknowledged span is in Parquet, with no restart."""
+    out = tmp_path / "spans"
+    ingestor = Ingestor(IngestConfig(out=out, wal_dir=out / "_wal" / "x", instance="x"))
+    failures = {"open": 2, "parquet": 2}
+    open_segment, write_file = ingestor.wal.open_segment, writer_module.write_parquet_atomic
+
+    def crowded_open() -> int:
+        if failures["open"]:
+            failures["open"] -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return open_segment()
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        if failures["parquet"]:
+            failures["parquet"] -= 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write_file(*args, **kwargs)
+
+    monkeypatch.setattr(ingestor.wal, "open_segment", crowded_open)
+    monkeypatch.setattr(writer_module, "write_parquet_atomic", full_disk)
+    ingestor.start()
+    received = 1_767_225_600_000_000_000
+    deadline = time.monotonic() + 10
+    while ingestor.stats["storage_errors"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    health = ingestor.health()
+    assert health["status"] == "recovering" and "Too many open files" in health["storage_errors_now"][0]
+    acknowledged: list[Any] = []
+    for seed in range(40):  # as a client would: retry what gets 503 until it is acknowledged
+        request = llm_request(3, seed=seed)
+        while True:
+            try:
+                ingestor.admit(0)
+                ingestor.submit(
+                    request.SerializeToString(), request_to_table(request, received), received
+                ).result(10)
+                break
+            except Unavailable:
+                time.sleep(0.02)
+        acknowledged.append(request)
+        time.sleep(0.01)
+    deadline = time.monotonic() + 15
+    while (failures["parquet"] or ingestor.troubles) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    health = ingestor.health()
+    ingestor.stop()
+    assert health["status"] == "ok" and health["storage_recoveries"] >= 2
+    assert "No space left on device" in health["last_storage_error"]
+    assert ingestor.failure is None and failures == {"open": 0, "parquet": 0}
+    stored = (
+        pa.concat_tables([pq.read_table(f) for f in out.rglob("*.parquet")]).column("span_id").to_pylist()
+    )
+    assert sorted(stored) == sorted(i for r in acknowledged for i in _span_ids(r))
+    assert not list(out.rglob(".*tmp")) and segment_ids(out / "_wal" / "x") == []

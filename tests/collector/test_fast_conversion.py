@@ -186,7 +186,10 @@ def test_missing_token_attributes_are_null_lists() -> None:
 @pytest.mark.parametrize(
     "change",
     [
-        "array_tokens",
+        "double_in_id_array",
+        "id_beyond_int32",
+        "int_in_logprob_array",
+        "string_in_array",
         "repeated_key",
         "link",
         "int_rollout_id",
@@ -195,12 +198,17 @@ def test_missing_token_attributes_are_null_lists() -> None:
     ],
 )
 def test_shapes_the_fast_path_declines_still_convert_exactly(change: str) -> None:
-    if change == "array_tokens":
-        request = llm_request(3, prompt_tokens=6, response_tokens=2, packed=False, seed=15)
-    else:
-        request = llm_request(3, prompt_tokens=6, response_tokens=2, seed=15)
+    request = llm_request(3, prompt_tokens=6, response_tokens=2, packed="array" not in change, seed=15)
     span = request.resource_spans[0].scope_spans[0].spans[1]
-    if change == "repeated_key":
+    if change in ("double_in_id_array", "id_beyond_int32", "int_in_logprob_array", "string_in_array"):
+        key, element = {
+            "double_in_id_array": (semconv.PROMPT_TOKEN_IDS, AnyValue(double_value=2.0)),
+            "id_beyond_int32": (semconv.RESPONSE_TOKEN_IDS, AnyValue(int_value=2**31)),
+            "int_in_logprob_array": (semconv.RESPONSE_LOGPROBS, AnyValue(int_value=0)),
+            "string_in_array": (semconv.PROMPT_TOKEN_IDS, AnyValue(string_value="7")),
+        }[change]
+        next(kv for kv in span.attributes if kv.key == key).value.array_value.values.append(element)
+    elif change == "repeated_key":
         span.attributes.extend([_kv("x", int_value=1), _kv("x", string_value="two")])
     elif change == "link":
         span.links.add(trace_id=b"\x05" * 16, span_id=b"\x06" * 8)
@@ -213,6 +221,62 @@ def test_shapes_the_fast_path_declines_still_convert_exactly(change: str) -> Non
     body = request.SerializeToString()
     assert otlp_fast.convert(body, T0) is None
     assert body_to_table(body, T0).table.equals(reference_body_to_table(body, T0).table)
+
+
+def test_plain_otel_arrays_of_token_ids_and_logprobs_take_the_fast_path() -> None:
+    """Other producers' form (Agent-lightning, the plain OTel SDK): int arrays of token ids and double
+    arrays of logprobs, alone or mixed with packed spans, negative and extreme ids, empty arrays."""
+    arrays = llm_request(6, prompt_tokens=40, response_tokens=9, packed=False, spread=0.5, seed=30)
+    _assert_same(arrays.SerializeToString())
+    spans = arrays.resource_spans[0].scope_spans[0].spans
+    ids = next(kv for kv in spans[2].attributes if kv.key == semconv.PROMPT_TOKEN_IDS)
+    ids.value.array_value.values[0].int_value = -(2**31)
+    ids.value.array_value.values[1].int_value = 2**31 - 1
+    ids.value.array_value.values[2].int_value = -1
+    del next(
+        kv for kv in spans[3].attributes if kv.key == semconv.RESPONSE_LOGPROBS
+    ).value.array_value.values[:]
+    packed = llm_request(4, prompt_tokens=20, response_tokens=5, seed=31)
+    spans.extend(packed.resource_spans[0].scope_spans[0].spans)  # packed and array rows in one column
+    _assert_same(arrays.SerializeToString())
+    row = otlp_fast.convert(arrays.SerializeToString(), T0).table.slice(2, 1).to_pylist()[0]
+    assert row["prompt_token_ids"][:3] == [-(2**31), 2**31 - 1, -1]
+
+
+def _as_agentlightning(request: ExportTraceServiceRequest) -> None:
+    """Rename our token id attributes to Agent-lightning's keys (int lists), in place."""
+    renames = {semconv.PROMPT_TOKEN_IDS: semconv.AGL_PROMPT_TOKEN_IDS}
+    renames[semconv.RESPONSE_TOKEN_IDS] = semconv.AGL_RESPONSE_TOKEN_IDS
+    for span in request.resource_spans[0].scope_spans[0].spans:
+        for kv in span.attributes:
+            kv.key = renames.get(kv.key, kv.key)
+
+
+def test_agentlightning_token_id_lists_fill_the_token_columns_on_the_fast_path() -> None:
+    request = llm_request(5, prompt_tokens=30, response_tokens=6, packed=False, seed=32)
+    ours = reference_body_to_table(request.SerializeToString(), T0).table
+    _as_agentlightning(request)
+    spans = request.resource_spans[0].scope_spans[0].spans
+    spans[1].attributes.append(_kv(semconv.PROMPT_TOKEN_IDS, bytes_value=b"\x07\x00\x00\x00"))  # ours win
+    _assert_same(request.SerializeToString())
+    table = otlp_fast.convert(request.SerializeToString(), T0).table
+    assert table.column("prompt_token_ids")[1].as_py() == [7]
+    for column in ("response_token_ids", "response_logprobs"):
+        assert table.column(column).equals(ours.column(column))
+    assert table.column("prompt_token_ids")[0].as_py() == ours.column("prompt_token_ids")[0].as_py()
+    assert "token_ids" not in table.column("attributes")[0].as_py()
+
+
+def test_an_agentlightning_key_that_holds_no_token_ids_stays_an_attribute() -> None:
+    request = llm_request(2, prompt_tokens=4, response_tokens=2, seed=33)
+    request.resource_spans[0].scope_spans[0].spans[0].attributes.append(
+        _kv(semconv.AGL_PROMPT_TOKEN_IDS, string_value="not a list")
+    )
+    body = request.SerializeToString()
+    assert otlp_fast.convert(body, T0) is None
+    table = body_to_table(body, T0).table
+    assert json.loads(table.column("attributes")[0].as_py())[semconv.AGL_PROMPT_TOKEN_IDS] == "not a list"
+    assert table.column("prompt_token_ids")[0].as_py() is not None
 
 
 def test_token_values_survive_exactly() -> None:

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tinkertrace.collector import http_server
 from tinkertrace.collector.http_server import HttpServer, Request, Response
 from tinkertrace.netutil import free_port
 
@@ -19,11 +18,15 @@ class EchoHandler:
 
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
+        self.abandoned: list[str] = []
 
     def admit(self, request: Request) -> Response | None:
         if request.path.startswith("/refuse"):
             return Response(403, b"refused " + request.path.encode())
         return None
+
+    def abandon(self, request: Request) -> None:
+        self.abandoned.append(request.path)
 
     def body_too_large(self, request: Request) -> Response:
         return Response(413, b"too large")
@@ -67,14 +70,9 @@ def _read_responses(sock: socket.socket, count: int) -> list[bytes]:
     return bodies
 
 
-@pytest.mark.parametrize("in_place", [True, False], ids=["filled-bytes", "bytearray-copy"])
-def test_bodies_of_every_size_arrive_whole_on_one_keep_alive_connection(
-    server: tuple, monkeypatch: pytest.MonkeyPatch, in_place: bool
-) -> None:
-    """Bodies are received into the ``bytes`` the handler gets (or, where bytes cannot be filled in
-    place, a bytearray then copied), whether they arrive with the head, after it, or over many reads."""
-    if not in_place:
-        monkeypatch.setattr(http_server, "_BYTES_DATA_OFFSET", None)
+def test_bodies_of_every_size_arrive_whole_on_one_keep_alive_connection(server: tuple) -> None:
+    """Bodies reach the handler whole as ``bytes``, whether they arrive with the head, after it, or over
+    many reads."""
     http, handler = server
     sizes = [0, 1, 100, 65_535, 65_536, 65_537, 1_400_000, 3_000_000]
     payloads = [bytes((i * 7 + n) % 251 for i in range(n)) for n in sizes]
@@ -83,7 +81,7 @@ def test_bodies_of_every_size_arrive_whole_on_one_keep_alive_connection(
             response = client.post(_url(http), content=body)
             assert response.status_code == 200 and response.headers["x-test"] == "yes"
             assert response.text == f"POST /echo {len(body)} {sum(body)}"
-        assert len(http.connections) == 1  # every request reused the connection
+        assert http.open_connections == 1  # every request reused the connection
     assert handler.bodies == payloads
     assert {type(body) for body in handler.bodies} == {bytes}
 
@@ -121,7 +119,7 @@ def test_refused_request_body_is_dropped_and_the_connection_stays_usable(server:
         refused = client.post(_url(http, "/refuse/me"), content=b"z" * 1_000_000)
         assert refused.status_code == 403 and refused.text == "refused /refuse/me"
         assert client.post(_url(http), content=b"abc").text == f"POST /echo 3 {sum(b'abc')}"
-        assert len(http.connections) == 1
+        assert http.open_connections == 1
     assert handler.bodies == [b"abc"]  # the refused body never reached the handler
 
 
@@ -145,7 +143,7 @@ def test_malformed_http_gets_400_and_the_server_keeps_serving(server: tuple) -> 
         with socket.create_connection(("127.0.0.1", http.port)) as sock:
             sock.sendall(garbage)
             answer = _read_responses(sock, 1)[0]
-            assert answer.startswith(b"HTTP/1.1 400") and b"malformed HTTP request" in answer
+            assert answer.startswith(b"HTTP/1.1 400") and b"connection: close" in answer
     assert httpx.post(_url(http), content=b"fine").status_code == 200
 
 
@@ -180,3 +178,100 @@ def test_a_port_in_use_is_a_clear_error() -> None:
         port = holder.getsockname()[1]
         with pytest.raises(OSError, match=f"cannot listen for HTTP on 127.0.0.1:{port}"):
             HttpServer(EchoHandler(), "127.0.0.1", port, max_body_bytes=1).start()
+
+
+@pytest.fixture
+def strict_server() -> Iterator[tuple[HttpServer, EchoHandler]]:
+    """Short deadlines (0.5 s for a head, 0.5 s + 1 s per MiB for a body) and at most 3 connections."""
+    handler = EchoHandler()
+    http = HttpServer(
+        handler, "127.0.0.1", free_port(), max_body_bytes=4 << 20, header_timeout_s=0.5, body_timeout_s=0.5,
+        max_connections=3,
+    )  # fmt: skip
+    http.start()
+    yield http, handler
+    http.stop()
+
+
+def _trickle(sock: socket.socket, data: bytes, seconds: float) -> bytes:
+    """Send ``data`` a byte every 50 ms for up to ``seconds`` (stopping when the server closes); then
+    everything the server sent."""
+    sock.settimeout(0.05)
+    received = b""
+    deadline = time.monotonic() + seconds
+    for byte in data:
+        if time.monotonic() > deadline:
+            break
+        try:
+            sock.send(bytes([byte]))
+            chunk = sock.recv(65536)
+            if not chunk:
+                return received
+            received += chunk
+        except TimeoutError:
+            continue
+        except OSError:
+            return received
+    sock.settimeout(5)
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except OSError:
+        pass
+    return received
+
+
+def test_a_trickling_request_head_gets_408_and_is_closed(strict_server: tuple) -> None:
+    http, _ = strict_server
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", http.port)) as sock:
+        answer = _trickle(sock, b"POST /echo HTTP/1.1\r\nhost: x\r\nx-slow: " + b"a" * 200, seconds=5)
+    assert answer.startswith(b"HTTP/1.1 408") and b"request head did not arrive in time" in answer
+    assert time.monotonic() - started < 3
+    assert http.timed_out == 1
+
+
+def test_a_trickling_body_gets_408_is_closed_and_its_request_abandoned(strict_server: tuple) -> None:
+    http, handler = strict_server
+    with socket.create_connection(("127.0.0.1", http.port)) as sock:
+        sock.sendall(b"POST /slow HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n")
+        answer = _trickle(sock, b"b" * 1000, seconds=5)
+    assert answer.startswith(b"HTTP/1.1 408") and b"body did not arrive in time" in answer
+    assert handler.abandoned == ["/slow"] and handler.bodies == []
+    assert httpx.post(_url(http), content=b"fine").status_code == 200
+
+
+def test_a_declared_body_over_the_limit_is_413_before_any_byte_of_it(strict_server: tuple) -> None:
+    http, handler = strict_server
+    with socket.create_connection(("127.0.0.1", http.port)) as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 100000000\r\n\r\n")
+        sock.settimeout(3)
+        answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 413") and b"connection: close" in answer
+        assert sock.recv(100) == b""  # closed: the body is not read
+    assert handler.abandoned == []
+
+
+def test_a_request_refused_from_its_head_is_answered_before_its_body_is_sent(strict_server: tuple) -> None:
+    http, _ = strict_server
+    with socket.create_connection(("127.0.0.1", http.port)) as sock:
+        sock.sendall(b"POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: 300000\r\n\r\n")
+        assert _read_responses(sock, 1)[0].endswith(b"refused /refuse")
+        sock.sendall(b"z" * 300_000 + b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi")
+        assert _read_responses(sock, 1)[0].endswith(b"POST /echo 2 209")  # same connection, still usable
+
+
+def test_connections_beyond_the_cap_get_503_and_the_cap_frees_up(strict_server: tuple) -> None:
+    http, _ = strict_server
+    held = [socket.create_connection(("127.0.0.1", http.port)) for _ in range(3)]
+    time.sleep(0.1)
+    with socket.create_connection(("127.0.0.1", http.port)) as extra:
+        extra.settimeout(3)
+        answer = extra.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer
+    for sock in held:  # silent connections get 408 and are closed after the head deadline (0.5 s)
+        sock.settimeout(3)
+        assert _read_responses(sock, 1)[0].startswith(b"HTTP/1.1 408")
+        assert sock.recv(100) == b""
+        sock.close()
+    assert httpx.post(_url(http), content=b"fine").status_code == 200

@@ -60,6 +60,12 @@ TOKEN_COLUMNS: dict[str, tuple[str, np.dtype]] = {
     semconv.RESPONSE_TOKEN_IDS: ("response_token_ids", IDS_DTYPE),
     semconv.RESPONSE_LOGPROBS: ("response_logprobs", LOGPROBS_DTYPE),
 }
+# Other producers' keys for the same token columns (Agent-lightning's int lists): lifted the same way
+# when a span lacks ours (ours win), kept in the JSON attributes when they are not token arrays.
+TOKEN_ALIASES: dict[str, str] = {
+    semconv.AGL_PROMPT_TOKEN_IDS: semconv.PROMPT_TOKEN_IDS,
+    semconv.AGL_RESPONSE_TOKEN_IDS: semconv.RESPONSE_TOKEN_IDS,
+}
 _SCALAR_NAMES = [column for column, _ in SCALAR_COLUMNS.values()]
 _TOKEN_NAMES = [column for column, _ in TOKEN_COLUMNS.values()]
 
@@ -164,6 +170,12 @@ _ROW_COLUMNS = (
 # attribute key -> (slot in the lifted list, coercion kind); token key -> (slot, dtype)
 _SCALAR_SLOTS = {key: (i, kind) for i, (key, (_, kind)) in enumerate(SCALAR_COLUMNS.items())}
 _TOKEN_SLOTS = {key: (i, dtype) for i, (key, (_, dtype)) in enumerate(TOKEN_COLUMNS.items())}
+# an alias decodes into token slot len(TOKEN_COLUMNS) + its index; resolved per span by _resolve_aliases
+_ALIAS_SLOTS = {
+    alias: (len(TOKEN_COLUMNS) + i, _TOKEN_SLOTS[key][1])
+    for i, (alias, key) in enumerate(TOKEN_ALIASES.items())
+}
+_ALIAS_TARGETS = [_TOKEN_SLOTS[key][0] for key in TOKEN_ALIASES.values()]
 _TOKEN_KEYS_UTF8 = {key.encode(): (i, dtype) for key, (i, dtype) in _TOKEN_SLOTS.items()}
 
 # A decoded attribute: (slot, key, value). slot >= 0: lifted scalar column, value its typed value;
@@ -197,6 +209,12 @@ def _decodespan_attribute(raw: bytes) -> Decoded:
             return TOKEN0 - token_slot[0], key, _token_bytes(value, which, token_slot[1])
         except (ValueError, TypeError, OverflowError) as exc:
             raise ValueError(f"attribute {key!r}: {exc}") from None
+    alias_slot = _ALIAS_SLOTS.get(key)
+    if alias_slot is not None:
+        try:
+            return TOKEN0 - alias_slot[0], key, _token_bytes(value, which, alias_slot[1])
+        except (ValueError, TypeError, OverflowError):
+            pass  # not token ids after all: keep it in the JSON attributes
     raw_value = any_value(value)
     slot = _SCALAR_SLOTS.get(key)
     if slot is not None and raw_value is not None:
@@ -338,6 +356,17 @@ def id_problem(
     return None
 
 
+MAX_TIME_NS = 2**63 - 1  # the timestamp columns are int64 nanoseconds (until the year 2262)
+
+
+def time_problem(start_ns: int, end_ns: int) -> str | None:
+    """Why a span's times cannot be stored (``None`` if they can)."""
+    for name, value in (("start_time_unix_nano", start_ns), ("end_time_unix_nano", end_ns)):
+        if value > MAX_TIME_NS:
+            return f"{name} {value} is beyond the largest storable time (2^63-1 ns)"
+    return None
+
+
 def resource_columns(resource: Any) -> tuple[str | None, str]:
     """``service_name`` and ``resource_attributes`` (JSON) of an OTLP ``Resource``."""
     attributes = _attrs(resource.attributes)
@@ -363,8 +392,10 @@ def reference_body_to_table(body: bytes, received_at_ns: int) -> ConversionResul
                 problem = id_problem(
                     len(trace_id), trace_id == _ZERO_TRACE, len(span_id), span_id == _ZERO_SPAN, len(parent)
                 )
+                if problem is None:
+                    problem = time_problem(span.start_time_unix_nano, span.end_time_unix_nano)
                 lifted: list[Any] = [None] * n_scalar
-                tokens: list[Any] = [None, None, None]
+                tokens: list[Any] = [None] * (len(_TOKEN_SLOTS) + len(_ALIAS_SLOTS))
                 rest: dict[str, bytes] = {}
                 events_json = links_json = "[]"
                 if problem is None:
@@ -377,6 +408,7 @@ def reference_body_to_table(body: bytes, received_at_ns: int) -> ConversionResul
                                 rest[key] = value
                             else:
                                 tokens[TOKEN0 - slot] = value
+                        _resolve_aliases(tokens)
                         events = span.events
                         if events:
                             events_json = (b"[%b]" % b",".join([_event_json(e) for e in events])).decode()
@@ -425,6 +457,16 @@ def reference_body_to_table(body: bytes, received_at_ns: int) -> ConversionResul
         rejected=rejected,
         errors=errors,
     )
+
+
+def _resolve_aliases(tokens: list[Any]) -> None:
+    """Fill the token slots a span left empty from its alias slots (the extra ones, in order), then drop
+    those."""
+    aliases = tokens[len(_TOKEN_SLOTS) :]
+    del tokens[len(_TOKEN_SLOTS) :]
+    for target, alias in zip(_ALIAS_TARGETS, aliases, strict=True):
+        if tokens[target] is None:
+            tokens[target] = alias
 
 
 def _links_json(links: Any) -> str:

@@ -27,12 +27,20 @@ from tinkertrace.spanstore import otlp_scan as k
 from tinkertrace.spanstore.encoding import lists_from_packed
 from tinkertrace.spanstore.otlp_raw import RawEvent
 
-# lifted attribute keys in slot order: the scalar columns, then the three token columns
-_SLOT_KEYS = [*ref.SCALAR_COLUMNS, *ref.TOKEN_COLUMNS]
+# lifted attribute keys in slot order: the scalar columns, the three token columns, their aliases
+_SLOT_KEYS = [*ref.SCALAR_COLUMNS, *ref.TOKEN_COLUMNS, *ref.TOKEN_ALIASES]
 _SCALAR_KINDS = [kind for _, kind in ref.SCALAR_COLUMNS.values()]  # of the first slots, in order
 _SLOT_KIND = {"str": k.V_STRING, "int32": k.V_INT, "int": k.V_INT, "float": k.V_DOUBLE}
+_TOKEN_KINDS = [
+    k.V_BYTES + (k.FLOAT_TOKENS if np.dtype(dtype).kind == "f" else 0)
+    for _, dtype in ref.TOKEN_COLUMNS.values()
+]
+_TOKEN_SLOT = {key: len(_SCALAR_KINDS) + i for i, key in enumerate(ref.TOKEN_COLUMNS)}
+# (alias slot, the token slot it fills when a span lacks that one)
+_ALIASES = [(_SLOT_KEYS.index(alias), _TOKEN_SLOT[key]) for alias, key in ref.TOKEN_ALIASES.items()]
+_ALIAS_KINDS = [_TOKEN_KINDS[target - len(_SCALAR_KINDS)] for _, target in _ALIASES]
 _LIFTED_KINDS = np.array(
-    [_SLOT_KIND[kind] for kind in _SCALAR_KINDS] + [k.V_BYTES] * len(ref.TOKEN_COLUMNS), dtype=np.int64
+    [_SLOT_KIND[kind] for kind in _SCALAR_KINDS] + _TOKEN_KINDS + _ALIAS_KINDS, dtype=np.int64
 )
 _KEY_TABLE = k.key_table(_SLOT_KEYS)
 _N_SLOTS = len(_SLOT_KEYS)
@@ -59,6 +67,7 @@ _GATHERED: list[tuple[str, pa.DataType | None, int, int]] = [
         for i, (column, dtype) in enumerate(ref.TOKEN_COLUMNS.values())
     ],
 ]
+_TOKEN_ROWS = [i for i, (_, list_type, _, _) in enumerate(_GATHERED) if list_type is not None]
 _GATHERED_VALUES = np.array([value for *_, value, _ in _GATHERED], dtype=np.int64)
 _GATHERED_LENGTHS = np.array([length for *_, length in _GATHERED], dtype=np.int64)
 _STATUS_MESSAGE = 1  # its row among the gathered columns
@@ -113,6 +122,7 @@ def convert(body: bytes, received_at_ns: int) -> ref.ConversionResult | None:
     try:
         keep, errors = _check_ids(body, spans, groups)
         rows = spans[keep]  # a copy: Arrow arrays may keep views of it, the scratch matrix is reused
+        _resolve_aliases(rows)
         columns = {
             **_id_and_span_columns(buf, rows),
             **_group_columns(body, groups, rows[:, k.S_GROUP]),
@@ -141,6 +151,16 @@ def warm_up() -> None:
 
     if convert(llm_request(2, prompt_tokens=3, response_tokens=2).SerializeToString(), 0) is None:
         raise RuntimeError("the fast OTLP converter declined its own sample request")
+
+
+def _resolve_aliases(rows: np.ndarray) -> None:
+    """Where a span has an alias token attribute (another producer's key) and not ours, take the alias's
+    value (its L_WIDTH lifted columns) for ours, as the reference decoder does. In place."""
+    for alias, target in _ALIASES:
+        alias_at, target_at = k.S_LIFTED + k.L_WIDTH * alias, k.S_LIFTED + k.L_WIDTH * target
+        use = (rows[:, alias_at + k.L_LEN] >= 0) & (rows[:, target_at + k.L_LEN] < 0)
+        if use.any():
+            rows[use, target_at : target_at + k.L_WIDTH] = rows[use, alias_at : alias_at + k.L_WIDTH]
 
 
 def _check_ids(body: bytes, spans: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -255,18 +275,49 @@ def _gathered_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Array]:
     lengths = rows.T[_GATHERED_LENGTHS]  # a copy (fancy indexing): writable
     message = lengths[_STATUS_MESSAGE]
     message[message == 0] = -1
-    data, offsets, starts = k.gather_columns(buf, rows.T[_GATHERED_VALUES], lengths)
     present = lengths >= 0
+    arrays = {  # token columns with plain OTel arrays: decoded by their own kernel, not copied here
+        i: lengths[i].copy()
+        for i in _TOKEN_ROWS
+        if (rows[:, _GATHERED[i][2] + k.L_VTYPE - k.L_VAL] == k.V_ARRAY).any()
+    }
+    for i in arrays:
+        lengths[i] = -1
+    data, offsets, starts = k.gather_columns(buf, rows.T[_GATHERED_VALUES], lengths)
     complete = present.all(axis=1)
     columns: dict[str, pa.Array] = {}
-    for i, (column, list_type, _, _) in enumerate(_GATHERED):
+    for i, (column, list_type, value_at, _) in enumerate(_GATHERED):
         values, validity = data[starts[i] : starts[i + 1]], None if complete[i] else present[i]
         if list_type is None:
             columns[column] = _strings(values, offsets[i], validity)
             continue
-        buffers = [_validity(validity), pa.py_buffer(offsets[i]), pa.py_buffer(values)]
+        if i in arrays:
+            values, row_offsets = _packed_tokens(buf, rows, value_at, arrays[i], list_type)
+        else:
+            row_offsets = offsets[i]
+        buffers = [_validity(validity), pa.py_buffer(row_offsets), pa.py_buffer(values)]
         columns[column] = lists_from_packed(pa.Array.from_buffers(pa.binary(), len(rows), buffers), list_type)
     return columns
+
+
+def _packed_tokens(
+    buf: np.ndarray, rows: np.ndarray, value_at: int, lengths: np.ndarray, list_type: pa.DataType
+) -> tuple[np.ndarray, np.ndarray]:
+    """A token column some of whose rows are plain OTel arrays, as packed bytes and int32 byte offsets
+    per row: packed rows copied, array rows decoded (``otlp_scan.pack_tokens``)."""
+    kinds = rows[:, value_at + k.L_VTYPE - k.L_VAL]
+    counts = rows[:, value_at + k.L_NUM - k.L_VAL]
+    sizes = np.where(kinds == k.V_ARRAY, 4 * counts, np.maximum(lengths, 0))
+    row_offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(sizes, out=row_offsets[1:])
+    out = np.empty(int(row_offsets[-1]), dtype=np.uint8)
+    floats = pa.types.is_floating(list_type.value_type)
+    empty = np.empty(0, dtype=np.uint8)
+    ints, reals = (empty, out) if floats else (out, empty)
+    k.pack_tokens(
+        buf, rows[:, value_at], lengths, kinds, row_offsets, out, ints.view(np.int32), reals.view(np.float32)
+    )
+    return out, row_offsets
 
 
 def _number_columns(rows: np.ndarray) -> dict[str, pa.Array]:

@@ -59,6 +59,9 @@ L_VAL, L_LEN, L_NUM, L_VTYPE, L_WIDTH = range(5)
 A_OFF, A_LEN, A_KEY, A_KEY_LEN, A_SLOT, A_VTYPE, A_NUM, A_WIDTH = range(8)
 # AnyValue kinds (the oneof field number; 0 = empty)
 V_NONE, V_STRING, V_BOOL, V_INT, V_DOUBLE, V_ARRAY, V_KVLIST, V_BYTES = range(8)
+# the lifted kind of a token slot: packed bytes, or a plain OTel array of ints (ids) or doubles
+# (FLOAT_TOKENS added: logprobs); an array's element count goes to L_NUM
+FLOAT_TOKENS = 8
 
 # columns of the event matrix: the event bytes (its template is the part after the timestamp), time
 E_OFF, E_LEN, E_TIME, E_WIDTH = range(4)
@@ -352,9 +355,14 @@ def _scan_span(
                             break
                 if slot >= 0:
                     expected = lifted_kinds[slot]
-                    if vtype != expected and not (expected == V_DOUBLE and vtype == V_INT):
-                        return GENERAL, 0, 0
-                    if vtype == V_BYTES and val_len % 4:
+                    if expected >= V_BYTES:  # a token slot: packed bytes or an array of numbers
+                        if vtype == V_ARRAY:
+                            num = _token_array(buf, val, val + val_len, expected >= FLOAT_TOKENS)
+                            if num < 0:
+                                return GENERAL, 0, 0
+                        elif vtype != V_BYTES or val_len % 4:
+                            return GENERAL, 0, 0
+                    elif vtype != expected and not (expected == V_DOUBLE and vtype == V_INT):
                         return GENERAL, 0, 0
                     lifted = S_LIFTED + L_WIDTH * slot
                     spans[row, lifted + L_VAL] = val
@@ -464,6 +472,69 @@ def _scan_span(
         spans[row, S_EVENT_COUNT] = n_event
         spans[row, S_ZERO_IDS] = zero
     return OK, n_attr, n_event
+
+
+@njit(cache=True)
+def _token_array(buf: np.ndarray, start: int, end: int, floats: bool) -> int:
+    """Elements of an ``ArrayValue`` whose entries are all ``int_value`` within int32 (token ids) or all
+    ``double_value`` (``floats``: logprobs), each an AnyValue of that one field; -1 for anything else
+    (the reference decoder then decides)."""
+    count = 0
+    pos = start
+    tag = 0x21 if floats else 0x18  # AnyValue field 4 (fixed64) or 3 (varint)
+    while pos < end:
+        if buf[pos] != 0x0A or pos + 2 >= end:  # ArrayValue.values (field 1, length-delimited)
+            return -1
+        length = np.int64(buf[pos + 1])
+        item, item_end = pos + 2, pos + 2 + length
+        if length >= 0x80 or item_end > end or buf[item] != tag:
+            return -1
+        if floats:
+            if length != 9:
+                return -1
+        else:
+            value, after = _varint(buf, item + 1, item_end)
+            if after != item_end or value < -(1 << 31) or value >= 1 << 31:
+                return -1
+        pos = item_end
+        count += 1
+    return count
+
+
+@njit(cache=True)
+def pack_tokens(
+    buf: np.ndarray,
+    offsets: np.ndarray,
+    lengths: np.ndarray,
+    kinds: np.ndarray,
+    out_offsets: np.ndarray,
+    out: np.ndarray,
+    ints: np.ndarray,
+    floats: np.ndarray,
+) -> None:
+    """Fill one token column's packed values: ``out`` (bytes), ``ints`` (int32) and ``floats`` (float32)
+    are views of the same buffer, row ``i`` at byte ``out_offsets[i]``. A row of kind V_BYTES is copied;
+    a V_ARRAY row (checked by :func:`_token_array`) is decoded, into ``floats`` when it is non-empty."""
+    bits = np.empty(1, np.int64)
+    as_double = bits.view(np.float64)
+    use_floats = len(floats) > 0
+    for i in range(len(offsets)):
+        if lengths[i] <= 0:
+            continue
+        if kinds[i] == V_BYTES:
+            _copy(out, out_offsets[i], buf, offsets[i], lengths[i])
+            continue
+        j = out_offsets[i] // 4
+        pos, end = offsets[i], offsets[i] + lengths[i]
+        while pos < end:  # elements as _token_array checked them: 0x0A, length < 0x80, tag, value
+            item_end = pos + 2 + np.int64(buf[pos + 1])
+            if use_floats:
+                bits[0] = _fixed(buf, pos + 3, 8)
+                floats[j] = as_double[0]
+            else:
+                ints[j] = _varint(buf, pos + 3, item_end)[0]
+            pos = item_end
+            j += 1
 
 
 @njit(cache=True)

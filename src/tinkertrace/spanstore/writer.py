@@ -152,12 +152,16 @@ def write_parquet_atomic(table: pa.Table, path: Path, compression_level: int | N
         row_group_size=256 * 1024,
     )
     tmp = path.with_name(f"{TEMP_PREFIX}{path.name}.tmp")
-    with open(tmp, "wb") as out:
-        for piece in pieces:
-            out.write(piece)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as out:
+            for piece in pieces:
+                out.write(piece)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed write (disk full, ...) leaves nothing behind
+        raise
     fsync_path(path.parent)
 
 
@@ -226,8 +230,15 @@ class PartitionedParquetWriter:
 
     def write(self, table: pa.Table) -> list[Path]:
         """Buffer ``table`` (spans schema); returns the files this call wrote (full or expired buffers)."""
+        self.add(table)
+        return self.write_due()
+
+    def add(self, table: pa.Table) -> int:
+        """Buffer ``table`` (spans schema) without writing anything (no I/O, so no I/O errors); returns
+        the bytes it adds to :attr:`buffered_bytes`."""
         if table.num_rows == 0:
-            return self.flush_expired()
+            return 0
+        added = 0
         with self._lock:
             if self._closed:
                 raise RuntimeError("PartitionedParquetWriter is closed")
@@ -235,9 +246,15 @@ class PartitionedParquetWriter:
             for partition, part in _split_by_partition(table):
                 buffer = self._buffers.setdefault(partition, _Buffer(since=now))
                 buffer.tables.append(part)
-                buffer.nbytes += (
-                    part.get_total_buffer_size()
-                )  # O(buffers); .nbytes walks every value (~0.3 µs/span)
+                size = part.get_total_buffer_size()  # O(buffers); .nbytes walks every value (~0.3 µs/span)
+                buffer.nbytes += size
+                added += size
+        return added
+
+    def write_due(self) -> list[Path]:
+        """Write the partitions whose buffer is full or expired. After a failure (an ``OSError``) every
+        buffered row is still buffered, so calling it again retries."""
+        with self._lock:
             full = [p for p, b in self._buffers.items() if b.nbytes >= self.max_file_bytes]
             written = [self._write_partition(p) for p in full]
             return written + self.flush_expired()
@@ -261,10 +278,12 @@ class PartitionedParquetWriter:
             return written
 
     def _write_partition(self, partition: Partition) -> Path:
-        buffer = self._buffers.pop(partition)
+        """Write a partition's buffer to a new file; the buffer is dropped only once the file is in place."""
+        buffer = self._buffers[partition]
         table = pa.concat_tables(buffer.tables)
         path = partition_dir(self.root, partition) / f"{self._prefix}-{next(self._seq):06d}.parquet"
         write_parquet_atomic(table, path, self.compression_level)
+        del self._buffers[partition]
         self.files_written.append(path)
         self.rows_written += table.num_rows
         return path

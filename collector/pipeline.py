@@ -1,0 +1,102 @@
+"""The front of the ingest pipeline that both transports (OTLP/HTTP and OTLP/gRPC) hand raw requests to.
+
+Each request is validated and converted on its own, in the calling thread: what one request holds
+decides only that request's answer. An empty request (0 bytes, e.g. from JSON ``{}``) is answered
+at once and logs nothing; a request that cannot be read is :class:`InvalidRequest` (HTTP 400, gRPC
+INVALID_ARGUMENT); spans with bad values are dropped and reported in ``partial_success``; anything
+unforeseen inside one conversion is :class:`InternalError` for that request only. Only requests that
+converted cleanly reach the :class:`~tinkertrace.collector.ingest.Ingestor`, whose WAL thread then
+commits whatever is queued together (one fsync for many requests, from either transport).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future
+
+import pyarrow as pa
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from tinkertrace.collector.ingest import Ingestor
+from tinkertrace.spanstore.otlp_arrow import ConversionResult, body_to_table
+
+log = logging.getLogger("tinkertrace.collector")
+
+# what reading a malformed request can raise (protobuf, the reference decoder's value checks, Arrow's
+# UTF-8 validation, nesting deeper than the parser allows)
+_INPUT_ERRORS = (
+    DecodeError, ValueError, TypeError, OverflowError, IndexError, RecursionError, pa.ArrowInvalid
+)  # fmt: skip
+
+
+class InvalidRequest(Exception):
+    """The request cannot be read; the client must not retry it (HTTP 400, gRPC INVALID_ARGUMENT)."""
+
+
+class InternalError(Exception):
+    """Converting this request met a bug (HTTP 500, gRPC INTERNAL); other requests are unaffected."""
+
+
+def export_response(result: ConversionResult | None) -> ExportTraceServiceResponse:
+    """The OTLP answer: empty, or ``partial_success`` naming the spans that were dropped and why."""
+    response = ExportTraceServiceResponse()
+    if result is not None and result.rejected:
+        response.partial_success.rejected_spans = result.rejected
+        response.partial_success.error_message = "; ".join(result.errors)
+    return response
+
+
+def convert_request(payload: bytes, received_at_ns: int) -> ConversionResult:
+    """Convert one serialized ``ExportTraceServiceRequest``; :class:`InvalidRequest` if it is malformed,
+    :class:`InternalError` if the conversion fails for another reason."""
+    try:
+        return body_to_table(payload, received_at_ns)
+    except _INPUT_ERRORS as exc:
+        raise InvalidRequest(f"body is not a valid OTLP protobuf ExportTraceServiceRequest: {exc}") from None
+    except Exception as exc:
+        log.exception("converting a %d-byte request failed", len(payload))
+        raise InternalError(f"internal error converting the request: {exc!r}") from None
+
+
+class IngestPipeline:
+    """Takes raw requests from any transport, thread-safe; see the module docstring."""
+
+    def __init__(self, ingestor: Ingestor) -> None:
+        self.ingestor = ingestor
+
+    def accept(self, payload: bytes, *, reserved: int = 0) -> Future[ExportTraceServiceResponse]:
+        """Convert ``payload`` and queue it; the future resolves once it is in the WAL (or with
+        ``Overloaded``/``Unavailable``). ``reserved`` bytes of the memory budget, taken when the body
+        was admitted, pass to the queued request (or are given back). Raises :class:`InvalidRequest`,
+        :class:`InternalError`, ``Overloaded`` or ``Unavailable`` for this request alone."""
+        budget = self.ingestor.budget
+        try:
+            received = time.time_ns()
+            if not payload:  # protobuf's encoding of an empty request: nothing to log
+                self.ingestor.count_request(rejected=0)
+                return _done(ExportTraceServiceResponse())
+            result = convert_request(payload, received)
+            logged = self.ingestor.submit(payload, result, received, reserved=reserved)
+        except BaseException:
+            budget.release(reserved)
+            raise
+        response = export_response(result)
+        answer: Future[ExportTraceServiceResponse] = Future()
+
+        def resolve(done: Future[None]) -> None:
+            error = done.exception()
+            if error is not None:
+                answer.set_exception(error)
+            else:
+                answer.set_result(response)
+
+        logged.add_done_callback(resolve)
+        return answer
+
+
+def _done(response: ExportTraceServiceResponse) -> Future[ExportTraceServiceResponse]:
+    future: Future[ExportTraceServiceResponse] = Future()
+    future.set_result(response)
+    return future
