@@ -297,9 +297,15 @@ class FollowTrainer:
     def run(
         self, stop: threading.Event | None = None, console: Console | None = None, progress: bool = True
     ) -> FollowResult:
-        """Follow until ``stop`` is set, ``max_steps`` is reached, or ``idle_timeout_s`` passes idle."""
+        """Follow until ``stop`` is set, ``max_steps`` is reached, or ``idle_timeout_s`` passes idle.
+
+        The demand is stated first, so agents started with the trainer sample no more than it takes
+        while it opens its training client."""
+        with self._demand_stated():
+            return self._follow(stop or threading.Event(), console, progress)
+
+    def _follow(self, stop: threading.Event, console: Console | None, progress: bool) -> FollowResult:
         config, o = self.config, self.options
-        stop = stop or threading.Event()
         log_dir = Path(config.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
         step, resume_from, done = self._resume()
@@ -319,7 +325,7 @@ class FollowTrainer:
         result.notes.extend(logger.notes)
         bar = _follow_progress(progress, console)
         feed = BackgroundTail(tail, o.poll_s)
-        with logger, feed, self._demand_stated(), bar if bar is not None else nullcontext():
+        with logger, feed, bar if bar is not None else nullcontext():
             task = (
                 bar.add_task("follow", total=o.max_steps, completed=step, status="waiting for rollouts")
                 if bar
