@@ -6,6 +6,11 @@ background thread until it is accepted; processes sharing the spool claim each b
 it, and a later process with the same endpoint picks up what is left. A batch the endpoint refuses
 (any other 4xx, e.g. 400, 401, 413; gRPC INVALID_ARGUMENT), on its first try or a re-send, is kept in
 ``rejected/``, counted as rejected, and makes the next ``flush()`` return False.
+
+Delivery is at least once, as OTLP's is: a request that got no answer (a timeout while waiting for
+it, the connection lost after sending) may have been stored, and it is re-sent all the same (losing
+training data is worse). Such spans are counted in ``spans_in_doubt``: they are the only ones the
+endpoint can have stored twice, and the builder counts a span delivered twice once.
 """
 
 from __future__ import annotations
@@ -32,8 +37,12 @@ _RETRYABLE_HTTP = {408, 429, 500, 502, 503, 504}
 
 class Outcome(enum.Enum):
     SENT = "sent"
-    RETRY = "retry"
+    RETRY = "retry"  # not taken (nothing listening, 408/429/5xx): re-sent later
+    UNANSWERED = "unanswered"  # sent but no answer came: re-sent later, maybe stored already
     REJECTED = "rejected"
+
+
+_RESEND = {Outcome.RETRY, Outcome.UNANSWERED}
 
 
 class HttpSender:
@@ -53,9 +62,12 @@ class HttpSender:
 
         try:
             resp = self._client.post(self.url, content=payload)
-        except httpx.HTTPError as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:  # nothing was sent
             log.debug("tinkertrace: OTLP export to %s failed: %s", self.url, exc)
             return Outcome.RETRY, 0
+        except httpx.HTTPError as exc:  # a read timeout, the connection lost while answering
+            log.debug("tinkertrace: OTLP export to %s got no answer: %s", self.url, exc)
+            return Outcome.UNANSWERED, 0
         if resp.status_code in _RETRYABLE_HTTP:
             return Outcome.RETRY, 0
         if resp.status_code >= 400:
@@ -103,6 +115,8 @@ class GrpcSender:
             if code == grpc.StatusCode.INVALID_ARGUMENT:
                 log.warning("tinkertrace: %s refused a batch: %s", self.url, exc)
                 return Outcome.REJECTED, 0
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:  # the endpoint may still store it
+                return Outcome.UNANSWERED, 0
             return Outcome.RETRY, 0
         return Outcome.SENT, int(reply.partial_success.rejected_spans)
 
@@ -160,10 +174,12 @@ class OtlpTarget:
             outcome, rejected = self._sender.send(payload)
             if outcome is Outcome.REJECTED:
                 self.spool.put_rejected(payload, n_spans)
-            if outcome is not Outcome.RETRY:
+            if outcome not in _RESEND:
                 self._account(outcome, rejected, n_spans, resent=False)
                 return
             self._stats.add("export_errors")
+            if outcome is Outcome.UNANSWERED:
+                self._stats.add("spans_in_doubt", n_spans)
         self.spool.put(payload, n_spans)
         self._stats.add("spans_spooled", n_spans)
 
@@ -183,7 +199,9 @@ class OtlpTarget:
                 except BaseException:
                     self.spool.release(claimed)
                     raise
-                if outcome is Outcome.RETRY:
+                if outcome in _RESEND:
+                    if outcome is Outcome.UNANSWERED:
+                        self._stats.add("spans_in_doubt", Spool.span_count(claimed))
                     self.spool.release(claimed)
                     return False
                 self._account(outcome, rejected, Spool.span_count(claimed), resent=True)

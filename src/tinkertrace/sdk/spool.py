@@ -4,13 +4,14 @@ every process that exports to the same endpoint.
 Each file is one serialized ``ExportTraceServiceRequest`` named ``<time_ns>-<pid>-<seq>-n<spans>.otlp``,
 written under a temporary name and renamed, so a crash never leaves a half file that looks whole.
 
-Several agent processes may share one spool folder. Before re-sending a payload a process *claims*
-it by renaming it to ``<name>.claim-<host>-<pid>`` (a rename succeeds for exactly one process), so
-each spooled batch is re-sent by exactly one process. A claim is released (renamed back) when the
-endpoint is still unreachable; a claim left by a process that died is released by the next process
-that looks (same host: its pid is gone; another host: older than :data:`STALE_CLAIM_S`). Payloads the
-endpoint refused as invalid are kept in ``rejected/`` for inspection (moved back into the folder,
-they are sent again).
+Several agent processes may share one spool folder. Before re-sending a payload a process *claims* it by
+renaming it to ``<name>.claim-<host>-<pid>`` (a rename succeeds for exactly one process), so each
+spooled batch is re-sent by one process at a time and never after another delivered it (a send that got
+no answer may still have been stored: see :mod:`tinkertrace.sdk.otlp`). A claim is released (renamed
+back) when the endpoint is still unreachable; a claim left by a process that died is released by the
+next process that looks (same host: its pid is gone; another host: older than :data:`STALE_CLAIM_S`).
+Payloads the endpoint refused as invalid are kept in ``rejected/`` for inspection (moved back into the
+folder, they are sent again).
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ class ExportStats:
     spans_dropped: int = 0  # lost: the in-memory queue was full, or the span ended after shutdown()
     spans_spooled: int = 0  # kept on disk because the OTLP endpoint could not take them
     spans_resent: int = 0  # spooled spans delivered later
+    # sent to the OTLP endpoint without an answer (timeout, connection lost), so spooled and re-sent:
+    # the endpoint may have stored them twice (counted again on each such send)
+    spans_in_doubt: int = 0
     spans_rejected: int = 0  # refused as invalid (by the endpoint or the sink's converter)
     export_errors: int = 0  # failed export attempts (each spools its spans)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
