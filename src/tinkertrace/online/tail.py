@@ -127,6 +127,7 @@ class BackgroundTail:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
                 polled = self.tail.poll()
             except BaseException as exc:  # handed to the trainer's thread by take()
@@ -138,7 +139,7 @@ class BackgroundTail:
                 with self._changed:
                     self._ready.append(polled)
                     self._changed.notify_all()
-            self._stop.wait(self.poll_s)
+            self._stop.wait(max(0.0, self.poll_s - (time.monotonic() - started)))  # start to start
 
     def take(self) -> list[TailPoll]:
         with self._changed:
