@@ -75,3 +75,17 @@ def test_stale_rollouts_are_dropped_and_counted(stack: OnlineStack, tmp_path: Pa
     assert any("stale" in note for note in result.notes)
     (record,) = read_checkpoints(tmp_path / "stale")
     assert record["policy_version"] == 1 and len(record["trained_rollout_ids"]) == 4
+
+
+def test_rows_of_consumed_rollouts_are_never_buffered_again(tmp_path: Path) -> None:
+    """A subclass that rebuilds a whole group (as the examples do) cannot bring back rollouts that
+    were trained or dropped before, in this run or a recorded one."""
+    import pyarrow as pa
+
+    trainer = FollowTrainer(TrainConfig(source=tmp_path, log_dir=tmp_path / "train"), FollowOptions())
+    trainer.consumed |= {"trained-before", "dropped-before"}
+    rebuilt = pa.table(
+        {"rollout_id": ["trained-before", "new", "dropped-before", "new"], "turn": [0, 0, 0, 1]}
+    )
+    trainer.add(rebuilt)
+    assert trainer.buffer["rollout_id"].to_pylist() == ["new", "new"]

@@ -211,6 +211,7 @@ class FollowTrainer:
         self.on_step = on_step
         self.buffer = pa.table({})
         self._arrived: dict[str, float] = {}
+        self.consumed: set[str] = set()  # rollouts trained or dropped (recorded in checkpoints)
 
     # --- data ----------------------------------------------------------------------------------------
     def add(self, table: pa.Table) -> None:
@@ -218,8 +219,13 @@ class FollowTrainer:
 
         This is the hook for subclasses that hold back or rebuild rows first (the examples stage
         each environment's groups until complete): override it and call ``super().add(rows)``.
-        It is also called with an empty table on polls that found nothing new.
+        It is also called with an empty table on polls that found nothing new. Rows of rollouts
+        already trained or dropped (this run or, after a restart, a recorded one) are left out here,
+        whatever a subclass rebuilt: nothing is trained twice.
         """
+        if table.num_rows and self.consumed:
+            consumed = pa.array(sorted(self.consumed), pa.string())
+            table = table.filter(pc.invert(pc.is_in(table["rollout_id"], value_set=consumed)))
         if table.num_rows == 0:
             return
         now = time.time()
@@ -287,11 +293,7 @@ class FollowTrainer:
                 f"{self.config.log_dir} holds checkpoints of a batch run ({batch[-1]}): "
                 "follow mode needs its own --log-dir"
             )
-        done = {
-            rid
-            for r in records
-            for rid in [*r.get("trained_rollout_ids", []), *r.get("dropped_rollout_ids", [])]
-        }
+        done = {rid for r in records for rid in consumed_ids(r)}
         return int(records[-1]["step"]), records[-1], done
 
     def run(
@@ -309,6 +311,7 @@ class FollowTrainer:
         log_dir = Path(config.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
         step, resume_from, done = self._resume()
+        self.consumed |= done
         (log_dir / "config.json").write_text(
             json.dumps({**config.to_dict(), "follow": dict(vars(o), publish_token=None)}, indent=2)
         )
@@ -367,6 +370,7 @@ class FollowTrainer:
                     "groups_per_batch": config.groups_per_batch,
                 }
                 saved = shared_step.save_checkpoint(training_client, log_dir, step + 1, record)
+                self.consumed.update(consumed_ids(record))
                 dropped_since_save.clear()
                 published = time.monotonic()
                 if self.publish is not None:
