@@ -56,12 +56,16 @@ def collector(
     max_queue_mb: Annotated[
         float,
         typer.Option(
-            help="Memory budget, MiB: request bodies from their head on, and their converted spans until "
-            "they are in a Parquet file. At the budget new requests get 429/RESOURCE_EXHAUSTED."
+            help="Memory budget, MiB: request bodies from their head on, their converted spans until they "
+            "are in a Parquet file, and the working memory of writing a file (peak RSS: the process at rest "
+            "+ this + ~70 MB). At the budget new requests get 429/RESOURCE_EXHAUSTED."
         ),
     ] = 384,
     max_file_mb: Annotated[
-        float, typer.Option(help="Roll a Parquet file at this much buffered data, MiB.")
+        float,
+        typer.Option(
+            help="Roll a Parquet file at this much buffered data, MiB (or an eighth of the budget if less)."
+        ),
     ] = 128,
     roll_seconds: Annotated[
         float, typer.Option(help="Roll the WAL segment and write Parquet files at least this often, seconds.")

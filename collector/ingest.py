@@ -66,22 +66,37 @@ class RecoveryReport:
     notes: list[str] = field(default_factory=list)
 
 
+# A request holds its body, then its body and its converted table (about the body's size for protobuf,
+# smaller for JSON) until the WAL has it: admission reserves this many times the declared size.
+ADMIT_FACTOR = 2
+# Writing a Parquet file takes working memory of up to ~2.5x the file's buffered table data (the sorted copy
+# of the columns, the token lists gathered in file order, the compressed pages; peak RSS grew 2.5x and 2.1x
+# the data while writing files of 43 and 128 MB of LLM spans). The budget keeps that much aside for the
+# writer, so the working memory of a write is inside the budget.
+WRITE_FACTOR = 2.5
+# files are written once buffered tables reach this share of the budget (or --max-file-mb if smaller): the
+# budget then holds requests in flight, one file's tables and that file's working memory (1/8 + 2.5/8)
+FILE_SHARE = 8
+
+
 class MemoryBudget:
     """One count of the bytes that requests hold in the collector, against one limit: bodies being
-    received (reserved at their declared size when admitted), bodies waiting for the WAL, and converted
-    tables until their Parquet file is written (the writer writes early when it holds half the
-    budget). Thread-safe."""
+    received (reserved at ``ADMIT_FACTOR`` x their declared size when admitted), bodies and converted
+    tables waiting for the WAL, and tables until their Parquet file is written. ``write_reserve`` bytes of
+    the limit are kept aside for writing a file; requests are admitted up to the rest. Thread-safe."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, write_reserve: int = 0) -> None:
         self.limit = limit
+        self.write_reserve = min(write_reserve, limit)
+        self.admission_limit = limit - self.write_reserve
         self.used = 0
         self._lock = threading.Lock()
 
     def try_reserve(self, nbytes: int) -> bool:
-        """Take ``nbytes`` unless that would pass the limit (a request larger than the whole budget is
-        let in when nothing else is held, so it is not refused for ever)."""
+        """Take ``nbytes`` unless that would pass the admission limit (a request larger than it is let
+        in when nothing else is held, so it is not refused for ever)."""
         with self._lock:
-            if self.used and self.used + nbytes > self.limit:
+            if self.used and self.used + nbytes > self.admission_limit:
                 return False
             self.used += nbytes
             return True
@@ -97,7 +112,7 @@ class MemoryBudget:
 
     @property
     def full(self) -> bool:
-        return self.used >= self.limit
+        return self.used >= self.admission_limit
 
 
 @dataclass
@@ -131,16 +146,18 @@ class Ingestor:
     def __init__(self, config: IngestConfig) -> None:
         self.config = config
         self.wal = WriteAheadLog(config.wal_dir)
+        # a file is written at this many buffered bytes; its working memory is kept aside in the budget
+        self.file_bytes = max(1, min(config.max_file_bytes, config.max_queue_bytes // FILE_SHARE))
         self.writer = PartitionedParquetWriter(
             config.out,
-            max_file_bytes=config.max_file_bytes,
+            max_file_bytes=self.file_bytes,
             max_file_age_s=max(config.roll_seconds * 2, 1.0),
             compression_level=config.zstd_level,
         )
         self._wal_q: queue.Queue[Any] = queue.Queue()
         self._writer_q: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
-        self.budget = MemoryBudget(config.max_queue_bytes)
+        self.budget = MemoryBudget(config.max_queue_bytes, int(WRITE_FACTOR * self.file_bytes))
         self._closing = False
         self.failure: str | None = None  # a bug stopped the storage threads: nothing is accepted any more
         self.troubles: dict[str, str] = {}  # storage errors being retried, by part (WAL, WRITER)
@@ -200,13 +217,15 @@ class Ingestor:
             raise Overloaded(self.config.retry_after_s)
 
     def admit(self, nbytes: int) -> int:
-        """Reserve ``nbytes`` of the memory budget for a body about to be received; returns them.
-        Raises :class:`Unavailable` / :class:`Overloaded` (before the body is read)."""
+        """Reserve the memory budget for a body of ``nbytes`` about to be received and its converted table
+        (``ADMIT_FACTOR`` x ``nbytes``); returns the bytes reserved. Raises :class:`Unavailable` /
+        :class:`Overloaded` (before the body is read)."""
         self.check_capacity()
-        if not self.budget.try_reserve(nbytes):
+        reserved = ADMIT_FACTOR * nbytes
+        if not self.budget.try_reserve(reserved):
             self.stats["overloaded"] += 1
             raise Overloaded(self.config.retry_after_s)
-        return nbytes
+        return reserved
 
     def count_request(self, *, rejected: int) -> None:
         with self._lock:
@@ -247,6 +266,7 @@ class Ingestor:
             "last_storage_error": self.last_storage_error,
             "pending_bytes": self.budget.used,
             "budget_bytes": self.budget.limit,
+            "write_reserve_bytes": self.budget.write_reserve,
             **self.stats,
         }
 
@@ -351,8 +371,9 @@ class Ingestor:
                     self.writer.file_prefix = file_tag(self.config.instance, value)
                 elif kind == "table":  # the body goes; the buffered table counts until its file is written
                     self.budget.release(value.cost - self.writer.add(value.table))
-                    crowding = self.writer.buffered_bytes >= self.budget.limit // 2  # leave room for requests
-                    self._write_files(self.writer.flush if crowding else self.writer.write_due)
+                    # a file's worth (all partitions together), or requests are refused: write now
+                    due = self.writer.buffered_bytes >= self.file_bytes or self.budget.full
+                    self._write_files(self.writer.flush if due else self.writer.write_due)
                 elif kind == "close":
                     self._write_files(self.writer.flush)
                     self._retrying(WRITER, lambda segment=value: self.wal.delete(segment))
