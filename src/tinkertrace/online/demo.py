@@ -29,7 +29,7 @@ SPARK = "▁▂▃▄▅▆▇█"
 @dataclass
 class DemoSettings:
     """The demo's knobs: defaults chosen by experiment so the reward rises steadily (no mid-run dip)
-    in about two and a half minutes on 2 cores (see docs/online.md)."""
+    in about a minute on 2 cores (see docs/online.md)."""
 
     out: Path
     steps: int = 60
