@@ -370,7 +370,9 @@ class FollowTrainer:
                     "groups_per_batch": config.groups_per_batch,
                 }
                 saved = shared_step.save_checkpoint(training_client, log_dir, step + 1, record)
-                self.consumed.update(consumed_ids(record))
+                for rid in consumed_ids(record):
+                    self.consumed.add(rid)
+                    self._arrived.pop(rid, None)  # dropped rollouts' arrival times too
                 dropped_since_save.clear()
                 published = time.monotonic()
                 if self.publish is not None:

@@ -99,20 +99,16 @@ class AdmissionGate:
             self.expired += len(gone)
 
     # --- the endpoint's side -----------------------------------------------------------------------
-    def _room(self) -> bool:
-        return self.demand is None or len(self._open) < self.demand.capacity
-
-    def _pass_all(self) -> bool:
-        return self.demand is None
-
     def _try_admit(self, rollout_id: str, ticket: int | None) -> bool:
         """Admit ``rollout_id`` if it is open already, or if there is room and no earlier waiter."""
         with self._lock:
             if rollout_id in self._open:
                 return True
             head = self._queue[0] if self._queue else None
-            # a newcomer (ticket None) goes only if none wait; an open gate lets everyone through
-            if not self._pass_all() and (head != ticket or not self._room()):
+            # an open gate (no demand) lets everyone through; else a newcomer (ticket None) goes only
+            # if none wait, a waiter only at the head of the line, and only while there is room
+            demand = self.demand
+            if demand is not None and (head != ticket or len(self._open) >= demand.capacity):
                 return False
             self._open[rollout_id] = self.clock()
             self.admitted += 1
