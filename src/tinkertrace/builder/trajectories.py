@@ -122,6 +122,14 @@ def _first_mismatch(prompts: _Lists, responses: _Lists, prev: np.ndarray, cur: n
     return first
 
 
+def _histories(prompts: _Lists, responses: _Lists, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """prompt + response of each of ``rows``, as one flat value array and each row's length."""
+    combined = np.concatenate([prompts.values, responses.values])
+    starts = np.stack([prompts.starts[rows], len(prompts.values) + responses.starts[rows]], 1).ravel()
+    lengths = np.stack([prompts.lengths[rows], responses.lengths[rows]], 1).ravel()
+    return combined[_ranges(starts, lengths)], prompts.lengths[rows] + responses.lengths[rows]
+
+
 def _resyncs(
     prompts: _Lists, responses: _Lists, prev: np.ndarray, cur: np.ndarray, at: np.ndarray
 ) -> np.ndarray:
@@ -130,16 +138,10 @@ def _resyncs(
     prompt (1 <= a, b <= :data:`DRIFT_WINDOW`), the rest of X follows in the prompt unchanged; or X
     ends within ``DRIFT_WINDOW`` tokens of ``at`` (a merge across its end). Dropped content
     (``b = 0``, e.g. a past ``<think>`` block) or inserted content (``a = 0``) does not resync."""
-    n = len(cur)
-    x_len = prompts.lengths[prev] + responses.lengths[prev]
+    x_values, x_len = _histories(prompts, responses, prev)
+    x_start = np.cumsum(x_len) - x_len
     tail = x_len - at
     done = tail <= DRIFT_WINDOW  # X ends inside the divergent region
-    # X of each pair, flat: its prompt then its response, from one combined value buffer
-    combined = np.concatenate([prompts.values, responses.values])
-    starts = np.stack([prompts.starts[prev], len(prompts.values) + responses.starts[prev]], 1).ravel()
-    lens = np.stack([prompts.lengths[prev], responses.lengths[prev]], 1).ravel()
-    x_values = combined[_ranges(starts, lens)] if n else combined[:0]
-    x_start = np.r_[0, np.cumsum(x_len)[:-1]] if n else np.zeros(0, dtype=np.int64)
     for a in range(1, DRIFT_WINDOW + 1):
         for b in range(1, DRIFT_WINDOW + 1):
             m = tail - a
@@ -156,6 +158,71 @@ def _resyncs(
     return done
 
 
+class _Turns:
+    """The turns of a table sorted by (rollout, agent) group then turn, as flat list columns."""
+
+    def __init__(self, table: pa.Table, group: np.ndarray) -> None:
+        self.prompts = _Lists(table.column("prompt_token_ids"))
+        self.responses = _Lists(table.column("response_token_ids"))
+        self.logprobs = _Lists(table.column("response_logprobs"))
+        # whether row i continues the (rollout, agent) group of row i - 1
+        self.follows = np.r_[False, group[1:] == group[:-1]]
+
+
+def _split_reasons(turns: _Turns) -> np.ndarray:
+    """Per row: the reason it starts a new segment although it follows a turn of its group
+    (one of :data:`REASONS`), else None."""
+    cur = np.flatnonzero(turns.follows)
+    at = _first_mismatch(turns.prompts, turns.responses, cur - 1, cur)
+    broken = at < turns.prompts.lengths[cur - 1] + turns.responses.lengths[cur - 1]
+    cur, at = cur[broken], at[broken]
+    drift = _resyncs(turns.prompts, turns.responses, cur - 1, cur, at)
+    reasons = np.full(len(turns.follows), None, dtype=object)
+    reasons[cur] = np.where(at == 0, "other", np.where(drift, "retokenization_drift", "template_change"))
+    return reasons
+
+
+class _Segments:
+    """Consecutive turns merged into one trajectory row: a segment starts at each group's first
+    turn and at each turn with a split reason."""
+
+    def __init__(self, turns: _Turns, reasons: np.ndarray) -> None:
+        starts = ~turns.follows | (reasons != None)  # noqa: E711 (elementwise over an object array)
+        self.first = np.flatnonzero(starts)  # per segment: its first and last row
+        self.last = np.r_[self.first[1:] - 1, len(starts) - 1]
+        self.of_row = np.cumsum(starts) - 1  # per row: its segment
+        # per segment: its number within its group
+        opens_group = ~turns.follows[self.first]
+        n = len(self.first)
+        self.index = np.arange(n) - np.maximum.accumulate(np.where(opens_group, np.arange(n), 0))
+
+
+def _sequences(turns: _Turns, seg: _Segments) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """Each segment's tokens (its last turn's prompt + response) with offsets, and its action mask
+    and logprobs: 1 and the sampling logprob on each turn's response tokens, which sit at offset
+    len(prompt) of the turn. Also how many responses had no usable logprobs (left at 0)."""
+    tokens, lengths = _histories(turns.prompts, turns.responses, seg.last)
+    offsets = np.r_[0, np.cumsum(lengths)]
+    response_at = offsets[seg.of_row] + turns.prompts.lengths  # per turn
+    mask = np.zeros(len(tokens), dtype=np.int8)
+    mask[_ranges(response_at, turns.responses.lengths)] = 1
+    logprobs = np.zeros(len(tokens), dtype=np.float32)
+    lp = turns.logprobs
+    usable = lp.valid & (lp.lengths == turns.responses.lengths)
+    logprobs[_ranges(response_at[usable], lp.lengths[usable])] = lp.values[
+        _ranges(lp.starts[usable], lp.lengths[usable])
+    ]
+    missing = int(np.count_nonzero(~usable & (turns.responses.lengths > 0)))
+    return offsets, tokens, mask, logprobs, missing
+
+
+def _oldest_policy_version(table: pa.Table, seg: _Segments) -> pa.Array:
+    never = np.iinfo(np.int64).max
+    versions = pc.fill_null(table.column("policy_version"), never).to_numpy().astype(np.int64)
+    oldest = np.minimum.reduceat(versions, seg.first)
+    return pa.array(oldest, pa.int64(), mask=oldest == never)
+
+
 def merge_turns(table: pa.Table) -> tuple[pa.Table, int]:
     """Trajectory rows (``schemas.trajectories()``) of whole rollouts in ``table``, whose rows are
     sorted by (rollout_id, turn) and carry the triplet columns plus group_key, traj_reward, split,
@@ -166,77 +233,32 @@ def merge_turns(table: pa.Table) -> tuple[pa.Table, int]:
     group = _group_codes(table)
     order = np.lexsort((table.column("turn").to_numpy(), group))
     if np.any(order != np.arange(len(order))):  # several agents interleaved: regroup the rows
-        table = table.take(pa.array(order))
-        group = group[order]
-    n = table.num_rows
-    prompts = _Lists(table.column("prompt_token_ids"))
-    responses = _Lists(table.column("response_token_ids"))
-    logprobs = _Lists(table.column("response_logprobs"))
+        table, group = table.take(pa.array(order)), group[order]
+    turns = _Turns(table, group)
+    reasons = _split_reasons(turns)
+    seg = _Segments(turns, reasons)
+    offsets, tokens, mask, logprobs, missing = _sequences(turns, seg)
 
-    same = np.zeros(n, dtype=bool)
-    same[1:] = group[1:] == group[:-1]
-    cur = np.flatnonzero(same)
-    prev = cur - 1
-    first = _first_mismatch(prompts, responses, prev, cur)
-    extends = first >= prompts.lengths[prev] + responses.lengths[prev]
-    new_seg = ~same
-    new_seg[cur[~extends]] = True
-    reason = np.full(n, None, dtype=object)
-    broken, at = cur[~extends], first[~extends]
-    kind = np.where(at == 0, 2, np.where(_resyncs(prompts, responses, broken - 1, broken, at), 1, 0))
-    reason[broken] = np.array(REASONS, dtype=object)[kind]
+    def first_turns(name: str) -> pa.Array:
+        return table.column(name).take(pa.array(seg.first)).combine_chunks()
 
-    seg_id = np.cumsum(new_seg) - 1
-    seg_first = np.flatnonzero(new_seg)
-    seg_last = np.r_[seg_first[1:] - 1, n - 1]
-    group_start = np.maximum.accumulate(np.where(~same, np.arange(n), 0))
-    segment = (seg_id - seg_id[group_start])[seg_first].astype(np.int32)
-
-    # tokens = last turn's prompt + response, gathered from one combined value buffer
-    combined = np.concatenate([prompts.values, responses.values]).astype(np.int32, copy=False)
-    starts2 = np.stack(
-        [prompts.starts[seg_last], len(prompts.values) + responses.starts[seg_last]], 1
-    ).ravel()
-    lens2 = np.stack([prompts.lengths[seg_last], responses.lengths[seg_last]], 1).ravel()
-    tokens = combined[_ranges(starts2, lens2)]
-    tok_len = prompts.lengths[seg_last] + responses.lengths[seg_last]
-    out_off = np.r_[0, np.cumsum(tok_len)]
-
-    # each turn's response: mask 1 and its logprobs at offset len(prompt) of its segment's row
-    where = _ranges(out_off[seg_id] + prompts.lengths, responses.lengths)
-    mask = np.zeros(len(tokens), dtype=np.int8)
-    mask[where] = 1
-    lp_out = np.zeros(len(tokens), dtype=np.float32)
-    usable = logprobs.valid & (logprobs.lengths == responses.lengths)
-    if usable.any():
-        dest = _ranges(out_off[seg_id[usable]] + prompts.lengths[usable], responses.lengths[usable])
-        lp_out[dest] = logprobs.values[_ranges(logprobs.starts[usable], logprobs.lengths[usable])]
-    missing_logprobs = int(np.count_nonzero(~usable & (responses.lengths > 0)))
-
-    big = np.iinfo(np.int64).max
-    pv_filled = pc.fill_null(table.column("policy_version"), big).to_numpy().astype(np.int64)
-    pv_min = np.minimum.reduceat(pv_filled, seg_first)
-    offsets = pa.array(out_off.astype(np.int32))
-    firsts = pa.array(seg_first)
-
-    def pick(name: str) -> pa.Array:
-        return table.column(name).take(firsts).combine_chunks()
+    def lists(values: np.ndarray, type_: pa.DataType) -> pa.Array:
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type_))
 
     columns = {
-        "rollout_id": pick("rollout_id"),
-        "task_id": pick("task_id"),
-        "agent_name": pick("agent_name"),
-        "group_key": pick("group_key"),
-        "segment": pa.array(segment, pa.int32()),
-        "split_reason": pa.array(reason[seg_first], pa.string()),
-        "tokens": pa.ListArray.from_arrays(offsets, pa.array(tokens, pa.int32())),
-        "logprobs": pa.ListArray.from_arrays(offsets, pa.array(lp_out, pa.float32())),
-        "action_mask": pa.ListArray.from_arrays(offsets, pa.array(mask, pa.int8())),
-        "reward": pick("traj_reward"),
-        "num_turns": pa.array((seg_last - seg_first + 1).astype(np.int32)),
-        "policy_version": pa.array(pv_min, pa.int64(), mask=pv_min == big),
-        "split": pick("split"),
-        "end_time": pick("rollout_end"),
+        "rollout_id": first_turns("rollout_id"),
+        "task_id": first_turns("task_id"),
+        "agent_name": first_turns("agent_name"),
+        "group_key": first_turns("group_key"),
+        "segment": pa.array(seg.index, pa.int32()),
+        "split_reason": pa.array(reasons[seg.first], pa.string()),
+        "tokens": lists(tokens.astype(np.int32, copy=False), pa.int32()),
+        "logprobs": lists(logprobs, pa.float32()),
+        "action_mask": lists(mask, pa.int8()),
+        "reward": first_turns("traj_reward"),
+        "num_turns": pa.array((seg.last - seg.first + 1).astype(np.int32)),
+        "policy_version": _oldest_policy_version(table, seg),
+        "split": first_turns("split"),
+        "end_time": first_turns("rollout_end"),
     }
-    arrays = [columns[f.name].cast(f.type) for f in schema]
-    return pa.Table.from_arrays(arrays, schema=schema), missing_logprobs
+    return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema), missing
