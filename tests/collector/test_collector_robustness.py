@@ -29,7 +29,7 @@ from tinkertrace.collector.otlp_http import OtlpHttpHandler
 from tinkertrace.collector.wal import BLOCK, MAGIC, STAGE_BYTES, WriteAheadLog, read_segment, segment_ids
 from tinkertrace.netutil import free_port
 from tinkertrace.spanstore import writer as writer_module
-from tinkertrace.spanstore.otlp_arrow import request_to_table
+from tinkertrace.spanstore.convert import request_to_table
 from tinkertrace.spanstore.samples import llm_request
 from tinkertrace.spanstore.writer import PartitionedParquetWriter
 

@@ -1,4 +1,5 @@
-"""List columns written from packed values (``parquet_lists``) read back exactly, with Arrow and DuckDB."""
+"""List columns written from packed values (``list_splice``) read back exactly, with Arrow and DuckDB, and
+as the tables ``pyarrow.parquet`` writes."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tinkertrace import schemas
-from tinkertrace.spanstore import parquet_lists, thrift_compact
-from tinkertrace.spanstore.writer import _lists_as_binary, _packed_lists, write_parquet_atomic
+from tinkertrace.spanstore.encoding import lists_as_binary
+from tinkertrace.spanstore.list_splice import splice, thrift_compact
+from tinkertrace.spanstore.writer import TOKEN_COLUMNS, write_parquet_atomic
 
 IDS = pa.list_(pa.int32())
 PROBS = pa.list_(pa.float32())
@@ -41,16 +43,14 @@ def _write(
     order: np.ndarray | None = None,
     **arrow_options: object,
 ) -> None:
-    """``table`` (in ``order``) with its list columns written by ``parquet_lists``."""
+    """``table`` (in ``order``) with its list columns written by ``list_splice``."""
     lists = {
-        field.name: parquet_lists.PackedList.of(
-            field, _lists_as_binary(table.column(field.name)), split, order
-        )
+        field.name: splice.PackedList.of(field, lists_as_binary(table.column(field.name)), split, order)
         for field in table.schema
         if pa.types.is_list(field.type)
     }
     written = table if order is None else table.take(order)
-    pieces = parquet_lists.parquet_pieces(written, lists, 1, write_statistics=False, **arrow_options)
+    pieces = splice.parquet_pieces(written, lists, 1, write_statistics=False, **arrow_options)
     with open(path, "wb") as out:
         for piece in pieces:
             out.write(piece)
@@ -84,7 +84,7 @@ def test_lists_read_back_with_arrow_and_duckdb(
 ) -> None:
     """Null, empty and long lists (3-byte run lengths), several pages and row groups, both list and
     value nullabilities, both value encodings."""
-    monkeypatch.setattr(parquet_lists, "PAGE_BYTES", 16 * 1024)
+    monkeypatch.setattr(splice, "PAGE_BYTES", 16 * 1024)
     table = _table(np.random.default_rng(7), 1_500, nullable=nullable, long=True)
     path = tmp_path / "lists.parquet"
     _write(table, path, split=split, row_group_size=400)
@@ -113,8 +113,8 @@ def test_lists_are_written_in_the_given_row_order(
     if compiled:
         pytest.importorskip("numba", reason="the compiled gather needs the collector extra (numba)")
     else:
-        monkeypatch.setattr(parquet_lists, "_kernels", lambda: None)
-    monkeypatch.setattr(parquet_lists, "PAGE_BYTES", 16 * 1024)
+        monkeypatch.setattr(splice, "_kernels", lambda: None)
+    monkeypatch.setattr(splice, "PAGE_BYTES", 16 * 1024)
     table = _table(np.random.default_rng(11), 1_200, long=True)
     order = np.random.default_rng(12).permutation(1_200)
     path = tmp_path / "ordered.parquet"
@@ -162,7 +162,7 @@ def _two_spans_with_prompts(prompts: pa.Array) -> pa.Table:
 def test_spans_file_without_packable_lists_falls_back_to_arrow(tmp_path: Path) -> None:
     """A token list holding a null value cannot be packed: Arrow writes that column itself."""
     rows = _two_spans_with_prompts(pa.array([[1, None, 3], [4]], IDS))
-    assert _lists_as_binary(rows.column("prompt_token_ids")) is None
+    assert lists_as_binary(rows.column("prompt_token_ids")) is None
     path = tmp_path / "spans.parquet"
     write_parquet_atomic(rows, path)
     assert pq.read_table(path).column("prompt_token_ids").to_pylist() == [[1, None, 3], [4]]
@@ -173,11 +173,11 @@ def test_null_lists_covering_values_are_left_to_arrow(tmp_path: Path) -> None:
     covering = pa.ListArray.from_arrays(
         pa.array([0, 2, 4], pa.int32()), pa.array([1, 2, 3, 4], pa.int32()), mask=pa.array([False, True])
     )
-    packed = _lists_as_binary(pa.chunked_array([covering]))
-    assert packed is not None and not parquet_lists.writable(packed)
-    assert parquet_lists.writable(packed.slice(0, 1))
+    packed = lists_as_binary(pa.chunked_array([covering]))
+    assert packed is not None and not splice.writable(packed)
+    assert splice.writable(packed.slice(0, 1))
     rows = _two_spans_with_prompts(covering)
-    assert "prompt_token_ids" not in _packed_lists(rows)
+    assert "prompt_token_ids" not in splice.packed_lists(rows, TOKEN_COLUMNS, ())
     path = tmp_path / "spans.parquet"
     write_parquet_atomic(rows, path)
     assert pq.read_table(path).column("prompt_token_ids").to_pylist() == [[1, 2], None]
@@ -200,10 +200,10 @@ def test_thrift_codec_round_trips_arrows_footer_and_rejects_truncation(tmp_path:
 def test_splice_refuses_what_it_does_not_write(tmp_path: Path) -> None:
     table = _table(np.random.default_rng(2), 10)
     field = table.schema.field("ids")
-    lists = {"ids": parquet_lists.PackedList.of(field, _lists_as_binary(table.column("ids")), True)}
+    lists = {"ids": splice.PackedList.of(field, lists_as_binary(table.column("ids")), True)}
     with pytest.raises(ValueError, match="not a Parquet file"):
-        parquet_lists.splice(b"PAR1 nonsense", lists, 1)
+        splice.splice(b"PAR1 nonsense", lists, 1)
     snappy = pa.BufferOutputStream()
     pq.write_table(table, snappy, compression="snappy")
     with pytest.raises(ValueError, match="column ids: expected a zstd chunk"):
-        parquet_lists.splice(snappy.getvalue(), lists, 1)
+        splice.splice(snappy.getvalue(), lists, 1)
