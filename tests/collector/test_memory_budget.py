@@ -10,8 +10,9 @@ from pathlib import Path
 
 import httpx
 
+from tinkertrace.collector.budget import ADMIT_FACTOR, WRITE_FACTOR
 from tinkertrace.collector.http_server import HttpServer
-from tinkertrace.collector.ingest import ADMIT_FACTOR, WRITE_FACTOR, IngestConfig, Ingestor, Overloaded
+from tinkertrace.collector.ingest import IngestConfig, Ingestor, Overloaded
 from tinkertrace.collector.otlp_http import OtlpHttpHandler
 from tinkertrace.netutil import free_port
 from tinkertrace.spanstore.convert import body_to_table
