@@ -153,7 +153,7 @@ class Ingestor:
             for record in records:
                 result = body_to_table(record.payload, record.received_at_ns)
                 with self._lock:
-                    self._count_conversion(result)
+                    self._count_decoder(result)
                 self.writer.write(result.table)
                 report.spans += result.accepted
             self.writer.flush()
@@ -195,10 +195,11 @@ class Ingestor:
         with self._lock:
             self.stats["requests"] += 1
             if result is not None:
-                self._count_conversion(result)
+                self.stats["rejected_spans"] += result.rejected
+                self._count_decoder(result)
 
-    def _count_conversion(self, result: ConversionResult) -> None:
-        self.stats["rejected_spans"] += result.rejected
+    def _count_decoder(self, result: ConversionResult) -> None:
+        """Count which decoder converted a request (replayed ones too) and why it was not the compiled one."""
         self.stats[f"converted_{result.decoder}"] += 1
         if result.fallback is not None:
             fallbacks = self.stats["compiled_fallbacks"]
