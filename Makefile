@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet "torch==2.13.0"
 	$(BIN)/pip install --quiet -e ".[engine,collector,dev]"
 	# compile the collector's span-scan and page-gather kernels once (numba caches them next to the modules)
-	$(BIN)/python -c "from tinkertrace.spanstore.otlp_arrow import warm_up_kernels; warm_up_kernels()"
+	$(BIN)/python -c "from tinkertrace.spanstore.convert import warm_up_kernels; warm_up_kernels()"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -2,7 +2,7 @@
 
 Stages for one realistic 512-span OTLP request (packed token ids and logprobs): conversion of the
 protobuf bytes to Arrow (``body_to_table``, the collector's path: the compiled scan; and, for
-comparison, ``reference_body_to_table``, the Python decoder used for shapes the scan declines),
+comparison, ``reference.convert``, the Python decoder used for shapes the scan declines),
 WAL append + fdatasync, and the Parquet stage (sort by rollout + zstd write of a
 file of ``--requests`` such requests). Best and median of ``--repeat`` runs.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from tinkertrace.collector.wal import WriteAheadLog
-from tinkertrace.spanstore.otlp_arrow import body_to_table, reference_body_to_table
+from tinkertrace.spanstore.convert import body_to_table, reference
 from tinkertrace.spanstore.samples import llm_request
 from tinkertrace.spanstore.writer import write_parquet_atomic
 
@@ -66,8 +66,8 @@ def main() -> None:
         "parse + convert (body_to_table)": cpu_us_per_span(
             lambda: body_to_table(bodies[1], T0), n, args.repeat
         ),
-        "reference decoder (reference_body_to_table)": cpu_us_per_span(
-            lambda: reference_body_to_table(bodies[1], T0), n, args.repeat
+        "reference decoder (reference.convert)": cpu_us_per_span(
+            lambda: reference.convert(bodies[1], T0), n, args.repeat
         ),
     }
     with tempfile.TemporaryDirectory() as tmp:

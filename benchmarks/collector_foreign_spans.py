@@ -2,7 +2,7 @@
 
 Agent-lightning's LLM spans (``openai.chat.completion``, no tinkertrace span type, rollout id as a
 resource attribute) carry token ids as plain int lists under its own keys (``prompt_token_ids``,
-``response_token_ids``). The collector lifts them into the token list columns (``otlp_arrow``'s
+``response_token_ids``). The collector lifts them into the token list columns (``schemas.columns``'
 ``TOKEN_ALIASES``) on its compiled path. This script converts such requests (prints the conversion's
 CPU µs/span), writes ``--spans`` of them to Parquet as the collector would, and runs
 ``tinkertrace build-trajectories`` over them at ``--memory-limit`` in a subprocess, printing its wall
@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tinkertrace import semconv
-from tinkertrace.spanstore.otlp_arrow import body_to_table, warm_up_kernels
+from tinkertrace.spanstore.convert import body_to_table, warm_up_kernels
 from tinkertrace.spanstore.samples import llm_request
 from tinkertrace.spanstore.writer import PartitionedParquetWriter
 

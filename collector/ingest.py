@@ -24,8 +24,9 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from tinkertrace.collector.budget import ADMIT_FACTOR, FILE_SHARE, WRITE_FACTOR, MemoryBudget
 from tinkertrace.collector.wal import WriteAheadLog, iter_records
-from tinkertrace.spanstore.otlp_arrow import ConversionResult, body_to_table
+from tinkertrace.spanstore.convert import ConversionResult, body_to_table
 from tinkertrace.spanstore.writer import TEMP_PREFIX, ZSTD_LEVEL, PartitionedParquetWriter
 
 log = logging.getLogger("tinkertrace.collector")
@@ -63,56 +64,8 @@ class RecoveryReport:
     records: int = 0
     spans: int = 0
     files_replaced: int = 0
+    set_aside: int = 0  # segments of another format, renamed and not replayed
     notes: list[str] = field(default_factory=list)
-
-
-# A request holds its body, then its body and its converted table (about the body's size for protobuf,
-# smaller for JSON) until the WAL has it: admission reserves this many times the declared size.
-ADMIT_FACTOR = 2
-# Writing a Parquet file takes working memory of up to ~2.5x the file's buffered table data (the sorted copy
-# of the columns, the token lists gathered in file order, the compressed pages; peak RSS grew 2.5x and 2.1x
-# the data while writing files of 43 and 128 MB of LLM spans). The budget keeps that much aside for the
-# writer, so the working memory of a write is inside the budget.
-WRITE_FACTOR = 2.5
-# files are written once buffered tables reach this share of the budget (or --max-file-mb if smaller): the
-# budget then holds requests in flight, one file's tables and that file's working memory (1/8 + 2.5/8)
-FILE_SHARE = 8
-
-
-class MemoryBudget:
-    """One count of the bytes that requests hold in the collector, against one limit: bodies being
-    received (reserved at ``ADMIT_FACTOR`` x their declared size when admitted), bodies and converted
-    tables waiting for the WAL, and tables until their Parquet file is written. ``write_reserve`` bytes of
-    the limit are kept aside for writing a file; requests are admitted up to the rest. Thread-safe."""
-
-    def __init__(self, limit: int, write_reserve: int = 0) -> None:
-        self.limit = limit
-        self.write_reserve = min(write_reserve, limit)
-        self.admission_limit = limit - self.write_reserve
-        self.used = 0
-        self._lock = threading.Lock()
-
-    def try_reserve(self, nbytes: int) -> bool:
-        """Take ``nbytes`` unless that would pass the admission limit (a request larger than it is let
-        in when nothing else is held, so it is not refused for ever)."""
-        with self._lock:
-            if self.used and self.used + nbytes > self.admission_limit:
-                return False
-            self.used += nbytes
-            return True
-
-    def reserve(self, nbytes: int) -> None:
-        """Take ``nbytes`` regardless of the limit (work already admitted; negative gives back)."""
-        with self._lock:
-            self.used += nbytes
-
-    def release(self, nbytes: int) -> None:
-        with self._lock:
-            self.used -= nbytes
-
-    @property
-    def full(self) -> bool:
-        return self.used >= self.admission_limit
 
 
 @dataclass
@@ -153,6 +106,7 @@ class Ingestor:
             max_file_bytes=self.file_bytes,
             max_file_age_s=max(config.roll_seconds * 2, 1.0),
             compression_level=config.zstd_level,
+            splice_lists=True,  # the collector's fast writer of token lists (spanstore.list_splice)
         )
         self._wal_q: queue.Queue[Any] = queue.Queue()
         self._writer_q: queue.Queue[Any] = queue.Queue()
@@ -170,6 +124,9 @@ class Ingestor:
             "files": 0,
             "storage_errors": 0,
             "storage_recoveries": 0,
+            "converted_compiled": 0,  # requests by decoder (spanstore.convert)
+            "converted_reference": 0,
+            "compiled_fallbacks": {},  # why the compiled decoder declined, by reason
         }
         self._threads = [
             threading.Thread(target=self._wal_loop, name="tt-wal", daemon=True),
@@ -181,6 +138,10 @@ class Ingestor:
         """Replay WAL segments left by a previous run into Parquet (exactly once), then delete them."""
         report = RecoveryReport()
         for segment, records, note in iter_records(self.config.wal_dir):
+            if records is None:  # another format: its files stay as they are
+                report.set_aside += 1
+                report.notes.append(str(note))
+                continue
             tag = file_tag(self.config.instance, segment)
             for stale in [
                 *self.config.out.rglob(f"{tag}-*.parquet"),
@@ -191,6 +152,8 @@ class Ingestor:
             self.writer.file_prefix = tag
             for record in records:
                 result = body_to_table(record.payload, record.received_at_ns)
+                with self._lock:
+                    self._count_decoder(result)
                 self.writer.write(result.table)
                 report.spans += result.accepted
             self.writer.flush()
@@ -227,10 +190,20 @@ class Ingestor:
             raise Overloaded(self.config.retry_after_s)
         return reserved
 
-    def count_request(self, *, rejected: int) -> None:
+    def count_request(self, result: ConversionResult | None = None) -> None:
+        """Count one request (``None``: an empty one) and how it was converted."""
         with self._lock:
             self.stats["requests"] += 1
-            self.stats["rejected_spans"] += rejected
+            if result is not None:
+                self.stats["rejected_spans"] += result.rejected
+                self._count_decoder(result)
+
+    def _count_decoder(self, result: ConversionResult) -> None:
+        """Count which decoder converted a request (replayed ones too) and why it was not the compiled one."""
+        self.stats[f"converted_{result.decoder}"] += 1
+        if result.fallback is not None:
+            fallbacks = self.stats["compiled_fallbacks"]
+            fallbacks[result.fallback] = fallbacks.get(result.fallback, 0) + 1
 
     def submit(
         self, payload: bytes, result: ConversionResult, received_at_ns: int, *, reserved: int = 0
@@ -239,7 +212,7 @@ class Ingestor:
         fsynced in the WAL. ``reserved`` bytes already taken from the budget for it pass to the queue."""
         future: Future[None] = Future()
         cost = len(payload) + result.table.get_total_buffer_size()
-        self.count_request(rejected=result.rejected)
+        self.count_request(result)
         if result.accepted == 0:
             self.budget.release(reserved)
             future.set_result(None)
@@ -259,6 +232,8 @@ class Ingestor:
 
     def health(self) -> dict[str, Any]:
         """Status (``ok``, ``recovering`` from a storage error, ``failed``), what happened, and counts."""
+        with self._lock:
+            fallbacks = dict(self.stats["compiled_fallbacks"])
         return {
             "status": "failed" if self.failure else "recovering" if self.troubles else "ok",
             "failure": self.failure,
@@ -268,6 +243,7 @@ class Ingestor:
             "budget_bytes": self.budget.limit,
             "write_reserve_bytes": self.budget.write_reserve,
             **self.stats,
+            "compiled_fallbacks": fallbacks,
         }
 
     # --- shutdown --------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from tinkertrace.collector.ingest import Ingestor
-from tinkertrace.spanstore.otlp_arrow import ConversionResult, body_to_table
+from tinkertrace.spanstore.convert import ConversionResult, body_to_table
 
 log = logging.getLogger("tinkertrace.collector")
 
@@ -75,7 +75,7 @@ class IngestPipeline:
         try:
             received = time.time_ns()
             if not payload:  # protobuf's encoding of an empty request: nothing to log
-                self.ingestor.count_request(rejected=0)
+                self.ingestor.count_request()
                 return _done(ExportTraceServiceResponse())
             result = convert_request(payload, received)
             logged = self.ingestor.submit(payload, result, received, reserved=reserved)

@@ -15,10 +15,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from tinkertrace.collector.ingest import IngestConfig, Ingestor
-from tinkertrace.spanstore.otlp_arrow import fast_converter, warm_up_kernels
+from tinkertrace.collector.ingest import IngestConfig, Ingestor, RecoveryReport
+from tinkertrace.spanstore.convert import compiled_decoder, warm_up_kernels
 from tinkertrace.spanstore.writer import ZSTD_LEVEL
+
+if TYPE_CHECKING:
+    import grpc
+
+    from tinkertrace.collector.http_server import HttpServer
 
 MiB = 1024 * 1024
 
@@ -70,7 +76,7 @@ def connection_cap(wanted: int, open_files: int) -> int:
 def _prepare_converter() -> None:
     """Compile (first start after an install, ~15 s) or load the kernels of the fast converter and of
     the Parquet page writer."""
-    if fast_converter() is None:
+    if compiled_decoder() is None:
         print(
             "tinkertrace collector: numba is not installed, so spans are converted by the reference decoder "
             "(about 3.5x more CPU per span); pip install 'tinkertrace[collector]' for the compiled one",
@@ -95,93 +101,22 @@ def run_collector(config: CollectorConfig) -> int:
         return 2
     open_files = raise_open_files_limit()
     max_connections = connection_cap(config.max_connections, open_files)
-    instance = config.resolved_instance()
-    out = config.out.resolve()
-    wal_dir = (config.wal_dir or out / "_wal" / instance).resolve()
-    ingestor = Ingestor(
-        IngestConfig(
-            out=out,
-            wal_dir=wal_dir,
-            instance=instance,
-            max_queue_bytes=config.max_queue_bytes,
-            max_file_bytes=config.max_file_bytes,
-            roll_seconds=config.roll_seconds,
-            zstd_level=config.zstd_level,
-        )
-    )
+    ingestor = _make_ingestor(config)
     _prepare_converter()
-    recovered = ingestor.recover()
-    if recovered.segments:
-        print(
-            f"tinkertrace collector: recovered {recovered.spans} spans from {recovered.records} WAL records "
-            f"in {recovered.segments} segment(s) (replaced {recovered.files_replaced} partial file(s))",
-            flush=True,
-        )
-        for note in recovered.notes:
-            print(f"tinkertrace collector: {note}", flush=True)
+    _report_recovery(ingestor.recover())
     gc.freeze()  # start-up objects (modules, compiled kernels) are not garbage: keep them out of GC passes
     ingestor.start()
-
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-
-    grpc_server = None
-    if config.grpc_port is not None:
-        from tinkertrace.collector.otlp_grpc import start_grpc_server
-
-        grpc_server = start_grpc_server(
-            ingestor,
-            config.host,
-            config.grpc_port,
-            token=config.token,
-            max_request_bytes=config.max_request_bytes,
-            workers=config.grpc_workers,
-        )
-    http_server = None
-    if config.http_port is not None:
-        from tinkertrace.collector.http_server import HttpServer
-        from tinkertrace.collector.otlp_http import OtlpHttpHandler
-
-        handler = OtlpHttpHandler(ingestor, token=config.token, max_request_bytes=config.max_request_bytes)
-        http_server = HttpServer(
-            handler,
-            config.host,
-            config.http_port,
-            max_body_bytes=config.max_request_bytes,
-            max_connections=max_connections,
-        )
-        try:
-            http_server.start()
-        except OSError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            if grpc_server is not None:
-                grpc_server.stop(grace=0)
-            ingestor.stop()
-            return 1
-
-    where = []
-    if config.http_port is not None:
-        where.append(f"OTLP/HTTP http://{config.host}:{config.http_port}/v1/traces")
-    if config.grpc_port is not None:
-        where.append(f"OTLP/gRPC {config.host}:{config.grpc_port}")
-    auth = "bearer token required" if config.token else "no auth"
-    print(
-        f"tinkertrace collector listening on {', '.join(where)}; writing spans to {out} "
-        f"(WAL {wal_dir}; {auth}; up to {max_connections} HTTP connections, open-files limit {open_files}; "
-        f"pid {os.getpid()})",
-        flush=True,
-    )
+    stop = _stop_on_signals()
+    try:
+        servers = _start_servers(config, ingestor, max_connections)
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        ingestor.stop()
+        return 1
+    _announce(config, ingestor, f"up to {max_connections} HTTP connections, open-files limit {open_files}")
     stop.wait()
     print("tinkertrace collector: shutting down, flushing spans…", flush=True)
-    if http_server is not None:
-        http_server.stop()
-    if grpc_server is not None:
-        grpc_server.stop(grace=5).wait()
+    servers.stop()
     ingestor.stop()
     print(
         f"tinkertrace collector: stopped; {ingestor.stats['spans']} spans accepted, "
@@ -189,3 +124,105 @@ def run_collector(config: CollectorConfig) -> int:
         flush=True,
     )
     return 1 if ingestor.failure else 0
+
+
+def _make_ingestor(config: CollectorConfig) -> Ingestor:
+    out = config.out.resolve()
+    instance = config.resolved_instance()
+    return Ingestor(
+        IngestConfig(
+            out=out,
+            wal_dir=(config.wal_dir or out / "_wal" / instance).resolve(),
+            instance=instance,
+            max_queue_bytes=config.max_queue_bytes,
+            max_file_bytes=config.max_file_bytes,
+            roll_seconds=config.roll_seconds,
+            zstd_level=config.zstd_level,
+        )
+    )
+
+
+def _report_recovery(recovered: RecoveryReport) -> None:
+    if recovered.segments:
+        print(
+            f"tinkertrace collector: recovered {recovered.spans} spans from {recovered.records} WAL records "
+            f"in {recovered.segments} segment(s) (replaced {recovered.files_replaced} partial file(s))",
+            flush=True,
+        )
+    for note in recovered.notes:
+        print(f"tinkertrace collector: {note}", flush=True)
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event set by SIGINT or SIGTERM."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return stop
+
+
+@dataclass
+class _Servers:
+    """The running transports (either may be off)."""
+
+    grpc: grpc.Server | None = None
+    http: HttpServer | None = None
+
+    def stop(self) -> None:
+        if self.http is not None:
+            self.http.stop()
+        if self.grpc is not None:
+            self.grpc.stop(grace=5).wait()
+
+
+def _start_servers(config: CollectorConfig, ingestor: Ingestor, max_connections: int) -> _Servers:
+    """Start OTLP/gRPC and OTLP/HTTP as configured; ``OSError`` (with gRPC stopped) if HTTP cannot."""
+    servers = _Servers()
+    if config.grpc_port is not None:
+        from tinkertrace.collector.otlp_grpc import start_grpc_server
+
+        servers.grpc = start_grpc_server(
+            ingestor,
+            config.host,
+            config.grpc_port,
+            token=config.token,
+            max_request_bytes=config.max_request_bytes,
+            workers=config.grpc_workers,
+        )
+    if config.http_port is not None:
+        from tinkertrace.collector.http_server import HttpServer
+        from tinkertrace.collector.otlp_http import OtlpHttpHandler
+
+        handler = OtlpHttpHandler(ingestor, token=config.token, max_request_bytes=config.max_request_bytes)
+        servers.http = HttpServer(
+            handler,
+            config.host,
+            config.http_port,
+            max_body_bytes=config.max_request_bytes,
+            max_connections=max_connections,
+        )
+        try:
+            servers.http.start()
+        except OSError:
+            if servers.grpc is not None:
+                servers.grpc.stop(grace=0)
+            raise
+    return servers
+
+
+def _announce(config: CollectorConfig, ingestor: Ingestor, limits: str) -> None:
+    where = []
+    if config.http_port is not None:
+        where.append(f"OTLP/HTTP http://{config.host}:{config.http_port}/v1/traces")
+    if config.grpc_port is not None:
+        where.append(f"OTLP/gRPC {config.host}:{config.grpc_port}")
+    auth = "bearer token required" if config.token else "no auth"
+    print(
+        f"tinkertrace collector listening on {', '.join(where)}; writing spans to {ingestor.config.out} "
+        f"(WAL {ingestor.config.wal_dir}; {auth}; {limits}; pid {os.getpid()})",
+        flush=True,
+    )

@@ -2,10 +2,11 @@
 
 A segment starts with :data:`MAGIC`, then records ``<u32 length><u32 crc32c><i64 received_at_ns><payload>``
 (CRC-32C in hardware: ~18 GB/s against zlib's crc32 at ~3.5 GB/s, i.e. 0.15 instead of 0.75 µs per
-span). Segments without the magic were written by earlier versions with zlib's crc32 and are still
-replayed. Segments are named by their creation time in nanoseconds (``<20 digits>.wal``) so names grow
-across restarts. A torn record at the end of a segment (a crash mid-append, never acknowledged) ends
-that segment's replay, and so does zero padding (see :class:`WriteAheadLog`).
+span). A segment without the magic (format 1, written by early versions, or not a segment at all) is
+not replayed: :func:`iter_records` sets it aside under a name of its own and says so. Segments are
+named by their creation time in nanoseconds (``<20 digits>.wal``) so names grow across restarts. A torn
+record at the end of a segment (a crash mid-append, never acknowledged) ends that segment's replay, and
+so does zero padding (see :class:`WriteAheadLog`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ import mmap
 import os
 import struct
 import time
-import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +26,7 @@ import google_crc32c
 
 _HEADER = struct.Struct("<IIq")
 SUFFIX = ".wal"
+SET_ASIDE_SUFFIX = ".unreadable"  # appended to the name of a segment of another format
 MAGIC = b"TTWAL\x00\x02\n"  # format 2: CRC-32C records
 BLOCK = 4096  # O_DIRECT writes whole blocks of this size, from memory aligned to it
 STAGE_BYTES = 4 * 1024 * 1024  # staged bytes beyond this are written out before the batch's sync
@@ -48,16 +49,20 @@ def segment_path(wal_dir: Path, segment: int) -> Path:
     return wal_dir / f"{segment:020d}{SUFFIX}"
 
 
+class UnknownFormat(ValueError):
+    """A segment that does not start with :data:`MAGIC`: this version cannot read it."""
+
+
 def read_segment(path: Path) -> tuple[list[WalRecord], str | None]:
-    """All intact records of a segment, and a note if a torn/corrupt tail was dropped."""
+    """All intact records of a segment, and a note if a torn/corrupt tail was dropped;
+    :class:`UnknownFormat` if it is not a segment of this format."""
     data = path.read_bytes()
     records: list[WalRecord] = []
-    checksum: Callable[[bytes], int] = zlib.crc32  # format 1, before the magic
-    offset = 0
-    if data.startswith(MAGIC):
-        checksum, offset = google_crc32c.value, len(MAGIC)
-    elif MAGIC.startswith(data):  # empty, or a crash while the magic was written: nothing acknowledged
-        return records, f"{path.name}: torn segment header dropped" if data else None
+    if not data.startswith(MAGIC):
+        if MAGIC.startswith(data):  # empty, or a crash while the magic was written: nothing acknowledged
+            return records, f"{path.name}: torn segment header dropped" if data else None
+        raise UnknownFormat(f"{path.name} has no {MAGIC!r} header (a format-1 segment of an early version?)")
+    offset = len(MAGIC)
     while offset < len(data):
         if offset + _HEADER.size > len(data):
             return records, f"{path.name}: torn header at byte {offset} dropped"
@@ -68,7 +73,7 @@ def read_segment(path: Path) -> tuple[list[WalRecord], str | None]:
             return records, f"{path.name}: torn data after the padding at byte {offset} dropped"
         start = offset + _HEADER.size
         payload = data[start : start + length]
-        if len(payload) != length or checksum(payload) != crc:
+        if len(payload) != length or google_crc32c.value(payload) != crc:
             return records, f"{path.name}: torn or corrupt record at byte {offset} dropped"
         records.append(WalRecord(received, payload))
         offset = start + length
@@ -82,9 +87,7 @@ def holds_records(path: Path) -> bool:
             head = segment.read(len(MAGIC) + _HEADER.size)
     except OSError:
         return False
-    if not head.startswith(MAGIC):  # a legacy segment (no magic) with anything in it, or a torn header
-        return len(head) >= _HEADER.size and not MAGIC.startswith(head)
-    return len(head) == len(MAGIC) + _HEADER.size and any(head[len(MAGIC) :])
+    return head.startswith(MAGIC) and len(head) == len(MAGIC) + _HEADER.size and any(head[len(MAGIC) :])
 
 
 def unflushed_wal_note(spans_dir: Path) -> str | None:
@@ -104,9 +107,22 @@ def unflushed_wal_note(spans_dir: Path) -> str | None:
     )
 
 
-def iter_records(wal_dir: Path) -> Iterator[tuple[int, list[WalRecord], str | None]]:
+def iter_records(wal_dir: Path) -> Iterator[tuple[int, list[WalRecord] | None, str | None]]:
+    """``(segment, its intact records, a note)`` per segment, oldest first. A segment of another format
+    is renamed aside (``<name>.unreadable``: no longer a segment) and comes with ``None`` records and a
+    note saying so."""
     for segment in segment_ids(wal_dir):
-        records, note = read_segment(segment_path(wal_dir, segment))
+        path = segment_path(wal_dir, segment)
+        try:
+            records, note = read_segment(path)
+        except UnknownFormat as exc:
+            kept = path.rename(path.with_name(path.name + SET_ASIDE_SUFFIX))
+            yield (
+                segment,
+                None,
+                f"{exc}: not replayed, kept as {kept} (replay it with the version that wrote it)",
+            )
+            continue
         yield segment, records, note
 
 

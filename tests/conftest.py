@@ -13,7 +13,7 @@ from tinkertrace.testing.openai_server import RunningServer, ServerOptions, star
 def _compiled_span_scan() -> None:
     """Compile (or load from numba's cache) the span converter's kernels once, before any test, so no
     test's embedded sink or collector pays the first compilation inside its own timeouts."""
-    from tinkertrace.spanstore.otlp_arrow import warm_up_kernels
+    from tinkertrace.spanstore.convert import warm_up_kernels
 
     warm_up_kernels()
 

@@ -26,10 +26,19 @@ from google.rpc import status_pb2
 from tinkertrace.collector.http_server import HttpServer
 from tinkertrace.collector.ingest import IngestConfig, Ingestor, Unavailable, file_tag
 from tinkertrace.collector.otlp_http import OtlpHttpHandler
-from tinkertrace.collector.wal import BLOCK, MAGIC, STAGE_BYTES, WriteAheadLog, read_segment, segment_ids
+from tinkertrace.collector.wal import (
+    BLOCK,
+    MAGIC,
+    STAGE_BYTES,
+    UnknownFormat,
+    WriteAheadLog,
+    holds_records,
+    read_segment,
+    segment_ids,
+)
 from tinkertrace.netutil import free_port
 from tinkertrace.spanstore import writer as writer_module
-from tinkertrace.spanstore.otlp_arrow import request_to_table
+from tinkertrace.spanstore.convert import request_to_table
 from tinkertrace.spanstore.samples import llm_request
 from tinkertrace.spanstore.writer import PartitionedParquetWriter
 
@@ -104,7 +113,7 @@ def open_wal(path: Path, direct: bool) -> WriteAheadLog:
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
-def test_wal_reads_its_crc32c_records_and_legacy_crc32_segments(tmp_path: Path, direct: bool) -> None:
+def test_wal_reads_its_crc32c_records_and_refuses_other_formats(tmp_path: Path, direct: bool) -> None:
     wal = open_wal(tmp_path, direct)
     wal.append(b"first", 1)
     wal.append(b"second", 2)
@@ -125,9 +134,37 @@ def test_wal_reads_its_crc32c_records_and_legacy_crc32_segments(tmp_path: Path, 
     assert [r.payload for r in records] == [b"first"] and "corrupt record" in str(note)
     path.write_bytes(MAGIC[:3])  # crash while the segment header was written: nothing was acknowledged
     assert read_segment(path) == ([], f"{path.name}: torn segment header dropped")
-    legacy = tmp_path / "legacy.wal"  # written before the magic: <len><zlib crc32><ns><payload>
-    legacy.write_bytes(b"".join(struct.pack("<IIq", len(p), zlib.crc32(p), 7) + p for p in (b"a", b"bc")))
-    assert [r.payload for r in read_segment(legacy)[0]] == [b"a", b"bc"]
+    legacy = tmp_path / "legacy.wal"
+    legacy.write_bytes(_format_1_segment([b"a", b"bc"]))
+    with pytest.raises(UnknownFormat, match=r"has no .* header"):
+        read_segment(legacy)
+    assert not holds_records(legacy)
+
+
+def _format_1_segment(payloads: list[bytes]) -> bytes:
+    """A segment as early versions wrote it: no magic, records <len><zlib crc32><ns><payload>."""
+    return b"".join(struct.pack("<IIq", len(p), zlib.crc32(p), 7) + p for p in payloads)
+
+
+def test_recovery_sets_a_segment_of_another_format_aside_and_replays_the_rest(tmp_path: Path) -> None:
+    """A format-1 segment is neither misread nor deleted: renamed aside with a note, its files kept."""
+    out, wal_dir = tmp_path / "spans", tmp_path / "spans" / "_wal" / "c1"
+    wal_dir.mkdir(parents=True)
+    old = wal_dir / f"{1:020d}.wal"
+    old.write_bytes(_format_1_segment([llm_request(5, seed=1).SerializeToString()]))
+    written_from_it = PartitionedParquetWriter(out, file_prefix=file_tag("c1", 1))
+    written_from_it.write(request_to_table(llm_request(5, seed=1), 1_767_225_600_000_000_000).table)
+    written_from_it.close()
+    wal = WriteAheadLog(wal_dir)
+    wal.open_segment()
+    wal.append(llm_request(7, seed=2).SerializeToString(), 1_767_225_600_000_000_000)
+    wal.sync()
+    wal.close_segment()
+    report = Ingestor(IngestConfig(out=out, wal_dir=wal_dir, instance="c1")).recover()
+    assert (report.segments, report.spans, report.set_aside, report.files_replaced) == (1, 7, 1, 0)
+    assert "not replayed" in report.notes[0] and old.name in report.notes[0]
+    assert segment_ids(wal_dir) == [] and (wal_dir / f"{old.name}.unreadable").exists()
+    assert written_from_it.files_written[0].exists()
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])

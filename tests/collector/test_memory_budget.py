@@ -10,11 +10,12 @@ from pathlib import Path
 
 import httpx
 
+from tinkertrace.collector.budget import ADMIT_FACTOR, WRITE_FACTOR
 from tinkertrace.collector.http_server import HttpServer
-from tinkertrace.collector.ingest import ADMIT_FACTOR, WRITE_FACTOR, IngestConfig, Ingestor, Overloaded
+from tinkertrace.collector.ingest import IngestConfig, Ingestor, Overloaded
 from tinkertrace.collector.otlp_http import OtlpHttpHandler
 from tinkertrace.netutil import free_port
-from tinkertrace.spanstore.otlp_arrow import body_to_table
+from tinkertrace.spanstore.convert import body_to_table
 from tinkertrace.spanstore.samples import llm_request
 
 HEAD = b"POST /v1/traces HTTP/1.1\r\ncontent-type: application/x-protobuf\r\ncontent-length: %d\r\n\r\n"

@@ -18,6 +18,7 @@ from tinkertrace.collector.ingest import IngestConfig, Ingestor
 from tinkertrace.collector.otlp_grpc import start_grpc_server
 from tinkertrace.collector.otlp_http import OtlpHttpHandler
 from tinkertrace.netutil import free_port
+from tinkertrace.spanstore.convert import compiled_decoder
 from tinkertrace.spanstore.samples import llm_request
 
 PROTOBUF = b"application/x-protobuf"
@@ -169,3 +170,26 @@ def test_an_unexpected_error_in_one_conversion_answers_only_that_request(
     assert [r.status for r in responses] == [500, 200]
     assert "internal error" in status_pb2.Status.FromString(responses[0].body).message
     assert _stored_span_ids(ingestor.config.out) == sorted(_ids(good))
+
+
+def test_health_counts_requests_by_decoder_and_fallbacks_by_reason(tmp_path: Path) -> None:
+    """A request the compiled decoder declines (a span with links) is stored all the same, converted by
+    the reference decoder, and /health counts it under its reason."""
+    if compiled_decoder() is None:
+        pytest.skip("the compiled decoder needs the collector extra (numba)")
+    from tinkertrace.spanstore.convert.compiled import SCAN_DECLINED
+
+    ingestor = _ingestor(tmp_path)
+    handler = OtlpHttpHandler(ingestor, max_request_bytes=1 << 24)
+    usual, linked = llm_request(3, seed=7), llm_request(2, seed=8)
+    span = linked.resource_spans[0].scope_spans[0].spans[0]
+    span.links.add(trace_id=span.trace_id, span_id=span.span_id)
+    responses = _answer_together(
+        handler, [(PROTOBUF, usual.SerializeToString()), (PROTOBUF, linked.SerializeToString())]
+    )
+    health = handler.health()
+    ingestor.stop()
+    assert [r.status for r in responses] == [200, 200]
+    assert (health["converted_compiled"], health["converted_reference"]) == (1, 1)
+    assert health["compiled_fallbacks"] == {SCAN_DECLINED: 1}
+    assert _stored_span_ids(ingestor.config.out) == sorted(_ids(usual) + _ids(linked))

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from tinkertrace.cli import collector_cmd, spans_cmd
 from tinkertrace.cli.main import app
 from tinkertrace.spanstore.compact import compact
-from tinkertrace.spanstore.otlp_arrow import request_to_table
+from tinkertrace.spanstore.convert import request_to_table
 from tinkertrace.spanstore.reader import open_spans
 from tinkertrace.spanstore.samples import llm_request
 from tinkertrace.spanstore.writer import ZSTD_LEVEL, PartitionedParquetWriter

@@ -23,7 +23,8 @@ import pyarrow as pa
 
 from tinkertrace.builder import views
 from tinkertrace.builder.options import MAX_BUCKETS
-from tinkertrace.builder.triplets import EXTRA_COLUMNS, TOKEN_COLUMNS, TRIPLET_COLUMNS
+from tinkertrace.builder.triplets import EXTRA_COLUMNS, TRIPLET_COLUMNS
+from tinkertrace.schemas.columns import TOKEN_COLUMNS
 
 # A bucket's token data may take this share of the memory limit (reading, reordering and
 # merging it in Python costs about four times its size on top of DuckDB's limit).

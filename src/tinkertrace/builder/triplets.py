@@ -15,8 +15,8 @@ from tinkertrace.builder import views
 from tinkertrace.builder.options import BuildOptions
 from tinkertrace.builder.rewards import assign_rewards
 from tinkertrace.builder.summary import BuildSummary
+from tinkertrace.schemas.columns import TOKEN_COLUMNS
 
-TOKEN_COLUMNS = ("prompt_token_ids", "response_token_ids", "response_logprobs")
 # Columns of the stream after the triplet columns, used to build trajectories.
 EXTRA_COLUMNS = ("group_key", "traj_reward", "split", "rollout_end")
 

@@ -31,7 +31,7 @@ class ParquetSink:
         return f"ParquetSink({str(self.root)!r})"
 
     def export(self, request: ExportTraceServiceRequest, n_spans: int) -> None:
-        from tinkertrace.spanstore.otlp_arrow import request_to_table
+        from tinkertrace.spanstore.convert import request_to_table
 
         result = request_to_table(request, time.time_ns())
         if result.rejected:

@@ -24,18 +24,6 @@ def pack_logprobs(logprobs: Sequence[float] | np.ndarray) -> bytes:
     return np.asarray(logprobs, dtype=LOGPROBS_DTYPE).tobytes()
 
 
-def unpack_ids(data: bytes) -> np.ndarray:
-    if len(data) % 4:
-        raise ValueError(f"packed token ids must be a multiple of 4 bytes, got {len(data)}")
-    return np.frombuffer(data, dtype=IDS_DTYPE)
-
-
-def unpack_logprobs(data: bytes) -> np.ndarray:
-    if len(data) % 4:
-        raise ValueError(f"packed logprobs must be a multiple of 4 bytes, got {len(data)}")
-    return np.frombuffer(data, dtype=LOGPROBS_DTYPE)
-
-
 def lists_from_packed(packed: pa.Array, list_type: pa.DataType) -> pa.Array:
     """A list array whose rows are the rows of a binary / large_binary array of packed values.
 
@@ -55,4 +43,26 @@ def lists_from_packed(packed: pa.Array, list_type: pa.DataType) -> pa.Array:
         validity = pc.is_valid(packed).buffers()[1]
     return pa.Array.from_buffers(
         list_type, len(packed), [validity, pa.py_buffer(offsets)], packed.null_count, children=[values]
+    )
+
+
+def lists_as_binary(column: pa.ChunkedArray) -> pa.Array | None:
+    """Each list's values as one ``large_binary`` value, sharing the values buffer (the inverse of
+    :func:`lists_from_packed`); ``None`` if the values are not all valid and fixed-width."""
+    value_type = column.type.value_type
+    if not pa.types.is_primitive(value_type) or pa.types.is_boolean(value_type):
+        return None
+    width = value_type.bit_width // 8
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    values = array.values
+    if values.null_count:
+        return None
+    offsets = np.frombuffer(array.buffers()[1], np.int32, array.offset + len(array) + 1)
+    byte_offsets = (offsets.astype(np.int64) + values.offset) * width
+    return pa.Array.from_buffers(
+        pa.large_binary(),
+        len(array),
+        [array.buffers()[0], pa.py_buffer(byte_offsets), values.buffers()[1]],
+        array.null_count,
+        array.offset,
     )

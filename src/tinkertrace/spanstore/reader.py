@@ -10,7 +10,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tinkertrace import schemas
+from tinkertrace.schemas import spans as spans_schema
 from tinkertrace.spanstore.compact import superseded_inputs
 from tinkertrace.spanstore.writer import TEMP_PREFIX
 
@@ -74,7 +74,7 @@ def check_file(path: Path) -> str | None:
 
 def empty_spans_sql() -> str:
     """A SELECT with the spans schema (plus partition/filename columns) and no rows."""
-    columns = [f"CAST(NULL AS {_DUCKDB_TYPES[f.type]}) AS {_ident(f.name)}" for f in schemas.spans()]
+    columns = [f"CAST(NULL AS {_DUCKDB_TYPES[f.type]}) AS {_ident(f.name)}" for f in spans_schema()]
     columns += [f"CAST(NULL AS {t}) AS {_ident(n)}" for n, t in EXTRA_COLUMNS.items()]
     return f"SELECT {', '.join(columns)} WHERE false"
 

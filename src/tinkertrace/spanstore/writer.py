@@ -4,6 +4,10 @@ Rows are buffered per partition ``date=YYYY-MM-DD/hour=HH/`` (UTC, from ``receiv
 when a partition's buffer reaches ``max_file_bytes`` or its oldest row is ``max_file_age_s`` old, or
 on :meth:`flush`. Each file is written under a hidden temporary name in its folder, fsynced, then
 renamed, so a reader globbing ``**/*.parquet`` never sees a partial file.
+
+Files are written by ``pyarrow.parquet``. The collector opts into ``splice_lists``: the token list
+columns are then written from their packed values by ``list_splice`` (about 6 of a span's 10 µs of
+writing saved); the tables read back are the same either way (tests/spanstore/test_list_splice.py).
 """
 
 from __future__ import annotations
@@ -16,14 +20,17 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from tinkertrace import schemas
-from tinkertrace.spanstore import parquet_lists
-from tinkertrace.spanstore.encoding import lists_from_packed
+from tinkertrace.schemas import sort_keys
+from tinkertrace.schemas.columns import JSON_COLUMNS, TOKEN_COLUMNS
+from tinkertrace.spanstore.encoding import lists_as_binary, lists_from_packed
+from tinkertrace.spanstore.list_splice import splice
 
 TEMP_PREFIX = "."  # temporary files are hidden: ".<name>.tmp"
 DICTIONARY_COLUMNS = [
@@ -46,9 +53,8 @@ DICTIONARY_COLUMNS = [
 # zstd level 1: ~30% less CPU than the default (3) for the same size on token arrays (measured by
 # benchmarks/collector_convert.py); compaction may rewrite with a higher level.
 ZSTD_LEVEL = 1
-TOKEN_COLUMNS = ("prompt_token_ids", "response_token_ids", "response_logprobs")
 # min/max statistics of token arrays (~1 µs per span) and of the JSON columns are never used for pruning
-NO_STATISTICS_COLUMNS = (*TOKEN_COLUMNS, "attributes", "resource_attributes", "events", "links")
+NO_STATISTICS_COLUMNS = (*TOKEN_COLUMNS, *JSON_COLUMNS)
 # BYTE_STREAM_SPLIT values of the token arrays: the high bytes of token ids (and of logprobs' exponents)
 # form near-constant streams, so zstd(1) packs them 17% smaller and ~2 µs per span faster
 # (benchmarks/collector_convert.py). Readers need BYTE_STREAM_SPLIT for INT32: DuckDB >= 2.0 (1.x reads it
@@ -56,8 +62,9 @@ NO_STATISTICS_COLUMNS = (*TOKEN_COLUMNS, "attributes", "resource_attributes", "e
 BYTE_STREAM_SPLIT_COLUMNS = TOKEN_COLUMNS
 # Arrow's Parquet writer builds repetition/definition levels per chunk: chunks of this many rows keep
 # those buffers small (one 50k-row chunk grows them by reallocation to ~50 MB each) for the list columns
-# it writes itself (token lists with null values; the others go through parquet_lists)
+# it writes itself (all of them, or with splice_lists those with null values)
 WRITE_CHUNK_ROWS = 4096
+ROW_GROUP_ROWS = 256 * 1024
 
 Partition = tuple[str, str]  # ("2026-01-31", "07")
 
@@ -82,7 +89,7 @@ def fsync_path(path: Path) -> None:
 
 def sort_order(table: pa.Table) -> pa.Array | None:
     """The row order of ``schemas.sort_keys("spans")`` (the keys ``table`` has); ``None``: keep it."""
-    keys = [(k, "ascending") for k in schemas.sort_keys("spans") if k in table.column_names]
+    keys = [(k, "ascending") for k in sort_keys("spans") if k in table.column_names]
     if not keys or table.num_rows < 2:
         return None
     return pc.sort_indices(table, sort_keys=keys)
@@ -97,7 +104,7 @@ def take_rows(table: pa.Table, indices: pa.Array) -> pa.Table:
     """
     columns = []
     for field_, column in zip(table.schema, table.columns, strict=True):
-        packed = _lists_as_binary(column) if pa.types.is_list(field_.type) else None
+        packed = lists_as_binary(column) if pa.types.is_list(field_.type) else None
         if packed is None:
             columns.append(column.take(indices))
         else:
@@ -105,52 +112,52 @@ def take_rows(table: pa.Table, indices: pa.Array) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=table.schema)
 
 
-def _lists_as_binary(column: pa.ChunkedArray) -> pa.Array | None:
-    """Each list's values as one large_binary value (``None`` if the values are not all valid fixed-width)."""
-    value_type = column.type.value_type
-    if not pa.types.is_primitive(value_type) or pa.types.is_boolean(value_type):
-        return None
-    width = value_type.bit_width // 8
-    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    values = array.values
-    if values.null_count:
-        return None
-    offsets = np.frombuffer(array.buffers()[1], np.int32, array.offset + len(array) + 1)
-    byte_offsets = (offsets.astype(np.int64) + values.offset) * width
-    return pa.Array.from_buffers(
-        pa.large_binary(),
-        len(array),
-        [array.buffers()[0], pa.py_buffer(byte_offsets), values.buffers()[1]],
-        array.null_count,
-        array.offset,
-    )
-
-
-def write_parquet_atomic(table: pa.Table, path: Path, compression_level: int | None = None) -> None:
-    """Write ``table`` (sorted by the spans sort keys) to ``path`` via temp file + fsync + rename.
-
-    Arrow writes every column but the token lists, which ``parquet_lists`` writes from their packed
-    values in sorted order (Arrow's per-value level work was most of the file's cost); see that module.
-    """
+def write_parquet_atomic(
+    table: pa.Table,
+    path: Path,
+    compression_level: int | None = None,
+    *,
+    splice_lists: bool = False,
+    row_group_rows: int = ROW_GROUP_ROWS,
+) -> None:
+    """Write ``table`` (sorted by the spans sort keys) to ``path`` via temp file + fsync + rename, zstd
+    at ``compression_level`` (default :data:`ZSTD_LEVEL`). With ``splice_lists`` the token lists are
+    written by ``list_splice`` (see the module docstring)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    order = sort_order(table)
-    lists = _packed_lists(table, None if order is None else order.to_numpy())
-    table = parquet_lists.as_nulls(table, lists)  # parquet_lists writes them, in sorted order
-    if order is not None:
-        table = take_rows(table, order)
-    table = pa.Table.from_batches(table.to_batches(max_chunksize=WRITE_CHUNK_ROWS), table.schema)
-    level = ZSTD_LEVEL if compression_level is None else compression_level
-    pieces = parquet_lists.parquet_pieces(
-        table,
-        lists,
-        level,
-        use_dictionary=[c for c in DICTIONARY_COLUMNS if c in table.column_names],
-        write_statistics=[c for c in table.column_names if c not in NO_STATISTICS_COLUMNS],
-        use_byte_stream_split=[
+    options: dict[str, Any] = {
+        "use_dictionary": [c for c in DICTIONARY_COLUMNS if c in table.column_names],
+        "write_statistics": [c for c in table.column_names if c not in NO_STATISTICS_COLUMNS],
+        "use_byte_stream_split": [
             f"{c}.list.element" for c in BYTE_STREAM_SPLIT_COLUMNS if c in table.column_names
         ],
-        row_group_size=256 * 1024,
-    )
+        "row_group_size": row_group_rows,
+    }
+    level = ZSTD_LEVEL if compression_level is None else compression_level
+    order = sort_order(table)
+    if splice_lists:
+        lists = splice.packed_lists(
+            table, TOKEN_COLUMNS, BYTE_STREAM_SPLIT_COLUMNS, None if order is None else order.to_numpy()
+        )
+        table = splice.as_nulls(table, lists)  # list_splice writes them, in sorted order
+        pieces = splice.parquet_pieces(_in_write_chunks(table, order), lists, level, **options)
+    else:
+        file = pa.BufferOutputStream()
+        pq.write_table(
+            _in_write_chunks(table, order), file, compression="zstd", compression_level=level, **options
+        )
+        pieces = [file.getvalue()]
+    _write_atomic(pieces, path)
+
+
+def _in_write_chunks(table: pa.Table, order: pa.Array | None) -> pa.Table:
+    """``table`` in ``order``, in chunks of :data:`WRITE_CHUNK_ROWS` rows."""
+    if order is not None:
+        table = take_rows(table, order)
+    return pa.Table.from_batches(table.to_batches(max_chunksize=WRITE_CHUNK_ROWS), table.schema)
+
+
+def _write_atomic(pieces: list[Any], path: Path) -> None:
+    """Write ``pieces`` in order to ``path`` via a hidden temporary file, fsync and rename."""
     tmp = path.with_name(f"{TEMP_PREFIX}{path.name}.tmp")
     try:
         with open(tmp, "wb") as out:
@@ -165,21 +172,6 @@ def write_parquet_atomic(table: pa.Table, path: Path, compression_level: int | N
     fsync_path(path.parent)
 
 
-def _packed_lists(table: pa.Table, order: np.ndarray | None = None) -> dict[str, parquet_lists.PackedList]:
-    """The token columns that ``parquet_lists`` can write (lists of non-null values), packed, to be
-    written in ``order``."""
-    lists = {}
-    for name in TOKEN_COLUMNS:
-        if name not in table.column_names:
-            continue
-        packed = _lists_as_binary(table.column(name))
-        if packed is not None and parquet_lists.writable(packed):
-            field_ = table.schema.field(name)
-            split = name in BYTE_STREAM_SPLIT_COLUMNS
-            lists[name] = parquet_lists.PackedList.of(field_, packed, split, order)
-    return lists
-
-
 @dataclass
 class _Buffer:
     tables: list[pa.Table] = field(default_factory=list)
@@ -188,7 +180,8 @@ class _Buffer:
 
 
 class PartitionedParquetWriter:
-    """Buffers span tables per hive partition and writes zstd Parquet files atomically. Thread-safe."""
+    """Buffers span tables per hive partition and writes zstd Parquet files atomically (token lists
+    through ``list_splice`` if ``splice_lists``). Thread-safe."""
 
     def __init__(
         self,
@@ -198,12 +191,14 @@ class PartitionedParquetWriter:
         max_file_age_s: float = 60.0,
         file_prefix: str | None = None,
         compression_level: int | None = None,
+        splice_lists: bool = False,
     ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_file_bytes = max_file_bytes
         self.max_file_age_s = max_file_age_s
         self.compression_level = compression_level
+        self.splice_lists = splice_lists
         self._prefix = file_prefix or f"part-{uuid.uuid4().hex[:12]}"
         self._seq = itertools.count()
         self._buffers: dict[Partition, _Buffer] = {}
@@ -282,7 +277,7 @@ class PartitionedParquetWriter:
         buffer = self._buffers[partition]
         table = pa.concat_tables(buffer.tables)
         path = partition_dir(self.root, partition) / f"{self._prefix}-{next(self._seq):06d}.parquet"
-        write_parquet_atomic(table, path, self.compression_level)
+        write_parquet_atomic(table, path, self.compression_level, splice_lists=self.splice_lists)
         del self._buffers[partition]
         self.files_written.append(path)
         self.rows_written += table.num_rows

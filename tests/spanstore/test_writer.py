@@ -15,7 +15,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tinkertrace import schemas, semconv
-from tinkertrace.spanstore.otlp_arrow import request_to_table
+from tinkertrace.spanstore.convert import request_to_table
 from tinkertrace.spanstore.reader import open_spans
 from tinkertrace.spanstore.samples import llm_request
 from tinkertrace.spanstore.writer import PartitionedParquetWriter, take_rows, write_parquet_atomic

@@ -1,7 +1,8 @@
-"""The compiled fast converter (``otlp_fast``) against the reference decoder, on many request shapes.
+"""The compiled decoder (``convert.compiled``) against the reference decoder, on many request shapes.
 
 For every request the fast path either answers exactly what the reference decoder answers (same
-table, counts and error messages) or declines (``None``) so that ``body_to_table`` uses the reference.
+table, counts and error messages) or declines (``compiled.Declined``) so that ``body_to_table`` uses
+the reference.
 """
 
 from __future__ import annotations
@@ -17,27 +18,27 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from tinkertrace import semconv
 
 pytest.importorskip("numba", reason="the compiled converter needs the collector extra (numba)")
-from tinkertrace.spanstore import otlp_fast
-from tinkertrace.spanstore.otlp_arrow import body_to_table, reference_body_to_table
+from tinkertrace.spanstore.convert import body_to_table, compiled, reference
 from tinkertrace.spanstore.samples import llm_request
 
 T0 = 1_767_225_600_000_000_000
 
 
 def _assert_same(body: bytes, *, fast_expected: bool = True) -> None:
-    reference = reference_body_to_table(body, T0)
-    fast = otlp_fast.convert(body, T0)
-    if fast is None:
-        assert not fast_expected, "the fast path declined a request it should convert"
+    expected = reference.convert(body, T0)
+    try:
+        fast = compiled.convert(body, T0)
+    except compiled.Declined:
+        assert not fast_expected, "the compiled decoder declined a request it should convert"
         return
     assert (fast.accepted, fast.rejected, fast.errors) == (
-        reference.accepted,
-        reference.rejected,
-        reference.errors,
+        expected.accepted,
+        expected.rejected,
+        expected.errors,
     )
-    for name in reference.table.column_names:
-        assert fast.table.column(name).equals(reference.table.column(name)), name
-    assert fast.table.schema == reference.table.schema
+    for name in expected.table.column_names:
+        assert fast.table.column(name).equals(expected.table.column(name)), name
+    assert fast.table.schema == expected.table.schema
 
 
 def _kv(key: str, **value: object) -> KeyValue:
@@ -115,7 +116,8 @@ def test_an_integer_attribute_with_a_key_that_is_not_utf8_is_left_to_the_referen
     request = llm_request(2, prompt_tokens=4, response_tokens=2, seed=19)
     request.resource_spans[0].scope_spans[0].spans[1].attributes.append(_kv("KEYX", int_value=5))
     body = request.SerializeToString().replace(b"KEYX", b"\xff\xfeKX")
-    assert otlp_fast.convert(body, T0) is None
+    with pytest.raises(compiled.Declined):
+        compiled.convert(body, T0)
     result = body_to_table(body, T0)  # the reference rejects that span alone
     assert (result.accepted, result.rejected) == (1, 1)
     assert "malformed attribute" in result.errors[0] and "bad UTF-8" in result.errors[0]
@@ -133,7 +135,8 @@ def test_strings_that_are_not_utf8_are_left_to_the_reference_decoder(where: str)
     else:
         span.attributes.append(_kv(semconv.REWARD_NAME, string_value="QQQQ"))
     body = request.SerializeToString().replace(b"QQQQ", b"Q\xc3\x28Q")
-    assert otlp_fast.convert(body, T0) is None
+    with pytest.raises(compiled.Declined):
+        compiled.convert(body, T0)
     if where == "lifted attribute":  # the reference rejects that span alone
         result = body_to_table(body, T0)
         assert (result.accepted, result.rejected) == (3, 1) and "bad UTF-8" in result.errors[0]
@@ -219,8 +222,9 @@ def test_shapes_the_fast_path_declines_still_convert_exactly(change: str) -> Non
     elif change == "event_without_time":
         span.events.add(name="zero time")
     body = request.SerializeToString()
-    assert otlp_fast.convert(body, T0) is None
-    assert body_to_table(body, T0).table.equals(reference_body_to_table(body, T0).table)
+    with pytest.raises(compiled.Declined):
+        compiled.convert(body, T0)
+    assert body_to_table(body, T0).table.equals(reference.convert(body, T0).table)
 
 
 def test_plain_otel_arrays_of_token_ids_and_logprobs_take_the_fast_path() -> None:
@@ -239,7 +243,7 @@ def test_plain_otel_arrays_of_token_ids_and_logprobs_take_the_fast_path() -> Non
     packed = llm_request(4, prompt_tokens=20, response_tokens=5, seed=31)
     spans.extend(packed.resource_spans[0].scope_spans[0].spans)  # packed and array rows in one column
     _assert_same(arrays.SerializeToString())
-    row = otlp_fast.convert(arrays.SerializeToString(), T0).table.slice(2, 1).to_pylist()[0]
+    row = compiled.convert(arrays.SerializeToString(), T0).table.slice(2, 1).to_pylist()[0]
     assert row["prompt_token_ids"][:3] == [-(2**31), 2**31 - 1, -1]
 
 
@@ -254,12 +258,12 @@ def _as_agentlightning(request: ExportTraceServiceRequest) -> None:
 
 def test_agentlightning_token_id_lists_fill_the_token_columns_on_the_fast_path() -> None:
     request = llm_request(5, prompt_tokens=30, response_tokens=6, packed=False, seed=32)
-    ours = reference_body_to_table(request.SerializeToString(), T0).table
+    ours = reference.convert(request.SerializeToString(), T0).table
     _as_agentlightning(request)
     spans = request.resource_spans[0].scope_spans[0].spans
     spans[1].attributes.append(_kv(semconv.PROMPT_TOKEN_IDS, bytes_value=b"\x07\x00\x00\x00"))  # ours win
     _assert_same(request.SerializeToString())
-    table = otlp_fast.convert(request.SerializeToString(), T0).table
+    table = compiled.convert(request.SerializeToString(), T0).table
     assert table.column("prompt_token_ids")[1].as_py() == [7]
     for column in ("response_token_ids", "response_logprobs"):
         assert table.column(column).equals(ours.column(column))
@@ -273,7 +277,8 @@ def test_an_agentlightning_key_that_holds_no_token_ids_stays_an_attribute() -> N
         _kv(semconv.AGL_PROMPT_TOKEN_IDS, string_value="not a list")
     )
     body = request.SerializeToString()
-    assert otlp_fast.convert(body, T0) is None
+    with pytest.raises(compiled.Declined):
+        compiled.convert(body, T0)
     table = body_to_table(body, T0).table
     assert json.loads(table.column("attributes")[0].as_py())[semconv.AGL_PROMPT_TOKEN_IDS] == "not a list"
     assert table.column("prompt_token_ids")[0].as_py() is not None
@@ -281,7 +286,7 @@ def test_an_agentlightning_key_that_holds_no_token_ids_stays_an_attribute() -> N
 
 def test_token_values_survive_exactly() -> None:
     request = llm_request(8, prompt_tokens=33, response_tokens=9, seed=16)
-    table = otlp_fast.convert(request.SerializeToString(), T0).table
+    table = compiled.convert(request.SerializeToString(), T0).table
     span = request.resource_spans[0].scope_spans[0].spans[5]
     packed = {kv.key: kv.value.bytes_value for kv in span.attributes if kv.value.HasField("bytes_value")}
     row = table.slice(5, 1).to_pylist()[0]
@@ -300,9 +305,10 @@ def test_random_corruptions_never_disagree_with_the_reference() -> None:
         for position in rng.integers(0, len(body), size=3):
             corrupted[position] = int(rng.integers(0, 256))
         try:
-            reference_body_to_table(bytes(corrupted), T0)
+            reference.convert(bytes(corrupted), T0)
         except Exception:  # the reference rejects the whole body: the fast path must not accept it
-            assert otlp_fast.convert(bytes(corrupted), T0) is None
+            with pytest.raises(compiled.Declined):
+                compiled.convert(bytes(corrupted), T0)
             continue
         _assert_same(bytes(corrupted), fast_expected=False)
 
@@ -324,9 +330,34 @@ def test_out_of_range_attempt_is_kept_as_an_attribute_not_an_error() -> None:
 
 def test_tables_do_not_change_when_the_next_request_is_converted() -> None:
     """The scan's scratch matrices are reused per thread: no column may keep a view of them."""
-    first = otlp_fast.convert(llm_request(1, seed=1).SerializeToString(), T0)
-    assert first is not None
+    first = compiled.convert(llm_request(1, seed=1).SerializeToString(), T0)
     snapshot = first.table.to_pylist()
     for n in (1, 2, 7):
-        assert otlp_fast.convert(llm_request(n, seed=100 + n).SerializeToString(), T0 + n) is not None
+        compiled.convert(llm_request(n, seed=100 + n).SerializeToString(), T0 + n)
     assert first.table.to_pylist() == snapshot
+
+
+def test_the_dispatcher_says_which_decoder_converted_a_request() -> None:
+    result = body_to_table(llm_request(4, seed=5).SerializeToString(), T0)
+    assert (result.decoder, result.fallback, result.accepted) == ("compiled", None, 4)
+
+
+def test_a_request_the_compiled_decoder_declines_is_converted_by_the_reference_and_the_reason_given() -> None:
+    request = llm_request(3, prompt_tokens=4, response_tokens=2, seed=6)
+    span = request.resource_spans[0].scope_spans[0].spans[1]
+    span.links.add(trace_id=span.trace_id, span_id=span.span_id)  # links: outside the scanned subset
+    body = request.SerializeToString()
+    result = body_to_table(body, T0)
+    assert (result.decoder, result.fallback) == ("reference", compiled.SCAN_DECLINED)
+    assert result.table.equals(reference.convert(body, T0).table)
+    assert json.loads(result.table.column("links")[1].as_py())[0]["span_id"] == span.span_id.hex()
+
+
+def test_an_error_inside_the_compiled_decoder_falls_back_by_its_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object) -> None:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(compiled, "_check_ids", broken)
+    body = llm_request(2, seed=7).SerializeToString()
+    result = body_to_table(body, T0)
+    assert (result.decoder, result.fallback, result.accepted) == ("reference", "ValueError", 2)

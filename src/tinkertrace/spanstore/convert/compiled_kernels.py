@@ -3,14 +3,14 @@
 :func:`scan` walks the protobuf wire format of an ``ExportTraceServiceRequest`` once and records,
 as offsets into the body, every span's fields, every attribute's key and value and every event:
 no Python object per span or attribute. The other kernels turn those offsets into Arrow buffers
-(strings, lowercase hex ids, packed token arrays, JSON text). ``otlp_fast`` assembles the table.
+(strings, lowercase hex ids, packed token arrays, JSON text). ``compiled`` assembles the table.
 
 The scan accepts the encodings exporters write. It answers :data:`GENERAL` for anything else
 (links, a group wire type, a field with an unexpected wire type, a ``KeyValue`` or ``AnyValue`` with
 repeated or unknown fields, a lifted attribute of an unexpected type, token arrays that are not
 packed bytes, repeated attribute keys, events without a leading timestamp, trace state that is not
 ASCII, timestamps beyond int64) and for malformed bytes: the caller then converts the request with the
-reference decoder in ``otlp_arrow``, which has the exact semantics and error messages.
+reference decoder (``reference``), which has the exact semantics and error messages.
 Compiled functions are cached next to this file (``cache=True``), so only the first start compiles.
 """
 

@@ -1,11 +1,11 @@
-"""Compiled (numba) kernel of ``parquet_lists``: a page's list values gathered in row order.
+"""Compiled (numba) kernel of ``splice``: a page's list values gathered in row order.
 
 Sorting a file's spans used to copy every token list into sorted order (an Arrow ``take``) and then
 copy each page's values again to split their bytes into streams. :func:`gather_items` does both in
 one pass, one row at a time, so a row's values are split while they are in cache (~0.8 instead of
 ~1.6 µs per span for 300 token ids, measured in-process; the Parquet stage of
 benchmarks/collector_convert.py went down by ~1 µs per span). Needs the ``collector`` extra; without
-numba ``parquet_lists`` gathers with numpy.
+numba ``splice`` gathers with numpy.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Parquet column chunks of list columns, written from the lists' packed values in O(rows) work.
 
+The collector's fast path for writing files (``writer.write_parquet_atomic(splice_lists=True)``); every
+other writer uses ``pyarrow.parquet`` alone, and both write the same tables.
+
 Arrow's Parquet writer builds, encodes and counts a repetition and a definition level for every list
 value (~12 ns each, 6 of the ~10 µs a span costs to write: a span has ~500 token values). But a list
 of non-null fixed-width values needs no per-value level work: its levels are one run of
@@ -12,19 +15,19 @@ writes such columns itself:
    run-length-encoded levels (computed per row with numpy) and the values, PLAIN or
    BYTE_STREAM_SPLIT, compressed with the file's zstd level. The rows may be written in another
    order than they are stored (``PackedList.order``, the sort of the file): each page's values are
-   gathered in that order and split in one pass (``list_kernels``), never sorted as a whole.
+   gathered in that order and split in one pass (``gather_kernel``), never sorted as a whole.
 3. It rewrites the footer (Thrift, see ``thrift_compact``) so those columns point at the new chunks;
    the null chunks stay behind as a few unused bytes.
 
-Readers see an ordinary file (tests/collector/test_parquet_lists.py reads every shape back with
-Arrow and DuckDB).
+Readers see an ordinary file (tests/spanstore/test_list_splice.py reads every shape back with
+Arrow and DuckDB, and compares it with the file ``pyarrow.parquet`` writes).
 """
 
 from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -33,7 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tinkertrace.spanstore import thrift_compact as tc
+from tinkertrace.spanstore.encoding import lists_as_binary
+from tinkertrace.spanstore.list_splice import thrift_compact as tc
 
 # Thrift field ids (parquet.thrift) of the footer parts rewritten here
 _FILE_ROW_GROUPS = 4  # FileMetaData.row_groups
@@ -93,6 +97,21 @@ class _Page:
     body: pa.Buffer  # compressed
     uncompressed_size: int  # header included, as Parquet counts it
     levels: int
+
+
+def packed_lists(
+    table: pa.Table, names: Iterable[str], byte_stream_split: Collection[str], order: np.ndarray | None = None
+) -> dict[str, PackedList]:
+    """The columns ``names`` of ``table`` that can be written here (lists of non-null fixed-width
+    values), packed, to be written in ``order``; BYTE_STREAM_SPLIT for those in ``byte_stream_split``."""
+    lists = {}
+    for name in names:
+        if name not in table.column_names:
+            continue
+        packed = lists_as_binary(table.column(name))
+        if packed is not None and writable(packed):
+            lists[name] = PackedList.of(table.schema.field(name), packed, name in byte_stream_split, order)
+    return lists
 
 
 def writable(packed: pa.Array) -> bool:
@@ -295,12 +314,12 @@ def warm_up() -> None:
 
 @functools.cache
 def _kernels() -> ModuleType | None:
-    """The compiled ``list_kernels`` when numba is installed (the ``collector`` extra), else ``None``."""
+    """The compiled ``gather_kernel`` when numba is installed (the ``collector`` extra), else ``None``."""
     try:
-        from tinkertrace.spanstore import list_kernels
+        from tinkertrace.spanstore.list_splice import gather_kernel
     except ImportError:
         return None
-    return list_kernels
+    return gather_kernel
 
 
 def _byte_offsets(packed: pa.Array) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""List columns written from packed values (``parquet_lists``) read back exactly, with Arrow and DuckDB."""
+"""List columns written from packed values (``list_splice``) read back exactly, with Arrow and DuckDB, and
+as the tables ``pyarrow.parquet`` writes."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from tinkertrace import schemas
-from tinkertrace.spanstore import parquet_lists, thrift_compact
-from tinkertrace.spanstore.writer import _lists_as_binary, _packed_lists, write_parquet_atomic
+from tinkertrace.spanstore.convert import request_to_table
+from tinkertrace.spanstore.encoding import lists_as_binary
+from tinkertrace.spanstore.list_splice import splice, thrift_compact
+from tinkertrace.spanstore.samples import llm_request
+from tinkertrace.spanstore.writer import TOKEN_COLUMNS, write_parquet_atomic
 
 IDS = pa.list_(pa.int32())
 PROBS = pa.list_(pa.float32())
+T0 = 1_767_225_600_000_000_000
 
 
 def _random_lists(rng: np.random.Generator, n: int, *, nulls: bool, long: bool = False) -> list:
@@ -41,16 +46,14 @@ def _write(
     order: np.ndarray | None = None,
     **arrow_options: object,
 ) -> None:
-    """``table`` (in ``order``) with its list columns written by ``parquet_lists``."""
+    """``table`` (in ``order``) with its list columns written by ``list_splice``."""
     lists = {
-        field.name: parquet_lists.PackedList.of(
-            field, _lists_as_binary(table.column(field.name)), split, order
-        )
+        field.name: splice.PackedList.of(field, lists_as_binary(table.column(field.name)), split, order)
         for field in table.schema
         if pa.types.is_list(field.type)
     }
     written = table if order is None else table.take(order)
-    pieces = parquet_lists.parquet_pieces(written, lists, 1, write_statistics=False, **arrow_options)
+    pieces = splice.parquet_pieces(written, lists, 1, write_statistics=False, **arrow_options)
     with open(path, "wb") as out:
         for piece in pieces:
             out.write(piece)
@@ -84,7 +87,7 @@ def test_lists_read_back_with_arrow_and_duckdb(
 ) -> None:
     """Null, empty and long lists (3-byte run lengths), several pages and row groups, both list and
     value nullabilities, both value encodings."""
-    monkeypatch.setattr(parquet_lists, "PAGE_BYTES", 16 * 1024)
+    monkeypatch.setattr(splice, "PAGE_BYTES", 16 * 1024)
     table = _table(np.random.default_rng(7), 1_500, nullable=nullable, long=True)
     path = tmp_path / "lists.parquet"
     _write(table, path, split=split, row_group_size=400)
@@ -113,8 +116,8 @@ def test_lists_are_written_in_the_given_row_order(
     if compiled:
         pytest.importorskip("numba", reason="the compiled gather needs the collector extra (numba)")
     else:
-        monkeypatch.setattr(parquet_lists, "_kernels", lambda: None)
-    monkeypatch.setattr(parquet_lists, "PAGE_BYTES", 16 * 1024)
+        monkeypatch.setattr(splice, "_kernels", lambda: None)
+    monkeypatch.setattr(splice, "PAGE_BYTES", 16 * 1024)
     table = _table(np.random.default_rng(11), 1_200, long=True)
     order = np.random.default_rng(12).permutation(1_200)
     path = tmp_path / "ordered.parquet"
@@ -162,9 +165,9 @@ def _two_spans_with_prompts(prompts: pa.Array) -> pa.Table:
 def test_spans_file_without_packable_lists_falls_back_to_arrow(tmp_path: Path) -> None:
     """A token list holding a null value cannot be packed: Arrow writes that column itself."""
     rows = _two_spans_with_prompts(pa.array([[1, None, 3], [4]], IDS))
-    assert _lists_as_binary(rows.column("prompt_token_ids")) is None
+    assert lists_as_binary(rows.column("prompt_token_ids")) is None
     path = tmp_path / "spans.parquet"
-    write_parquet_atomic(rows, path)
+    write_parquet_atomic(rows, path, splice_lists=True)
     assert pq.read_table(path).column("prompt_token_ids").to_pylist() == [[1, None, 3], [4]]
 
 
@@ -173,13 +176,13 @@ def test_null_lists_covering_values_are_left_to_arrow(tmp_path: Path) -> None:
     covering = pa.ListArray.from_arrays(
         pa.array([0, 2, 4], pa.int32()), pa.array([1, 2, 3, 4], pa.int32()), mask=pa.array([False, True])
     )
-    packed = _lists_as_binary(pa.chunked_array([covering]))
-    assert packed is not None and not parquet_lists.writable(packed)
-    assert parquet_lists.writable(packed.slice(0, 1))
+    packed = lists_as_binary(pa.chunked_array([covering]))
+    assert packed is not None and not splice.writable(packed)
+    assert splice.writable(packed.slice(0, 1))
     rows = _two_spans_with_prompts(covering)
-    assert "prompt_token_ids" not in _packed_lists(rows)
+    assert "prompt_token_ids" not in splice.packed_lists(rows, TOKEN_COLUMNS, ())
     path = tmp_path / "spans.parquet"
-    write_parquet_atomic(rows, path)
+    write_parquet_atomic(rows, path, splice_lists=True)
     assert pq.read_table(path).column("prompt_token_ids").to_pylist() == [[1, 2], None]
 
 
@@ -200,10 +203,50 @@ def test_thrift_codec_round_trips_arrows_footer_and_rejects_truncation(tmp_path:
 def test_splice_refuses_what_it_does_not_write(tmp_path: Path) -> None:
     table = _table(np.random.default_rng(2), 10)
     field = table.schema.field("ids")
-    lists = {"ids": parquet_lists.PackedList.of(field, _lists_as_binary(table.column("ids")), True)}
+    lists = {"ids": splice.PackedList.of(field, lists_as_binary(table.column("ids")), True)}
     with pytest.raises(ValueError, match="not a Parquet file"):
-        parquet_lists.splice(b"PAR1 nonsense", lists, 1)
+        splice.splice(b"PAR1 nonsense", lists, 1)
     snappy = pa.BufferOutputStream()
     pq.write_table(table, snappy, compression="snappy")
     with pytest.raises(ValueError, match="column ids: expected a zstd chunk"):
-        parquet_lists.splice(snappy.getvalue(), lists, 1)
+        splice.splice(snappy.getvalue(), lists, 1)
+
+
+def _spans_with_lists(rng: np.random.Generator, n: int) -> pa.Table:
+    """``n`` spans (several rollouts, shuffled) whose token lists are null, empty, short or long."""
+    table = request_to_table(llm_request(n, prompt_tokens=8, response_tokens=4, seed=3), T0).table
+    table = table.take(rng.permutation(n))
+    ids = _random_lists(rng, n, nulls=True, long=True)
+    logprobs = [None if row is None else (np.asarray(row[:300]) / 2**31).tolist() for row in ids]
+    table = table.set_column(
+        table.schema.get_field_index("prompt_token_ids"), "prompt_token_ids", pa.array(ids, IDS)
+    )
+    index = table.schema.get_field_index("response_logprobs")
+    return table.set_column(index, table.schema.field(index), pa.array(logprobs, PROBS))
+
+
+@pytest.mark.parametrize("rows_per_group", [97, 256 * 1024], ids=["many_row_groups", "one_row_group"])
+def test_spliced_and_plain_pyarrow_files_hold_the_same_table(tmp_path: Path, rows_per_group: int) -> None:
+    """The collector's splice and plain ``pyarrow.parquet`` (every other writer) write the same table:
+    schema with its metadata, and rows, over null, empty and long lists, one or many row groups."""
+    table = _spans_with_lists(np.random.default_rng(21), 1_000)
+    assert set(splice.packed_lists(table, TOKEN_COLUMNS, ())) == set(TOKEN_COLUMNS)  # all three spliced
+    files = {}
+    for splice_lists in (True, False):
+        files[splice_lists] = tmp_path / f"spliced-{splice_lists}.parquet"
+        write_parquet_atomic(
+            table, files[splice_lists], splice_lists=splice_lists, row_group_rows=rows_per_group
+        )
+    spliced, plain = (pq.read_table(files[flag], partitioning=None) for flag in (True, False))
+    assert spliced.schema.equals(plain.schema, check_metadata=True)
+    assert spliced.schema.metadata == plain.schema.metadata
+    assert spliced.equals(plain)
+    assert pq.read_metadata(files[True]).num_row_groups == pq.read_metadata(files[False]).num_row_groups
+    assert sorted(spliced.column("span_id").to_pylist()) == sorted(table.column("span_id").to_pylist())
+
+
+def test_a_token_list_with_a_null_value_is_written_alike_by_both_paths(tmp_path: Path) -> None:
+    rows = _two_spans_with_prompts(pa.array([[1, None, 3], []], IDS))
+    for splice_lists in (True, False):
+        write_parquet_atomic(rows, tmp_path / f"{splice_lists}.parquet", splice_lists=splice_lists)
+    assert pq.read_table(tmp_path / "True.parquet").equals(pq.read_table(tmp_path / "False.parquet"))

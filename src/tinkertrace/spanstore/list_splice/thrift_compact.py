@@ -1,7 +1,7 @@
 """Thrift compact protocol, generic: decode a struct into field values and encode it back.
 
 Parquet's footer (``FileMetaData``) and page headers are Thrift structs in the compact protocol.
-``parquet_lists`` reads the footer Arrow wrote, replaces a few column chunks' metadata and writes it
+``splice`` reads the footer Arrow wrote, replaces a few column chunks' metadata and writes it
 back, so this codec keeps every field it does not know about: a struct decodes to
 ``{field id: (type, value)}`` in wire order and encodes back to the same bytes.
 
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import struct
 from typing import Any
-
-from tinkertrace.spanstore.varint import read_varint
 
 # compact protocol type codes (BOOL is written as TRUE/FALSE in a field header)
 BOOL, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
@@ -54,10 +52,16 @@ class _Reader:
         return value
 
     def varint(self) -> int:
-        value, self.pos = read_varint(self.data, self.pos)
-        if self.pos > len(self.data):
-            raise ThriftError("truncated or overlong varint in Thrift data")
-        return value
+        """An unsigned LEB128 varint (at most 10 bytes: 64 bits)."""
+        value = shift = 0
+        for pos in range(self.pos, min(len(self.data), self.pos + 10)):
+            byte = self.data[pos]
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                self.pos = pos + 1
+                return value
+            shift += 7
+        raise ThriftError("truncated or overlong varint in Thrift data")
 
     def zigzag(self) -> int:
         n = self.varint()

@@ -19,7 +19,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-_PACKAGE = "tinkertrace.otlp_raw"
+_PACKAGE = "tinkertrace.raw_proto"
 _F = descriptor_pb2.FieldDescriptorProto
 
 # (name, number, type, label, type_name) per message; type_name only for message fields
@@ -72,7 +72,7 @@ _MESSAGES: dict[str, list[tuple[str, int, int, int, str]]] = {
 
 def _build() -> tuple[type[Message], type[Message]]:
     pool = descriptor_pool.Default()
-    name = "tinkertrace/otlp_raw.proto"
+    name = "tinkertrace/raw_proto.proto"
     try:
         pool.FindFileByName(name)
     except KeyError:

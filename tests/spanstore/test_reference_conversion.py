@@ -11,9 +11,8 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from tinkertrace import semconv
-from tinkertrace.spanstore import otlp_arrow
-from tinkertrace.spanstore.otlp_arrow import body_to_table, request_to_table
-from tinkertrace.spanstore.otlp_raw import RawExportTraceServiceRequest
+from tinkertrace.spanstore.convert import body_to_table, reference, request_to_table, values
+from tinkertrace.spanstore.convert.raw_proto import RawExportTraceServiceRequest
 from tinkertrace.spanstore.samples import llm_request
 
 T0 = 1_767_225_600_000_000_000
@@ -28,11 +27,11 @@ def _reversed_kv(raw: bytes) -> bytes:
 def test_cached_and_uncached_conversions_agree() -> None:
     """The reference decoder's memo of short attributes and event templates changes nothing."""
     body = llm_request(40, prompt_tokens=50, response_tokens=20, seed=4).SerializeToString()
-    otlp_arrow._span_memo.clear()
-    otlp_arrow._event_memo.clear()
-    cold = otlp_arrow.reference_body_to_table(body, T0).table
-    assert otlp_arrow._span_memo, "short attributes should be cached"
-    warm = otlp_arrow.reference_body_to_table(body, T0).table
+    values.span_memo.clear()
+    values.event_memo.clear()
+    cold = reference.convert(body, T0).table
+    assert values.span_memo, "short attributes should be cached"
+    warm = reference.convert(body, T0).table
     assert cold.equals(warm)
 
 
@@ -94,9 +93,9 @@ def test_without_numba_body_to_table_uses_the_reference_decoder() -> None:
     """Agents that trace without the collector extra still convert spans (with the Python decoder)."""
     script = (
         "import sys; sys.modules['numba'] = None\n"
-        "from tinkertrace.spanstore.otlp_arrow import body_to_table, fast_converter\n"
+        "from tinkertrace.spanstore.convert import body_to_table, compiled_decoder\n"
         "from tinkertrace.spanstore.samples import llm_request\n"
-        "assert fast_converter() is None\n"
+        "assert compiled_decoder() is None\n"
         "result = body_to_table(llm_request(7, prompt_tokens=5, response_tokens=2).SerializeToString(), 1)\n"
         "print(result.accepted, result.table.column('prompt_token_ids').to_pylist()[0][:2])\n"
     )

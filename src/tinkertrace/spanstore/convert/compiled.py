@@ -1,10 +1,11 @@
-"""The collector's fast converter: OTLP request bytes → spans table through the compiled scan.
+"""The compiled decoder: OTLP request bytes → spans table through the numba scan (``compiled_kernels``).
 
-:func:`convert` runs :func:`otlp_scan.scan` (offsets of every span field, attribute and event), then
-builds each column with one kernel call or Arrow compute call. Python work is per *distinct*
-attribute or event shape (decoded once, then cached), never per span. It returns ``None`` when the
-scan answers GENERAL; ``otlp_arrow.body_to_table`` then uses the reference decoder, whose output this
-module reproduces exactly (tests/collector/test_fast_conversion.py compares the two).
+:func:`convert` runs :func:`compiled_kernels.scan` (offsets of every span field, attribute and event),
+then builds each column with one kernel call or Arrow compute call. Python work is per *distinct*
+attribute or event shape (decoded once by ``values``, then cached), never per span. It reproduces the
+reference decoder's output exactly (tests/collector/test_compiled_conversion.py compares the two) and
+raises :class:`Declined`, naming why, for anything it does not take; the dispatcher
+(``spanstore.convert``) then uses the reference decoder and counts the reason.
 """
 
 from __future__ import annotations
@@ -21,23 +22,24 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from tinkertrace import schemas
-from tinkertrace.spanstore import otlp_arrow as ref
-from tinkertrace.spanstore import otlp_scan as k
+from tinkertrace.schemas import spans as spans_schema
+from tinkertrace.spanstore.convert import compiled_kernels as k
+from tinkertrace.spanstore.convert import reference as ref
+from tinkertrace.spanstore.convert import values
+from tinkertrace.spanstore.convert.raw_proto import RawEvent
 from tinkertrace.spanstore.encoding import lists_from_packed
-from tinkertrace.spanstore.otlp_raw import RawEvent
 
 # lifted attribute keys in slot order: the scalar columns, the three token columns, their aliases
-_SLOT_KEYS = [*ref.SCALAR_COLUMNS, *ref.TOKEN_COLUMNS, *ref.TOKEN_ALIASES]
-_SCALAR_KINDS = [kind for _, kind in ref.SCALAR_COLUMNS.values()]  # of the first slots, in order
+_SLOT_KEYS = [*values.SCALAR_COLUMNS, *values.TOKEN_COLUMNS, *values.TOKEN_ALIASES]
+_SCALAR_KINDS = [kind for _, kind in values.SCALAR_COLUMNS.values()]  # of the first slots, in order
 _SLOT_KIND = {"str": k.V_STRING, "int32": k.V_INT, "int": k.V_INT, "float": k.V_DOUBLE}
 _TOKEN_KINDS = [
     k.V_BYTES + (k.FLOAT_TOKENS if np.dtype(dtype).kind == "f" else 0)
-    for _, dtype in ref.TOKEN_COLUMNS.values()
+    for _, dtype in values.TOKEN_COLUMNS.values()
 ]
-_TOKEN_SLOT = {key: len(_SCALAR_KINDS) + i for i, key in enumerate(ref.TOKEN_COLUMNS)}
+_TOKEN_SLOT = {key: len(_SCALAR_KINDS) + i for i, key in enumerate(values.TOKEN_COLUMNS)}
 # (alias slot, the token slot it fills when a span lacks that one)
-_ALIASES = [(_SLOT_KEYS.index(alias), _TOKEN_SLOT[key]) for alias, key in ref.TOKEN_ALIASES.items()]
+_ALIASES = [(_SLOT_KEYS.index(alias), _TOKEN_SLOT[key]) for alias, key in values.TOKEN_ALIASES.items()]
 _ALIAS_KINDS = [_TOKEN_KINDS[target - len(_SCALAR_KINDS)] for _, target in _ALIASES]
 _LIFTED_KINDS = np.array(
     [_SLOT_KIND[kind] for kind in _SCALAR_KINDS] + _TOKEN_KINDS + _ALIAS_KINDS, dtype=np.int64
@@ -59,12 +61,12 @@ _GATHERED: list[tuple[str, pa.DataType | None, int, int]] = [
     ("status_message", None, k.S_STATUS_MSG, k.S_STATUS_MSG_LEN),
     *[
         (column, None, *_slot_columns(slot))
-        for slot, (column, kind) in enumerate(ref.SCALAR_COLUMNS.values())
+        for slot, (column, kind) in enumerate(values.SCALAR_COLUMNS.values())
         if kind == "str"
     ],
     *[
         (column, pa.list_(pa.from_numpy_dtype(dtype)), *_slot_columns(len(_SCALAR_KINDS) + i))
-        for i, (column, dtype) in enumerate(ref.TOKEN_COLUMNS.values())
+        for i, (column, dtype) in enumerate(values.TOKEN_COLUMNS.values())
     ],
 ]
 _TOKEN_ROWS = [i for i, (_, list_type, _, _) in enumerate(_GATHERED) if list_type is not None]
@@ -102,19 +104,27 @@ def _scratch_matrices(sizes: list[int]) -> list[np.ndarray]:
     return matrices
 
 
-class _General(Exception):
-    """Something the fast path does not reproduce exactly: use the reference decoder."""
+class Declined(Exception):
+    """A request this decoder does not reproduce exactly; ``reason`` says why (a short, fixed text)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
-def convert(body: bytes, received_at_ns: int) -> ref.ConversionResult | None:
-    """Convert a serialized request, or ``None`` if it needs the reference decoder."""
+SCAN_DECLINED = "encoding outside the scanned subset"
+ATTRIBUTE_DECLINED = "attribute outside the compiled subset"
+
+
+def convert(body: bytes, received_at_ns: int) -> ref.ConversionResult:
+    """Convert a serialized request; :class:`Declined` if it needs the reference decoder."""
     buf = np.frombuffer(body, dtype=np.uint8)
     sizes = _capacity(len(body))
     while True:
         matrices = _scratch_matrices(sizes)
         status, *counts = k.scan(buf, *_KEY_TABLE, _LIFTED_KINDS, *matrices)
         if status != k.OK:
-            return None
+            raise Declined(SCAN_DECLINED)
         if all(c <= len(m) for c, m in zip(counts, matrices, strict=True)):
             break
         sizes = counts  # a request denser than the estimate: scan again with exact sizes
@@ -134,23 +144,17 @@ def convert(body: bytes, received_at_ns: int) -> ref.ConversionResult | None:
         }
         n = len(rows)
         columns["received_at"] = _timestamps(np.full(n, received_at_ns, dtype=np.int64))
-        schema = schemas.spans()
+        schema = spans_schema()
         arrays = [columns[f.name] for f in schema]
         table = pa.Table.from_arrays(
             [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema, strict=True)],
             schema=schema,
         )
-    except (_General, DecodeError, ValueError, TypeError, pa.ArrowInvalid):
-        return None
-    return ref.ConversionResult(table=table, accepted=n, rejected=len(spans) - n, errors=errors)
-
-
-def warm_up() -> None:
-    """Compile the kernels (or load them from numba's cache) before the first request needs them."""
-    from tinkertrace.spanstore.samples import llm_request
-
-    if convert(llm_request(2, prompt_tokens=3, response_tokens=2).SerializeToString(), 0) is None:
-        raise RuntimeError("the fast OTLP converter declined its own sample request")
+    except (DecodeError, ValueError, TypeError, pa.ArrowInvalid) as exc:  # the reference names the problem
+        raise Declined(type(exc).__name__) from exc
+    return ref.ConversionResult(
+        table=table, accepted=n, rejected=len(spans) - n, errors=errors, decoder="compiled"
+    )
 
 
 def _resolve_aliases(rows: np.ndarray) -> None:
@@ -243,7 +247,7 @@ def _group_columns(body: bytes, groups: np.ndarray, row_groups: np.ndarray) -> d
     services, scopes, resources = [], [], []
     for group in groups:
         resource = Resource.FromString(_slice(body, group[k.G_RESOURCE], group[k.G_RESOURCE_LEN]))
-        service, resource_json = ref.resource_columns(resource)
+        service, resource_json = values.resource_columns(resource)
         scope = InstrumentationScope.FromString(_slice(body, group[k.G_SCOPE], group[k.G_SCOPE_LEN]))
         services.append(service)
         scopes.append(scope.name or None)
@@ -304,7 +308,7 @@ def _packed_tokens(
     buf: np.ndarray, rows: np.ndarray, value_at: int, lengths: np.ndarray, list_type: pa.DataType
 ) -> tuple[np.ndarray, np.ndarray]:
     """A token column some of whose rows are plain OTel arrays, as packed bytes and int32 byte offsets
-    per row: packed rows copied, array rows decoded (``otlp_scan.pack_tokens``)."""
+    per row: packed rows copied, array rows decoded (``compiled_kernels.pack_tokens``)."""
     kinds = rows[:, value_at + k.L_VTYPE - k.L_VAL]
     counts = rows[:, value_at + k.L_NUM - k.L_VAL]
     sizes = np.where(kinds == k.V_ARRAY, 4 * counts, np.maximum(lengths, 0))
@@ -324,7 +328,7 @@ def _number_columns(rows: np.ndarray) -> dict[str, pa.Array]:
     columns: dict[str, pa.Array] = {}
     for slot in _NUMBER_SLOTS:
         at = k.S_LIFTED + k.L_WIDTH * slot
-        column, kind = ref.SCALAR_COLUMNS[_SLOT_KEYS[slot]]
+        column, kind = values.SCALAR_COLUMNS[_SLOT_KEYS[slot]]
         numbers = rows[:, at + k.L_NUM]
         if kind == "float":
             doubles = rows[:, at + k.L_VTYPE] == k.V_DOUBLE
@@ -360,20 +364,20 @@ def _attributes_json(buf: np.ndarray, rows: np.ndarray, attrs: np.ndarray) -> pa
 @functools.lru_cache(maxsize=100_000)
 def _fragment(raw: bytes) -> tuple[bytes]:
     """``"key":value`` JSON of a raw KeyValue that is not lifted into a column."""
-    slot, _, value = ref.span_attribute(raw)
-    if slot != ref.REST:
-        raise _General
+    slot, _, value = values.span_attribute(raw)
+    if slot != values.REST:
+        raise Declined(ATTRIBUTE_DECLINED)
     return (value,)
 
 
 @functools.lru_cache(maxsize=10_000)
 def _number_prefix(key: bytes) -> tuple[bytes]:
     """``"key":`` JSON of an integer attribute that is not lifted into a column (as the reference
-    decoder writes it: ``ref.fragment`` of the key and a one-digit number, without the digit)."""
+    decoder writes it: ``values.fragment`` of the key and a one-digit number, without the digit)."""
     try:
-        return (ref.fragment(key.decode(), 0)[:-1],)
+        return (values.fragment(key.decode(), 0)[:-1],)
     except UnicodeDecodeError:  # the reference decoder rejects it with its own message
-        raise _General from None
+        raise Declined(ATTRIBUTE_DECLINED) from None
 
 
 def _events_json(buf: np.ndarray, rows: np.ndarray, events: np.ndarray) -> pa.Array:
@@ -391,7 +395,7 @@ def _events_json(buf: np.ndarray, rows: np.ndarray, events: np.ndarray) -> pa.Ar
 @functools.lru_cache(maxsize=100_000)
 def _event_template(tail: bytes) -> tuple[bytes, bytes]:
     """JSON before and after the timestamp of an event whose bytes after the timestamp are ``tail``."""
-    return ref.event_template(RawEvent.FromString(b"\x09" + bytes(8) + tail))
+    return values.event_template(RawEvent.FromString(b"\x09" + bytes(8) + tail))
 
 
 def _distinct(
