@@ -105,6 +105,18 @@ def checked(
     return value
 
 
+def objects_in(value: Any, name: str, expected: str) -> list[tuple[str, dict[str, Any]]]:
+    """The items of the array ``value`` (``name``), each an object, with its param (``name[i]``)."""
+    if not isinstance(value, list):
+        raise invalid_type(name, expected, value)
+    items = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise invalid_type(f"{name}[{i}]", "an object", item)
+        items.append((f"{name}[{i}]", item))
+    return items
+
+
 def require_object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, f"The request body must be a JSON object, but got {json_kind(body)}.")

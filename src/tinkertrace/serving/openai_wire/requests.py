@@ -15,6 +15,7 @@ from tinkertrace.serving.openai_wire.errors import (
     invalid_type,
     invalid_value,
     missing,
+    objects_in,
     require_object,
 )
 from tinkertrace.serving.openai_wire.tools import ToolChoice, function_tools, tool_choice
@@ -136,9 +137,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if messages is None:
         raise missing("messages")
-    if not isinstance(messages, list):
-        raise invalid_type("messages", "an array", messages)
-    if not messages:
+    if isinstance(messages, list) and not messages:
         raise ApiError(
             400,
             "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty "
@@ -147,10 +146,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             code="empty_array",
         )
     out = []
-    for i, message in enumerate(messages):
-        param = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise invalid_type(param, "an object", message)
+    for param, message in objects_in(messages, "messages", "an array"):
         role = message.get("role")
         if role is None:
             raise missing(f"{param}.role")

@@ -23,6 +23,7 @@ from tinkertrace.serving.openai_wire.errors import (
     invalid_type,
     invalid_value,
     missing,
+    objects_in,
     require_object,
     unsupported,
 )
@@ -85,13 +86,8 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
     function call outputs (``tool`` messages). Reasoning items are skipped; other items are refused."""
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
-    if not isinstance(value, list):
-        raise invalid_type("input", "a string or an array of input items", value)
     messages: list[dict[str, Any]] = []
-    for i, item in enumerate(value):
-        param = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise invalid_type(param, "an object", item)
+    for param, item in objects_in(value, "input", "a string or an array of input items"):
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")

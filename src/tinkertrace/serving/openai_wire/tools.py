@@ -17,6 +17,7 @@ from tinkertrace.serving.openai_wire.errors import (
     invalid_type,
     invalid_value,
     missing,
+    objects_in,
     unsupported,
 )
 
@@ -60,13 +61,8 @@ def function_tools(tools: Any, *, nested: bool) -> list[dict[str, Any]] | None:
     form; else the Responses API's flat ``{"type": "function", "name", ...}``."""
     if tools is None:
         return None
-    if not isinstance(tools, list):
-        raise invalid_type("tools", "an array", tools)
     out: list[dict[str, Any]] = []
-    for i, tool in enumerate(tools):
-        param = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise invalid_type(param, "an object", tool)
+    for param, tool in objects_in(tools, "tools", "an array"):
         if tool.get("type") != "function":
             raise unsupported(
                 f"{param}.type",
