@@ -93,6 +93,8 @@ HEADER_ROLLOUT_ID: Final = "x-tinkertrace-rollout-id"
 RESPONSES_PROMPT_TOKEN_IDS: Final = "prompt_token_ids"
 RESPONSES_OUTPUT_TOKEN_IDS: Final = "output_token_ids"
 RESPONSES_OUTPUT_LOGPROBS: Final = "output_token_logprobs"
+# The `include` value by which a Responses request asks for output_text logprobs (OpenAI's name).
+RESPONSES_INCLUDE_LOGPROBS: Final = "message.output_text.logprobs"
 
 # --- Agent-lightning span forms (v0.2–v0.3), read by the builder ------------------------------------
 AGL_ANNOTATION_SPAN: Final = "agentlightning.annotation"

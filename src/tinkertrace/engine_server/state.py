@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from tinkertrace.engine.sampling import SamplingClient
 from tinkertrace.engine.training import TrainingClient
+from tinkertrace.futures import settle_from
 
 Encoding = Literal["json", "proto"]
 RESULT_TTL_S = 3600.0
@@ -71,21 +72,13 @@ class ModelSequencer:
 
 
 def _chain(start: PendingCall, result: Future[Any]) -> None:
-    """Run ``start()`` and copy the outcome of the future it returns into ``result``."""
+    """Run ``start()`` and settle ``result`` from the future it returns."""
     try:
         inner = start()
     except Exception as exc:  # refused before it was queued (bad loss name, bad params, ...)
         result.set_exception(exc)
         return
-
-    def copy(done: Future[Any]) -> None:
-        exc = done.exception()
-        if exc is not None:
-            result.set_exception(exc)
-        else:
-            result.set_result(done.result())
-
-    inner.add_done_callback(copy)
+    settle_from(result, inner)
 
 
 @dataclass

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,28 +22,27 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tinkertrace import semconv
-from tinkertrace.serving import openai_protocol as proto
-from tinkertrace.serving import responses_api
 from tinkertrace.serving.batching import SampleBatcher
 from tinkertrace.serving.checkpoint_watch import CheckpointWatcher
+from tinkertrace.serving.conversations import ConversationStore, assistant_message
 from tinkertrace.serving.generation import Generator
+from tinkertrace.serving.openai_wire import completions as wire
+from tinkertrace.serving.openai_wire.errors import ApiError, read_json
+from tinkertrace.serving.openai_wire.requests import parse_chat_request, parse_completion_request
+from tinkertrace.serving.openai_wire.responses import new_item_id, parse_responses_request, response_body
+from tinkertrace.serving.openai_wire.responses_stream import stream_events
+from tinkertrace.serving.openai_wire.sse import sse_response
 from tinkertrace.serving.policy import PolicyHolder, StalePolicyError
-from tinkertrace.serving.responses_api import ConversationStore
-from tinkertrace.serving.responses_stream import stream_events
 from tinkertrace.serving.tool_parsers import make_tool_parser
 from tinkertrace.serving.tool_use import plan_tools
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Request], Awaitable[Response]]
-
-
-def _error_response(err: proto.ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
 
 
 def _bearer(request: Request) -> str | None:
@@ -56,40 +54,14 @@ def _bearer(request: Request) -> str | None:
 def _check_token(request: Request, expected: str, what: str) -> None:
     token = _bearer(request)
     if token is None:
-        raise proto.ApiError(
+        raise ApiError(
             401,
             f"You didn't provide {what}. Send it in an 'Authorization: Bearer ...' header.",
             code="invalid_api_key",
         )
     if not hmac.compare_digest(token.encode(), expected.encode()):
         shown = token[:3] + "*" * max(0, len(token) - 7) + token[-4:] if len(token) > 8 else "***"
-        raise proto.ApiError(401, f"Incorrect {what} provided: {shown}.", code="invalid_api_key")
-
-
-async def _json_body(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise proto.ApiError(
-            400,
-            f"We could not parse the JSON body of your request ({exc}). The body must be a JSON object "
-            "sent with 'Content-Type: application/json'.",
-        ) from exc
-
-
-def _sse(chunks: list[dict[str, Any]], headers: dict[str, str], *, named: bool = False) -> StreamingResponse:
-    """Server-sent events: chat/completions chunks end with ``[DONE]``; Responses events (``named``)
-    are each preceded by ``event: <type>`` and end with the final event, as OpenAI sends them."""
-
-    async def events() -> AsyncIterator[bytes]:
-        for chunk in chunks:
-            head = f"event: {chunk['type']}\n".encode() if named else b""
-            yield head + b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-        if not named:
-            yield b"data: [DONE]\n\n"
-
-    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+        raise ApiError(401, f"Incorrect {what} provided: {shown}.", code="invalid_api_key")
 
 
 class SamplingEndpoint:
@@ -123,7 +95,7 @@ class SamplingEndpoint:
             try:
                 if admin:
                     if self.admin_token is None:
-                        raise proto.ApiError(
+                        raise ApiError(
                             403,
                             "The admin API is disabled: start the server with an admin token.",
                             type="permission_error",
@@ -133,21 +105,19 @@ class SamplingEndpoint:
                 elif self.api_key is not None:
                     _check_token(request, self.api_key, "an API key")
                 return await handler(request)
-            except proto.ApiError as err:
-                return _error_response(err)
+            except ApiError as err:
+                return err.response()
             except ValueError as exc:  # the sampler refused the request (e.g. a prompt beyond the context)
-                return _error_response(proto.ApiError(400, f"The sampler rejected the request: {exc}"))
+                return ApiError(400, f"The sampler rejected the request: {exc}").response()
             except Exception as exc:
                 log.exception("request to %s failed", request.url.path)
-                return _error_response(
-                    proto.ApiError(500, f"The server failed to answer: {exc}", type="server_error")
-                )
+                return ApiError(500, f"The server failed to answer: {exc}", type="server_error").response()
 
         return run
 
     def _check_model(self, model: str) -> None:
         if model != self.policy.model_name:
-            raise proto.ApiError(
+            raise ApiError(
                 404,
                 f"The model `{model}` does not exist or you do not have access to it. "
                 f"This server serves `{self.policy.model_name}`.",
@@ -161,8 +131,12 @@ class SamplingEndpoint:
         await self.policy.admission.admit(rollout_id)
 
     # --- OpenAI routes -------------------------------------------------------------------------------
+    def _version_fields(self, version: int) -> dict[str, Any]:
+        """What every chat/completions object names: the policy version that produced it."""
+        return {"system_fingerprint": f"policy-v{version}", semconv.RESPONSE_POLICY_VERSION: version}
+
     async def chat(self, request: Request) -> Response:
-        req = proto.parse_chat_request(await _json_body(request))
+        req = parse_chat_request(await read_json(request))
         self._check_model(req.model)
         await self._admit(request)
         policy = self.policy.current()  # this request samples with this snapshot to the end
@@ -171,14 +145,17 @@ class SamplingEndpoint:
         sampled = await self.generator.generate(policy.sampling_client, prompt_ids, plan.options(req.options))
         choices = [plan.apply(c) for c in sampled]
         self.requests_served += 1
-        rid, headers = proto.new_id("chatcmpl"), {semconv.HEADER_POLICY_VERSION: str(policy.version)}
+        rid, headers = wire.new_id("chatcmpl"), {semconv.HEADER_POLICY_VERSION: str(policy.version)}
+        extra = self._version_fields(policy.version)
         if req.options.stream:
-            chunks = proto.chat_chunks(rid, req.model, policy.version, choices, req.options.include_usage)
-            return _sse(chunks, headers)
-        return JSONResponse(proto.chat_response(rid, req.model, policy.version, choices), headers=headers)
+            chunks = wire.chat_chunks(
+                rid, req.model, choices, include_usage=req.options.include_usage, extra=extra
+            )
+            return sse_response(chunks, headers)
+        return JSONResponse(wire.chat_response(rid, req.model, choices, extra=extra), headers=headers)
 
     async def responses(self, request: Request) -> Response:
-        req = responses_api.parse_request(await _json_body(request))
+        req = parse_responses_request(await read_json(request))
         self._check_model(req.model)
         history = self.conversations.history(req.previous_response_id)
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
@@ -191,18 +168,17 @@ class SamplingEndpoint:
         )
         choice = plan.apply(sampled)
         self.requests_served += 1
-        rid = responses_api.new_item_id("resp")
+        rid = new_item_id("resp")
         if req.store:
-            conversation = [*history, *req.messages, responses_api.assistant_message(choice)]
-            self.conversations.put(rid, conversation)
-        body = responses_api.response_body(rid, req, policy.version, choice)
+            self.conversations.put(rid, [*history, *req.messages, assistant_message(choice)])
+        body = response_body(rid, req, choice, extra={semconv.RESPONSE_POLICY_VERSION: policy.version})
         headers = {semconv.HEADER_POLICY_VERSION: str(policy.version)}
         if req.options.stream:
-            return _sse(stream_events(body), headers, named=True)
+            return sse_response(stream_events(body), headers, named=True)
         return JSONResponse(body, headers=headers)
 
     async def completions(self, request: Request) -> Response:
-        req = proto.parse_completion_request(await _json_body(request))
+        req = parse_completion_request(await read_json(request))
         self._check_model(req.model)
         await self._admit(request)
         policy = self.policy.current()
@@ -212,24 +188,28 @@ class SamplingEndpoint:
         )
         choices = [c for group in per_prompt for c in group]
         self.requests_served += 1
-        rid, headers = proto.new_id("cmpl"), {semconv.HEADER_POLICY_VERSION: str(policy.version)}
-        o = req.options
+        rid, headers = wire.new_id("cmpl"), {semconv.HEADER_POLICY_VERSION: str(policy.version)}
+        o, extra = req.options, self._version_fields(policy.version)
         if o.stream:
-            chunks = proto.completion_chunks(
-                rid, req.model, policy.version, choices, o.n, o.top_logprobs, o.include_usage
+            chunks = wire.completion_chunks(
+                rid, req.model, choices, o.n, o.top_logprobs, include_usage=o.include_usage, extra=extra
             )
-            return _sse(chunks, headers)
-        body = proto.completion_response(rid, req.model, policy.version, choices, o.n, o.top_logprobs)
+            return sse_response(chunks, headers)
+        body = wire.completion_response(rid, req.model, choices, o.n, o.top_logprobs, extra=extra)
+        if len(req.prompts) == 1:  # one prompt: its ids also at the top level, like chat
+            body[semconv.RESPONSE_PROMPT_TOKEN_IDS] = choices[0].prompt_token_ids
         return JSONResponse(body, headers=headers)
 
+    def _models(self) -> dict[str, Any]:
+        extra = {semconv.RESPONSE_POLICY_VERSION: self.policy.version}
+        return wire.models_list(self.policy.model_name, self.created, extra)
+
     async def models(self, request: Request) -> Response:
-        return JSONResponse(proto.models_list(self.policy.model_name, self.policy.version, self.created))
+        return JSONResponse(self._models())
 
     async def model(self, request: Request) -> Response:
         self._check_model(request.path_params["model"])
-        return JSONResponse(
-            proto.models_list(self.policy.model_name, self.policy.version, self.created)["data"][0]
-        )
+        return JSONResponse(self._models()["data"][0])
 
     # --- health and admin ----------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -261,25 +241,25 @@ class SamplingEndpoint:
         return JSONResponse(self._policy_info())
 
     async def set_policy(self, request: Request) -> Response:
-        body = await _json_body(request)
+        body = await read_json(request)
         if not isinstance(body, dict):
-            raise proto.ApiError(400, "The request body must be a JSON object.")
+            raise ApiError(400, "The request body must be a JSON object.")
         model_path = body.get("model_path")
         if not isinstance(model_path, str) or not model_path:
-            raise proto.ApiError(
+            raise ApiError(
                 400,
                 "Missing required parameter: 'model_path' (a sampler checkpoint path).",
                 param="model_path",
             )
         version = body.get("version")
         if version is not None and type(version) is not int:
-            raise proto.ApiError(400, "Invalid type for 'version': expected an integer.", param="version")
+            raise ApiError(400, "Invalid type for 'version': expected an integer.", param="version")
         try:
             await asyncio.to_thread(self.policy.load, model_path, version)
         except StalePolicyError as exc:
-            raise proto.ApiError(409, str(exc), param="version", code="stale_version") from exc
+            raise ApiError(409, str(exc), param="version", code="stale_version") from exc
         except Exception as exc:
-            raise proto.ApiError(
+            raise ApiError(
                 400, f"Could not load '{model_path}': {exc}", param="model_path", code="load_failed"
             ) from exc
         return JSONResponse(
@@ -289,16 +269,16 @@ class SamplingEndpoint:
     async def set_admission(self, request: Request) -> Response:
         """The trainer's demand (``rollouts_per_step``, ``max_staleness``; ``withdraw: true`` when it
         stops) and/or the ``rollout_ids`` it trained or dropped: see :mod:`.admission`."""
-        body = await _json_body(request)
+        body = await read_json(request)
         if not isinstance(body, dict):
-            raise proto.ApiError(400, "The request body must be a JSON object.")
+            raise ApiError(400, "The request body must be a JSON object.")
         gate = self.policy.admission
         if body.get("withdraw") is True:
             gate.withdraw()
         if "rollouts_per_step" in body or "max_staleness" in body:
             per_step, staleness = body.get("rollouts_per_step"), body.get("max_staleness")
             if type(per_step) is not int or type(staleness) is not int or per_step < 1 or staleness < 0:
-                raise proto.ApiError(
+                raise ApiError(
                     400,
                     "'rollouts_per_step' (an integer >= 1) and 'max_staleness' (an integer >= 0) "
                     "go together.",
@@ -308,7 +288,7 @@ class SamplingEndpoint:
         if "rollout_ids" in body:
             ids = body["rollout_ids"]
             if not isinstance(ids, list) or not all(isinstance(r, str) for r in ids):
-                raise proto.ApiError(400, "'rollout_ids' must be a list of strings.", param="rollout_ids")
+                raise ApiError(400, "'rollout_ids' must be a list of strings.", param="rollout_ids")
             gate.consume(ids)
         return JSONResponse(gate.stats())
 
@@ -320,7 +300,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         405: f"Method {request.method} is not allowed for {request.url.path}.",
     }.get(exc.status_code, str(exc.detail))
     code = {404: "unknown_url", 405: "method_not_allowed"}.get(exc.status_code)
-    return _error_response(proto.ApiError(exc.status_code, message, code=code))
+    return ApiError(exc.status_code, message, code=code).response()
 
 
 def create_app(

@@ -14,7 +14,9 @@ import numpy as np
 from tinker import types
 
 from tinkertrace.serving.batching import SampleBatcher
-from tinkertrace.serving.openai_protocol import ApiError, Choice, SamplingOptions
+from tinkertrace.serving.openai_wire.completions import Choice
+from tinkertrace.serving.openai_wire.errors import ApiError
+from tinkertrace.serving.openai_wire.requests import SamplingOptions
 
 LOGPROB_FLOOR = -9999.0  # stands in for -inf/NaN logprobs, which JSON cannot carry
 

@@ -21,7 +21,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tinkertrace.serving.openai_protocol import ApiError, Choice, SamplingOptions, ToolChoice
+from tinkertrace.serving.openai_wire.completions import Choice
+from tinkertrace.serving.openai_wire.errors import ApiError
+from tinkertrace.serving.openai_wire.requests import SamplingOptions
+from tinkertrace.serving.openai_wire.tools import ToolChoice
 from tinkertrace.serving.tool_parsers import ToolParser
 
 FINISH_TOOL_CALLS = "tool_calls"

@@ -1,0 +1,84 @@
+"""What every route of ``tinkertrace engine`` shares: settings, state, the executor, body reading.
+
+The routes are grouped by resource in :mod:`.session_routes`, :mod:`.training_routes`,
+:mod:`.sampling_routes`, :mod:`.future_routes` and :mod:`.run_routes`; :mod:`.app` joins them and
+lists the URLs.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from tinker import types
+
+from tinkertrace.engine import ServiceClient
+from tinkertrace.engine_server.http import ApiError
+from tinkertrace.engine_server.state import Encoding, ServerState
+from tinkertrace.engine_server.wire import decode_json_model
+
+RETRIEVE_POLL_S = 20.0
+"""How long one ``retrieve_future`` call waits for a result before answering ``try_again`` (the SDK
+gives each call 45 s)."""
+
+SESSION_TIMEOUT_S = 600.0
+
+
+@dataclass
+class EngineSettings:
+    """How the server behaves: authentication, advertised models, long-poll time."""
+
+    api_key: str | None = None
+    """Accept exactly this key; None accepts any key that starts with ``tml-``."""
+    models: list[str] = field(default_factory=list)
+    """Local model folders (or built-in names) advertised by ``get_server_capabilities``."""
+    retrieve_poll_s: float = RETRIEVE_POLL_S
+    session_timeout_s: float = SESSION_TIMEOUT_S
+    """A session without a heartbeat for this long is finished and its models released (the SDK
+    sends one every 10 s while its ServiceClient lives)."""
+
+
+def dump(model: Any) -> Any:
+    """A ``tinker.types`` model as JSON-ready data."""
+    return model.model_dump(mode="json")
+
+
+class EngineCore:
+    """One engine ``ServiceClient`` and the server's state, shared by the route groups."""
+
+    def __init__(self, service: ServiceClient, settings: EngineSettings) -> None:
+        self.service = service
+        self.settings = settings
+        self.state = ServerState()
+        self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tinkertrace-engine-api")
+        self.started = time.time()
+        self.try_again_answers = 0
+        """How many ``retrieve_future`` calls were answered ``try_again`` (results not ready yet)."""
+        self._tokenizer_dirs: dict[str, str] = {}
+
+    async def _body(self, request: Request, model_cls: type[Any]) -> Any:
+        """The JSON body of a request meant to be a ``model_cls``; 400 when it is not JSON."""
+        try:
+            return await request.json()
+        except ValueError:
+            raise ApiError(400, f"body is not JSON (expected a {model_cls.__name__})") from None
+
+    async def _json(self, request: Request, model_cls: type[Any]) -> Any:
+        """The body as a validated ``model_cls`` (a ``tinker.types`` request)."""
+        return decode_json_model(model_cls, await self._body(request, model_cls))
+
+    def _future_response(
+        self, future: Future[Any], *, encoding: Encoding = "json", model_id: str | None = None, **extra: Any
+    ) -> JSONResponse:
+        """Track ``future`` and answer its request id (``UntypedAPIFuture``) at once."""
+        request_id = self.state.track(future, encoding)
+        return JSONResponse(dump(types.UntypedAPIFuture(request_id=request_id, model_id=model_id, **extra)))
+
+    def _release(self, session_id: str) -> None:
+        """Finish a session: its models and samplers are closed (finishing queued work) off the loop."""
+        for client in self.state.finish_session(session_id):
+            self.executor.submit(client.close)

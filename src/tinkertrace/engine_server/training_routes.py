@@ -1,0 +1,191 @@
+"""Training routes of ``tinkertrace engine``: creating and loading training models, and their
+sequenced calls (``forward_backward``, ``optim_step``, saving weights).
+
+The calls of one model carry a ``seq_id`` and run in that order (:class:`.state.ModelSequencer`); a
+body refused before it runs still takes its place in the sequence, so later calls are not held back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from tinker import types
+
+from tinkertrace.engine_server.core import EngineCore, dump
+from tinkertrace.engine_server.http import ApiError
+from tinkertrace.engine_server.state import (
+    Encoding,
+    ModelSequencer,
+    PendingCall,
+    Sampler,
+    TrainingModel,
+)
+from tinkertrace.engine_server.wire import WireError, decode_forward_backward, decode_json_model, decompress
+from tinkertrace.futures import map_future
+from tinkertrace.tokenizer import is_builtin, load_tokenizer
+
+
+class TrainingRoutes(EngineCore):
+    def _register(
+        self, model_id: str, session_id: str, client: Any, user_metadata: dict[str, Any] | None
+    ) -> None:
+        sequencer = ModelSequencer(next_seq_id=1)
+        self.state.add_model(
+            TrainingModel(model_id, session_id, client, sequencer, dict(user_metadata or {}))
+        )
+
+    async def create_model(self, request: Request) -> Response:
+        req = await self._json(request, types.CreateModelRequest)
+        self.state.session(req.session_id)
+        model_id = f"{req.session_id}:train:{req.model_seq_id}"
+        lora = req.lora_config
+
+        def create() -> types.CreateModelResponse:
+            client = self.service.create_lora_training_client(
+                req.base_model,
+                rank=lora.rank if lora is not None else 0,  # no LoRA config: full fine-tuning
+                seed=lora.seed if lora is not None else None,
+                train_mlp=lora.train_mlp if lora is not None else True,
+                train_attn=lora.train_attn if lora is not None else True,
+                train_unembed=lora.train_unembed if lora is not None else True,
+                optimizer=req.optimizer_config,
+                run_id=model_id,
+            ).result()
+            self._register(model_id, req.session_id, client, req.user_metadata)
+            return types.CreateModelResponse(model_id=model_id)
+
+        return self._future_response(self.executor.submit(create), model_id=model_id)
+
+    def _tokenizer_id(self, base_model: str) -> str:
+        """A tokenizer the SDK's ``get_tokenizer`` can load here: the built-in one saved as a folder."""
+        if not is_builtin(base_model):
+            return base_model
+        if base_model not in self._tokenizer_dirs:
+            name = base_model.replace("/", "--").replace(":", "-")
+            folder = self.service.store.base_dir / "tokenizers" / name
+            if not (folder / "tokenizer.json").is_file():
+                folder.mkdir(parents=True, exist_ok=True)
+                load_tokenizer(base_model).save_pretrained(str(folder))
+            self._tokenizer_dirs[base_model] = str(folder.resolve())
+        return self._tokenizer_dirs[base_model]
+
+    async def get_info(self, request: Request) -> Response:
+        req = await self._json(request, types.GetInfoRequest)
+        info = self.state.model(req.model_id).client.get_info()
+        model_data = info.model_data.model_copy(
+            update={"tokenizer_id": self._tokenizer_id(info.model_data.model_name)}
+        )
+        return JSONResponse(dump(info.model_copy(update={"model_data": model_data})))
+
+    def _sequenced(
+        self, model: TrainingModel, seq_id: int, start: PendingCall | Exception, encoding: Encoding = "json"
+    ) -> JSONResponse:
+        """Queue a call of ``model`` at ``seq_id``. A refused body (``start`` an exception) fails that
+        call's future but still takes its place, so the model's later calls are not held back."""
+        if isinstance(start, Exception):
+            error = start
+
+            def start() -> Future[Any]:
+                raise error
+
+        return self._future_response(
+            model.sequencer.submit(seq_id, start), encoding=encoding, model_id=model.model_id
+        )
+
+    async def _model_call(
+        self, request: Request, model_cls: type[Any], build: Callable[[Any, TrainingModel], PendingCall]
+    ) -> JSONResponse:
+        """A JSON call on a training model: validated with ``model_cls``, started by ``build(req, model)``."""
+        payload = await self._body(request, model_cls)
+        if not isinstance(payload, dict):
+            raise ApiError(400, f"body is not a JSON object (expected a {model_cls.__name__})")
+        model = self.state.model(str(payload.get("model_id")))
+        seq_id = payload.get("seq_id")
+        if not isinstance(seq_id, int):
+            raise ApiError(400, "seq_id is required for calls on a training model")
+        try:
+            start: PendingCall | Exception = build(decode_json_model(model_cls, payload), model)
+        except (WireError, ApiError) as exc:
+            start = exc
+        return self._sequenced(model, seq_id, start)
+
+    async def forward_backward(self, request: Request) -> Response:
+        body = decompress(await request.body(), request.headers.get("content-encoding"))
+        call = decode_forward_backward(body)
+        model = self.state.model(call.model_id)
+        method = model.client.forward if call.forward_only else model.client.forward_backward
+        start = call.error or (lambda: method(call.data, call.loss_fn, call.loss_fn_config).future())
+        return self._sequenced(model, call.seq_id, start, encoding="proto")
+
+    async def optim_step(self, request: Request) -> Response:
+        return await self._model_call(
+            request,
+            types.OptimStepRequest,
+            lambda req, model: lambda: model.client.optim_step(req.optim_params).future(),
+        )
+
+    async def save_weights(self, request: Request) -> Response:
+        def build(req: types.SaveWeightsRequest, model: TrainingModel) -> PendingCall:
+            name = req.path or f"state-{req.seq_id:06d}"
+            return lambda: model.client.save_state(
+                name, overwrite=req.overwrite, user_metadata=req.user_metadata
+            ).future()
+
+        return await self._model_call(request, types.SaveWeightsRequest, build)
+
+    async def save_weights_for_sampler(self, request: Request) -> Response:
+        def build(req: types.SaveWeightsForSamplerRequest, model: TrainingModel) -> PendingCall:
+            client = model.client
+            if req.path is not None:
+                return lambda: map_future(
+                    client.save_weights_for_sampler(req.path, user_metadata=req.user_metadata).future(),
+                    lambda saved: types.SaveWeightsForSamplerResponseInternal(path=saved.path),
+                )
+            if req.sampling_session_seq_id is None:
+                raise ApiError(400, "save_weights_for_sampler needs a path or a sampling_session_seq_id")
+            sampler_id = f"{model.session_id}:sample:{req.sampling_session_seq_id}"
+
+            def register(sampling_client: Any) -> types.SaveWeightsForSamplerResponseInternal:
+                self.state.add_sampler(Sampler(sampler_id, client.spec.base_model, None, sampling_client))
+                return types.SaveWeightsForSamplerResponseInternal(sampling_session_id=sampler_id)
+
+            return lambda: map_future(
+                client.save_weights_and_get_sampling_client(kind=req.kind).future(), register
+            )
+
+        return await self._model_call(request, types.SaveWeightsForSamplerRequest, build)
+
+    async def load_weights(self, request: Request) -> Response:
+        """Weights into an existing model (a sequenced call), or, with ``session_id``, a new model
+        created from a checkpoint (the model's first request: no ``create_model``)."""
+
+        def build(req: types.LoadWeightsRequest, model: TrainingModel) -> PendingCall:
+            load = model.client.load_state_with_optimizer if req.optimizer else model.client.load_state
+            return lambda: load(req.path).future()
+
+        payload = await self._body(request, types.LoadWeightsRequest)
+        if not isinstance(payload, dict) or payload.get("session_id") is None:
+            return await self._model_call(request, types.LoadWeightsRequest, build)
+        req = decode_json_model(types.LoadWeightsRequest, payload)
+        self.state.session(req.session_id)
+        if req.model_seq_id is None:
+            raise ApiError(400, "load_weights with session_id needs model_seq_id")
+        model_id = f"{req.session_id}:train:{req.model_seq_id}"
+
+        def create() -> types.LoadWeightsResponse:
+            if req.optimizer:
+                made = self.service.create_training_client_from_state_with_optimizer(
+                    req.path, req.base_model, run_id=model_id
+                )
+            else:
+                made = self.service.create_training_client_from_state(
+                    req.path, req.base_model, optimizer=req.optimizer_config, run_id=model_id
+                )
+            self._register(model_id, req.session_id, made.result(), req.user_metadata)
+            return types.LoadWeightsResponse(path=req.path, model_id=model_id)
+
+        return self._future_response(self.executor.submit(create), model_id=model_id)

@@ -1,0 +1,136 @@
+"""Errors in OpenAI's shape, the checks that raise them, and reading a JSON request body.
+
+An :class:`ApiError` carries the HTTP status and the ``{"error": {"message", "type", "param",
+"code"}}`` body; validation messages follow OpenAI's wording (``Invalid type for 'n': expected an
+integer, but got a string instead.``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "a boolean", str: "a string", list: "an array"}
+_JSON_NAMES = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+    dict: "an object",
+    type(None): "null",
+}
+
+
+class ApiError(Exception):
+    """An error answered to the client in OpenAI's format."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def json_kind(value: Any) -> str:
+    """The JSON type of ``value`` as OpenAI's messages name it (``an integer``, ``null``, ...)."""
+    return _JSON_NAMES.get(type(value), type(value).__name__)
+
+
+def invalid_type(param: str, expected: str, value: Any) -> ApiError:
+    return ApiError(
+        400,
+        f"Invalid type for '{param}': expected {expected}, but got {json_kind(value)} instead.",
+        param=param,
+        code="invalid_type",
+    )
+
+
+def invalid_value(param: str, message: str) -> ApiError:
+    return ApiError(400, f"Invalid value for '{param}': {message}", param=param, code="invalid_value")
+
+
+def missing(param: str) -> ApiError:
+    return ApiError(
+        400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
+    )
+
+
+def unsupported(param: str, message: str, code: str = "unsupported") -> ApiError:
+    """A value this server does not serve (a tool type, a content part, an input item)."""
+    return ApiError(400, f"Invalid value for '{param}': {message}", param=param, code=code)
+
+
+def checked(
+    body: dict[str, Any],
+    name: str,
+    kind: type,
+    default: Any = None,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> Any:
+    """``body[name]`` checked to be of JSON ``kind`` (and in range); ``default`` when absent or null."""
+    value = body.get(name)
+    if value is None:
+        return default
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
+    if not ok:
+        raise invalid_type(name, _TYPE_NAMES[kind], value)
+    if minimum is not None and value < minimum:
+        raise invalid_value(name, f"expected a value >= {minimum}, but got {value} instead.")
+    if maximum is not None and value > maximum:
+        raise invalid_value(name, f"expected a value <= {maximum}, but got {value} instead.")
+    return value
+
+
+def objects_in(value: Any, name: str, expected: str) -> list[tuple[str, dict[str, Any]]]:
+    """The items of the array ``value`` (``name``), each an object, with its param (``name[i]``)."""
+    if not isinstance(value, list):
+        raise invalid_type(name, expected, value)
+    items = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise invalid_type(f"{name}[{i}]", "an object", item)
+        items.append((f"{name}[{i}]", item))
+    return items
+
+
+def require_object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ApiError(400, f"The request body must be a JSON object, but got {json_kind(body)}.")
+    return body
+
+
+async def read_json(request: Request) -> Any:
+    """The request's JSON body; a 400 :class:`ApiError` when it is not JSON."""
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(
+            400,
+            f"We could not parse the JSON body of your request ({exc}). The body must be a JSON object "
+            "sent with 'Content-Type: application/json'.",
+        ) from exc
