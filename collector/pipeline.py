@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from tinkertrace.collector.ingest import Ingestor
+from tinkertrace.futures import map_future
 from tinkertrace.spanstore.convert import ConversionResult, body_to_table
 
 log = logging.getLogger("tinkertrace.collector")
@@ -83,17 +84,7 @@ class IngestPipeline:
             budget.release(reserved)
             raise
         response = export_response(result)
-        answer: Future[ExportTraceServiceResponse] = Future()
-
-        def resolve(done: Future[None]) -> None:
-            error = done.exception()
-            if error is not None:
-                answer.set_exception(error)
-            else:
-                answer.set_result(response)
-
-        logged.add_done_callback(resolve)
-        return answer
+        return map_future(logged, lambda _: response)
 
 
 def _done(response: ExportTraceServiceResponse) -> Future[ExportTraceServiceResponse]:
