@@ -3,30 +3,56 @@
 tinkertrace keeps its own ``TracerProvider`` and never replaces the global one, so it coexists with
 an application's own OpenTelemetry set-up (spans still nest: parents come from the shared context).
 That provider records even under ``OTEL_SDK_DISABLED=true`` (see :class:`TrainingDataProvider`).
+Its spans go through one ``BatchSpanProcessor`` per exporter (see :mod:`.export`). Instrumentations
+(the LLM-call capture) register themselves with :func:`register_instrumentation`; the runtime
+installs them at ``init()`` and removes them at ``shutdown()``.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib.metadata
 import logging
 import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from tinkertrace.sdk import config as cfg
 from tinkertrace.sdk import context
-from tinkertrace.sdk.export import QueueExportProcessor, Target
+from tinkertrace.sdk.export import TrainingDataProcessor
 from tinkertrace.sdk.refusals import RefusedEndpoints
 from tinkertrace.sdk.stats import ExportStats
 
 log = logging.getLogger("tinkertrace")
+
+SCOPE_NAME = "tinkertrace.sdk"
+
+
+@dataclass(frozen=True)
+class Instrumentation:
+    """What ``init()`` installs (when ``enabled(config)``) and ``shutdown()`` removes."""
+
+    enabled: Callable[[cfg.TraceConfig], bool]
+    install: Callable[[], object]
+    uninstall: Callable[[], None]
+
+
+_instrumentations: list[Instrumentation] = []
+
+
+def register_instrumentation(instrumentation: Instrumentation) -> None:
+    """Have every later ``init()`` install ``instrumentation`` (the LLM-call capture registers so)."""
+    _instrumentations.append(instrumentation)
 
 
 @dataclass
@@ -36,7 +62,8 @@ class Runtime:
     config: cfg.TraceConfig
     provider: TracerProvider
     tracer: trace.Tracer
-    processor: QueueExportProcessor
+    processor: SynchronousMultiSpanProcessor  # every span processor, for spans made without the tracer
+    pipelines: Sequence[SpanProcessor]  # one BatchSpanProcessor per exporter, SDK's own first
     stats: ExportStats
     scope: InstrumentationScope
     refused_endpoints: RefusedEndpoints
@@ -95,6 +122,7 @@ def init(
     redact: cfg.Redactor | None = None,
     spool_dir: str | Path | None = None,
     headers: dict[str, str] | None = None,
+    exporters: Sequence[SpanExporter] = (),
     **options: Any,
 ) -> cfg.TraceConfig:
     """Configure tracing for this process; calling it again replaces the previous configuration.
@@ -107,7 +135,10 @@ def init(
     returns no ids (``tinkertrace.tokenizer.load_tokenizer`` name or local folder). redact:
     ``redact(messages) -> messages`` applied before messages are recorded. spool_dir: where
     undeliverable OTLP batches wait (default ``$TINKERTRACE_HOME/spool/<endpoint hash>``).
-    Further options: the fields of :class:`~tinkertrace.sdk.config.TraceConfig`.
+    exporters: more OpenTelemetry ``SpanExporter`` objects (console, Jaeger, Phoenix, a second OTLP
+    endpoint...) that receive every span too, each through its own ``BatchSpanProcessor``; they are
+    shut down with this configuration. Further options: the fields of
+    :class:`~tinkertrace.sdk.config.TraceConfig`.
     """
     config = cfg.resolve(
         endpoint=endpoint,
@@ -120,6 +151,7 @@ def init(
         redact=redact,
         spool_dir=spool_dir,
         headers=headers,
+        exporters=tuple(exporters),
         **options,
     )
     global _runtime, _atexit_registered
@@ -133,19 +165,18 @@ def init(
     return config
 
 
-def _build(config: cfg.TraceConfig) -> Runtime:
-    stats = ExportStats()
-    targets: list[Target] = []
+def _own_exporters(config: cfg.TraceConfig, stats: ExportStats) -> list[SpanExporter]:
+    exporters: list[SpanExporter] = []
     if config.spans_dir is not None:
-        from tinkertrace.sdk.sink import ParquetSink
+        from tinkertrace.sdk.parquet_exporter import ParquetSpanExporter
 
-        targets.append(ParquetSink(config.spans_dir, stats))
+        exporters.append(ParquetSpanExporter(config.spans_dir, stats))
     if config.otlp_url is not None:
-        from tinkertrace.sdk.otlp import OtlpTarget
+        from tinkertrace.sdk.otlp import OtlpSpoolingExporter
 
         assert config.spool_dir is not None
-        targets.append(
-            OtlpTarget(
+        exporters.append(
+            OtlpSpoolingExporter(
                 config.otlp_url,
                 config.protocol,
                 config.spool_dir,
@@ -155,29 +186,49 @@ def _build(config: cfg.TraceConfig) -> Runtime:
                 retry_interval_s=config.retry_interval_s,
             )
         )
-    processor = QueueExportProcessor(
-        targets,
-        stats,
-        max_queue=config.max_queue_spans,
-        batch_size=config.batch_size,
-        schedule_delay_s=config.schedule_delay_s,
-    )
-    from tinkertrace import __version__
+    return exporters
 
+
+def _scope() -> InstrumentationScope:
+    try:
+        version = importlib.metadata.version("tinkertrace")
+    except importlib.metadata.PackageNotFoundError:
+        version = "0+unknown"
+    return InstrumentationScope(SCOPE_NAME, version)
+
+
+def _build(config: cfg.TraceConfig) -> Runtime:
+    stats = ExportStats()
+    batching = {"max_queue": config.max_queue_spans, "batch_size": config.batch_size}
+    pipelines: list[SpanProcessor] = [
+        TrainingDataProcessor(exporter, stats, **batching, schedule_delay_s=config.schedule_delay_s)
+        for exporter in _own_exporters(config, stats)
+    ]
+    pipelines += [
+        BatchSpanProcessor(
+            exporter,
+            max_queue_size=config.max_queue_spans,
+            schedule_delay_millis=config.schedule_delay_s * 1000,
+            max_export_batch_size=min(config.batch_size, config.max_queue_spans),
+        )
+        for exporter in config.exporters
+    ]
+    processor = SynchronousMultiSpanProcessor()
     provider = TrainingDataProvider(
         sampler=ALWAYS_ON,
         resource=Resource.create({"service.name": config.service_name}),
         shutdown_on_exit=False,
+        active_span_processor=processor,
     )
-    provider.add_span_processor(processor)
-    scope = InstrumentationScope("tinkertrace.sdk", __version__)
+    for pipeline in pipelines:
+        provider.add_span_processor(pipeline)
+    scope = _scope()
     tracer = provider.get_tracer(scope.name, scope.version)
     refused = RefusedEndpoints(config.token_ids_recheck_calls, config.token_ids_recheck_s)
-    runtime = Runtime(config, provider, tracer, processor, stats, scope, refused)
-    if config.capture_http:
-        from tinkertrace.sdk import capture
-
-        capture.install()
+    runtime = Runtime(config, provider, tracer, processor, pipelines, stats, scope, refused)
+    for instrumentation in _instrumentations:
+        if instrumentation.enabled(config):
+            instrumentation.install()
     if config.patch_executors:
         context.patch_executors()
     return runtime
@@ -188,11 +239,10 @@ def _shutdown_locked() -> None:
     runtime, _runtime = _runtime, None
     if runtime is None:
         return
-    from tinkertrace.sdk import capture
-
-    capture.uninstall()
+    for instrumentation in _instrumentations:
+        instrumentation.uninstall()
     context.unpatch_executors()
-    runtime.provider.force_flush()
+    _flush(runtime, 30.0)
     runtime.provider.shutdown()
 
 
@@ -205,10 +255,19 @@ def shutdown() -> None:
 def flush(timeout_s: float = 30.0) -> bool:
     """Export every finished span now (sink files closed, spooled OTLP batches re-sent).
 
-    True when everything reached its target; False if some batches are still spooled.
+    True when everything reached its target; False if some batches are still spooled or were
+    refused. Every exporter is flushed, whatever an earlier one answered.
     """
     runtime = _runtime
-    return True if runtime is None else runtime.processor.force_flush(int(timeout_s * 1000))
+    return True if runtime is None else _flush(runtime, timeout_s)
+
+
+def _flush(runtime: Runtime, timeout_s: float) -> bool:
+    deadline, ok = time.monotonic() + timeout_s, True
+    for pipeline in runtime.pipelines:
+        left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        ok = pipeline.force_flush(left_ms) and ok
+    return ok
 
 
 def stats() -> dict[str, int]:
