@@ -22,7 +22,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -63,7 +63,8 @@ class Runtime:
     provider: TracerProvider
     tracer: trace.Tracer
     processor: SynchronousMultiSpanProcessor  # every span processor, for spans made without the tracer
-    pipelines: Sequence[SpanProcessor]  # one BatchSpanProcessor per exporter, SDK's own first
+    pipelines: Sequence[TrainingDataProcessor]  # one per SDK exporter: the training data
+    stock_pipelines: Sequence[BatchSpanProcessor]  # one per exporter passed to init(exporters=...)
     stats: ExportStats
     scope: InstrumentationScope
     refused_endpoints: RefusedEndpoints
@@ -199,19 +200,13 @@ def _scope() -> InstrumentationScope:
 
 def _build(config: cfg.TraceConfig) -> Runtime:
     stats = ExportStats()
-    batching = {"max_queue": config.max_queue_spans, "batch_size": config.batch_size}
-    pipelines: list[SpanProcessor] = [
-        TrainingDataProcessor(exporter, stats, **batching, schedule_delay_s=config.schedule_delay_s)
+    queue, batch, delay_s = config.max_queue_spans, config.batch_size, config.schedule_delay_s
+    pipelines = [
+        TrainingDataProcessor(exporter, stats, max_queue=queue, batch_size=batch, schedule_delay_s=delay_s)
         for exporter in _own_exporters(config, stats)
     ]
-    pipelines += [
-        BatchSpanProcessor(
-            exporter,
-            max_queue_size=config.max_queue_spans,
-            schedule_delay_millis=config.schedule_delay_s * 1000,
-            max_export_batch_size=min(config.batch_size, config.max_queue_spans),
-        )
-        for exporter in config.exporters
+    stock_pipelines = [
+        BatchSpanProcessor(stock, queue, delay_s * 1000, min(batch, queue)) for stock in config.exporters
     ]
     processor = SynchronousMultiSpanProcessor()
     provider = TrainingDataProvider(
@@ -220,12 +215,12 @@ def _build(config: cfg.TraceConfig) -> Runtime:
         shutdown_on_exit=False,
         active_span_processor=processor,
     )
-    for pipeline in pipelines:
+    for pipeline in (*pipelines, *stock_pipelines):
         provider.add_span_processor(pipeline)
     scope = _scope()
     tracer = provider.get_tracer(scope.name, scope.version)
     refused = RefusedEndpoints(config.token_ids_recheck_calls, config.token_ids_recheck_s)
-    runtime = Runtime(config, provider, tracer, processor, pipelines, stats, scope, refused)
+    runtime = Runtime(config, provider, tracer, processor, pipelines, stock_pipelines, stats, scope, refused)
     for instrumentation in _instrumentations:
         if instrumentation.enabled(config):
             instrumentation.install()
@@ -255,19 +250,33 @@ def shutdown() -> None:
 def flush(timeout_s: float = 30.0) -> bool:
     """Export every finished span now (sink files closed, spooled OTLP batches re-sent).
 
-    True when everything reached its target; False if some batches are still spooled or were
-    refused. Every exporter is flushed, whatever an earlier one answered.
+    True when the training data reached its targets (the embedded sink, the OTLP endpoint); False
+    if some batches are still spooled or were refused. Exporters passed to ``init(exporters=...)``
+    are flushed too, until the timeout, and do not change the answer.
     """
     runtime = _runtime
     return True if runtime is None else _flush(runtime, timeout_s)
 
 
 def _flush(runtime: Runtime, timeout_s: float) -> bool:
+    """Flush the SDK's exporters, each whatever an earlier one answered, then the stock ones (each
+    in a thread, waited for until the deadline: a stuck viewer never holds up the caller longer)."""
     deadline, ok = time.monotonic() + timeout_s, True
     for pipeline in runtime.pipelines:
-        left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-        ok = pipeline.force_flush(left_ms) and ok
+        ok = pipeline.force_flush(_ms_left(deadline)) and ok
+    flushing = [
+        threading.Thread(target=pipeline.force_flush, name="tinkertrace-flush", daemon=True)
+        for pipeline in runtime.stock_pipelines
+    ]
+    for thread in flushing:
+        thread.start()
+    for thread in flushing:
+        thread.join(max(0.0, deadline - time.monotonic()))
     return ok
+
+
+def _ms_left(deadline: float) -> int:
+    return max(0, int((deadline - time.monotonic()) * 1000))
 
 
 def stats() -> dict[str, int]:
