@@ -213,15 +213,16 @@ class LlmCall:
         self.span.end(end_ns or time.time_ns(), self.span_content)
 
     def span_content(self) -> SpanContent:
-        """The span's name, attributes, events and status (on the export thread)."""
+        """The span's name, attributes, events and status (on the export thread). A failure here
+        (e.g. in the redaction hook) is recorded on the span, which keeps its rollout and ids."""
         model = self.body.get("model")
         operation = "text_completion" if self.kind == "completion" else "chat"
-        attributes = {
-            **self.span.context_attributes,
-            semconv.GENAI_OPERATION: operation,
-            **self.export_attributes(),
-            **self.error_attributes,
-        }
+        attributes = {**self.span.context_attributes, semconv.GENAI_OPERATION: operation}
+        try:
+            attributes.update(self.export_attributes())
+        except Exception as exc:
+            attributes[semconv.LLM_CAPTURE_ERROR] = f"{type(exc).__name__}: {exc}"
+        attributes.update(self.error_attributes)
         name = f"{operation} {model}" if isinstance(model, str) else operation
         return name, attributes, tuple(self.events), self.span_status
 

@@ -193,18 +193,7 @@ class _Rollout:
 @overload
 def traced_rollout(fn: F) -> F: ...
 @overload
-def traced_rollout(
-    fn: None = None,
-    *,
-    name: str | None = None,
-    task_arg: str | None = None,
-    task_id_arg: str | None = None,
-    task_id_field: str | None = "id",
-    attempt_arg: str = "attempt",
-    split_arg: str = "split",
-    split: str = "train",
-    record_input: bool = True,
-) -> Callable[[F], F]: ...
+def traced_rollout(fn: None = None, **options: Any) -> Callable[[F], F]: ...  # the options: below
 def traced_rollout(
     fn: Callable[..., Any] | None = None,
     *,
