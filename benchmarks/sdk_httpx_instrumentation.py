@@ -4,7 +4,7 @@ Why tinkertrace does not build its capture on it is in docs/sdk.md ("LLM call ca
 measures its cost. Plain httpx chat calls to the deterministic test server (a subprocess on loopback),
 alternating batches without and with ``HTTPXClientInstrumentor`` (spans to a provider whose exporter
 drops them), each call timed on its own (calling thread CPU, ``time.thread_time_ns``, and wall).
-The instrumentation is no longer a dependency: ``pip install opentelemetry-instrumentation-httpx``.
+It is not a dependency of tinkertrace: ``pip install opentelemetry-instrumentation-httpx`` first.
 
     .venv/bin/python benchmarks/sdk_httpx_instrumentation.py [--calls 300] [--rounds 6]
 """
