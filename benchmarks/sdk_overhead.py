@@ -177,7 +177,7 @@ def _pipeline_case(
         ended.clear()
         agent = measure(agent_side, n)
         calls = iter(list(ended))
-        export = measure(lambda: next(calls).build_span(), n)
+        export = measure(lambda: next(calls).span_content(), n)
         return only_build, agent, export
 
     only_build, agent, export = run("pipeline")

@@ -17,7 +17,10 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SDK_NAMES = (
+# re-exported from ``tinkertrace.sdk`` on first use, so ``import tinkertrace.<module>`` (and the CLI)
+# stays fast; the SDK never imports this module back
+__all__ = [
+    "__version__",
     "agent_span",
     "current_rollout",
     "emit_reward",
@@ -27,13 +30,12 @@ _SDK_NAMES = (
     "shutdown",
     "stats",
     "traced_rollout",
-)
-__all__ = ["__version__", *_SDK_NAMES]
+]
 
 
 def __getattr__(name: str) -> Any:
-    """Load the SDK on first use, so ``import tinkertrace.<module>`` (and the CLI) stays fast."""
-    if name in _SDK_NAMES:
+    """Load the SDK on first use of one of its names."""
+    if name in __all__:
         from tinkertrace import sdk
 
         return getattr(sdk, name)

@@ -211,3 +211,26 @@ def test_refusal_mark_is_rechecked(openai_server, trace_init) -> None:
     assert extended == [True, False, False, False, True, False, False, False, True]
     sources = [r["token_source"] for r in traced.rows("span_type = 'llm'")]
     assert sources == [semconv.SOURCE_NONE] * 6 + [semconv.SOURCE_SERVER]
+
+
+def test_a_failing_redaction_hook_keeps_the_span_and_says_why(openai_server, trace_init) -> None:
+    """The span's content is built on the export thread; a hook failing there costs the content,
+    never the span: it keeps its rollout (so the rollout is complete) and names the error."""
+
+    def redact(messages: list[dict]) -> list[dict]:
+        raise RuntimeError("no redaction today")
+
+    traced = trace_init(redact=redact)
+
+    @tinkertrace.traced_rollout
+    def agent(task: str) -> float:
+        httpx.post(openai_server.base_url + "/chat/completions", json={"model": "m", "messages": MESSAGES})
+        return 1.0
+
+    agent("q")
+    rows = {r["span_type"]: r for r in traced.rows()}
+    assert rows.keys() == {"rollout", "llm", "reward"}
+    assert rows["llm"]["rollout_id"] == rows["rollout"]["rollout_id"]
+    error = json.loads(rows["llm"]["attributes"])[semconv.LLM_CAPTURE_ERROR]
+    assert error == "RuntimeError: no redaction today"
+    assert tinkertrace.stats()["spans_rejected"] == 0

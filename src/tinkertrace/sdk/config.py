@@ -7,7 +7,10 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 Messages = list[dict[str, Any]]
 Redactor = Callable[[Messages], Messages]
@@ -39,6 +42,7 @@ class TraceConfig:
     redact: Redactor | None = None
     spool_dir: Path | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    exporters: tuple[SpanExporter, ...] = ()  # stock exporters that receive every span too
     capture_http: bool = True
     token_ids_recheck_calls: int = 100  # a host that refused the token-id fields is asked again after
     token_ids_recheck_s: float = 600.0  # ... this many calls to it or this many seconds

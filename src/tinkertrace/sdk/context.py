@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -86,6 +88,29 @@ def in_context(fn: Callable[P, R]) -> Callable[P, R]:
         return ctx.run(fn, *args, **kwargs)
 
     return run
+
+
+Returned = Callable[[Any], Any]  # what a scope does with the function's result (passes it on)
+
+
+def scoped(func: Callable[..., Any], enter: Callable[..., AbstractContextManager[Returned]]) -> Any:
+    """``func`` (sync or async) run inside ``enter(*args, **kwargs)``, a context manager whose value
+    sees the result on its way out: ``@traced_rollout`` and ``@agent_span(...)`` wrap functions so."""
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            with enter(*args, **kwargs) as returned:
+                return returned(await func(*args, **kwargs))
+
+        return async_wrapper
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with enter(*args, **kwargs) as returned:
+            return returned(func(*args, **kwargs))
+
+    return wrapper
 
 
 _original_submit = ThreadPoolExecutor.submit

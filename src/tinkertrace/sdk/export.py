@@ -1,30 +1,33 @@
-"""The span pipeline behind ``init()``: a bounded in-memory queue drained by a worker thread, each
-batch encoded once to OTLP protobuf and handed to every target (embedded sink, OTLP endpoint).
+"""The span pipeline behind ``init()``: OpenTelemetry's ``BatchSpanProcessor``, one per exporter.
 
-The agent's thread only appends to the queue; it never waits for an export. When the queue is full
-the span is dropped and counted (``tinkertrace.stats()``). Work that can wait until a span has ended
-(an LLM call's span: parsing the response, packing token ids, serialising messages) is queued as
-a builder with :meth:`QueueExportProcessor.submit` and built on the export thread.
+Each exporter (the embedded Parquet sink, the OTLP endpoint, any stock ``SpanExporter`` passed to
+``init(exporters=[...])``) gets its own ``BatchSpanProcessor``: a bounded queue on the agent's thread,
+a worker thread that hands batches to the exporter. One slow or unreachable exporter never holds up
+another. The SDK's own two exporters go through :class:`TrainingDataProcessor`, which adds what
+training data needs on top of the stock processor: every span accounted for in
+``tinkertrace.stats()``, the newest span dropped (not the oldest) when the queue is full, one warning
+per cause, and a ``force_flush`` that also flushes the exporter (sink files closed, spool re-sent)
+and returns its answer.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
-from typing import Protocol
+import weakref
+from collections.abc import Sequence
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from tinkertrace.sdk.stats import ExportStats
 
 log = logging.getLogger("tinkertrace")
 
-SpanBuilder = Callable[[], ReadableSpan]
 _DROP_WARNINGS = {
     "queue_full": "tinkertrace: the span queue is full, spans are being dropped "
     "(see tinkertrace.stats()['spans_dropped']); raise max_queue_spans or check the exporter",
@@ -33,126 +36,107 @@ _DROP_WARNINGS = {
 }
 
 
-class Target(Protocol):
-    """Where encoded batches go."""
+def encode_batch(spans: Sequence[ReadableSpan], stats: ExportStats) -> ExportTraceServiceRequest | None:
+    """The batch as an OTLP request, or None (logged, counted as rejected) if it cannot be encoded."""
+    try:
+        return encode_spans(spans)
+    except Exception:
+        log.exception("tinkertrace: could not encode %d spans; they are lost", len(spans))
+        stats.add("spans_rejected", len(spans))
+        return None
 
-    def export(self, request: ExportTraceServiceRequest, n_spans: int) -> None: ...
-    def flush(self, timeout_s: float) -> bool: ...
-    def shutdown(self) -> None: ...
+
+class _Handoff(SpanExporter):
+    """Between the stock processor and the exporter: counts spans leaving the queue; an exporter
+    that raises costs one ``export_errors``, never the worker thread."""
+
+    def __init__(self, exporter: SpanExporter, processor: TrainingDataProcessor) -> None:
+        self.exporter = exporter
+        self._processor = processor
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self._processor.left_queue(len(spans))
+        try:
+            return self.exporter.export(spans)
+        except Exception:
+            self._processor.stats.add("export_errors")
+            log.exception("tinkertrace: exporting %d spans to %s failed", len(spans), self.exporter)
+            return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        try:
+            self.exporter.shutdown()
+        except Exception:
+            log.exception("tinkertrace: shutting down %s failed", self.exporter)
 
 
-class QueueExportProcessor(SpanProcessor):
-    """Queue ended spans; a daemon thread encodes and exports them in batches."""
+class TrainingDataProcessor(BatchSpanProcessor):
+    """``BatchSpanProcessor`` for the SDK's own exporters, with every span accounted for.
+
+    The stock queue drops its *oldest* span when full and logs each time; here a span that finds
+    ``max_queue`` spans waiting is the one dropped (what is queued stays queued), counted in
+    ``spans_dropped`` and warned about once. The count of waiting spans is kept here (one lock on
+    the agent's thread) so that the stock queue never reaches its own limit.
+    """
 
     def __init__(
         self,
-        targets: list[Target],
+        exporter: SpanExporter,
         stats: ExportStats,
         *,
         max_queue: int,
         batch_size: int,
         schedule_delay_s: float,
     ) -> None:
-        self._targets = targets
-        self._stats = stats
+        self.exporter = exporter
+        self.stats = stats
         self._max_queue = max_queue
-        self._batch_size = batch_size
-        self._delay = schedule_delay_s
-        self._queue: collections.deque[ReadableSpan | SpanBuilder] = collections.deque()
-        self._cond = threading.Condition()
-        self._export_lock = threading.Lock()
-        self._stopped = False
-        self._warned: set[str] = set()  # drop reasons already warned about (once each)
-        self._worker = threading.Thread(target=self._run, name="tinkertrace-export", daemon=True)
-        self._worker.start()
+        self._waiting = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self._warned: set[str] = set()  # drop causes already warned about (once each)
+        if hasattr(os, "register_at_fork"):  # a forked child starts with the stock queue empty
+            forget = weakref.WeakMethod(self._forget_waiting)
+            os.register_at_fork(after_in_child=lambda: (method := forget()) and method())
+        super().__init__(
+            _Handoff(exporter, self),
+            max_queue_size=max(max_queue, batch_size),  # the limit is kept above; its own is never hit
+            schedule_delay_millis=schedule_delay_s * 1000,
+            max_export_batch_size=batch_size,
+        )
 
-    def submit(self, build: SpanBuilder) -> None:
-        """Queue a finished span that ``build()`` makes on the export thread (whatever it reads
-        must no longer change)."""
-        self._enqueue(build)
+    def _forget_waiting(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting = 0
+
+    def left_queue(self, n: int) -> None:
+        with self._lock:
+            self._waiting -= n
 
     def on_end(self, span: ReadableSpan) -> None:
-        self._enqueue(span)
-
-    def _enqueue(self, item: ReadableSpan | SpanBuilder) -> None:
-        with self._cond:
-            stopped, full = self._stopped, len(self._queue) >= self._max_queue
-            if not (stopped or full):
-                self._queue.append(item)
-                if len(self._queue) >= self._batch_size:
-                    self._cond.notify()
-        if not (stopped or full):
-            self._stats.add("spans_queued")
+        with self._lock:
+            cause = (
+                "after_shutdown" if self._closed else "queue_full" if self._waiting >= self._max_queue else ""
+            )
+            if not cause:
+                self._waiting += 1
+        if not cause:
+            self.stats.add("spans_queued")
+            super().on_end(span)
             return
-        self._stats.add("spans_dropped")
-        reason = "after_shutdown" if stopped else "queue_full"
-        if reason not in self._warned:
-            self._warned.add(reason)
-            log.warning(_DROP_WARNINGS[reason])
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                if not self._queue and not self._stopped:
-                    self._cond.wait(self._delay)
-                if self._stopped:
-                    return
-            self._export_pending()
-
-    def _take(self) -> list[ReadableSpan | SpanBuilder]:
-        with self._cond:
-            n = min(len(self._queue), self._batch_size)
-            return [self._queue.popleft() for _ in range(n)]
-
-    def _export_pending(self) -> None:
-        with self._export_lock:
-            while batch := self._take():
-                self._export(batch)
-
-    @staticmethod
-    def _built(item: ReadableSpan | SpanBuilder) -> ReadableSpan | None:
-        if isinstance(item, ReadableSpan):
-            return item
-        try:
-            return item()
-        except Exception:
-            log.exception("tinkertrace: building a deferred span failed; it is lost")
-            return None
-
-    def _export(self, items: list[ReadableSpan | SpanBuilder]) -> None:
-        batch = [span for span in map(self._built, items) if span is not None]
-        if len(batch) < len(items):
-            self._stats.add("spans_rejected", len(items) - len(batch))
-        try:
-            request = encode_spans(batch)
-        except Exception:
-            log.exception("tinkertrace: could not encode %d spans; they are lost", len(batch))
-            self._stats.add("spans_rejected", len(batch))
-            return
-        for target in self._targets:
-            try:
-                target.export(request, len(batch))
-            except Exception:
-                self._stats.add("export_errors")
-                log.exception("tinkertrace: exporting %d spans to %s failed", len(batch), target)
+        self.stats.add("spans_dropped")
+        if cause not in self._warned:
+            self._warned.add(cause)
+            log.warning(_DROP_WARNINGS[cause])
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        """Export everything queued now, then flush each target (files closed, spool re-sent)."""
+        """Export everything queued now, then flush the exporter (files closed, spool re-sent)."""
         deadline = time.monotonic() + timeout_millis / 1000
-        self._export_pending()
-        ok = True
-        for target in self._targets:
-            ok = target.flush(max(0.0, deadline - time.monotonic())) and ok
-        return ok
+        exported = super().force_flush(timeout_millis)
+        left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        return self.exporter.force_flush(left_ms) and exported
 
     def shutdown(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
-        self._worker.join(timeout=10)
-        self._export_pending()
-        for target in self._targets:
-            try:
-                target.shutdown()
-            except Exception:
-                log.exception("tinkertrace: shutting down %s failed", target)
+        with self._lock:
+            self._closed = True
+        super().shutdown()

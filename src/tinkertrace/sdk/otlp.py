@@ -1,4 +1,4 @@
-"""Sending OTLP to an endpoint without ever losing or blocking on spans.
+"""A ``SpanExporter`` sending OTLP to an endpoint without ever losing or blocking on spans.
 
 A batch the endpoint cannot take right now (connection refused, timeout, 408/429/5xx, gRPC
 UNAVAILABLE) is written to a :class:`~tinkertrace.sdk.spool.Spool` and re-sent, oldest first, by a
@@ -19,14 +19,14 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from tinkertrace.sdk.export import encode_batch
 from tinkertrace.sdk.spool import Spool
 from tinkertrace.sdk.stats import ExportStats
 
@@ -124,7 +124,7 @@ class GrpcSender:
         self._channel.close()
 
 
-class OtlpTarget:
+class OtlpSpoolingExporter(SpanExporter):
     """Export to an OTLP endpoint; spool what fails and re-send it from a background thread."""
 
     def __init__(
@@ -132,7 +132,7 @@ class OtlpTarget:
         url: str,
         protocol: str,
         spool_dir: Path,
-        stats: ExportStats,
+        stats: ExportStats | None = None,
         *,
         headers: Mapping[str, str] | None = None,
         timeout_s: float = 5.0,
@@ -141,7 +141,7 @@ class OtlpTarget:
         sender_type = GrpcSender if protocol == "grpc" else HttpSender
         self._sender = sender_type(url, headers or {}, timeout_s)
         self.spool = Spool(spool_dir)
-        self._stats = stats
+        self._stats = stats if stats is not None else ExportStats()
         self._interval = retry_interval_s
         self._drain_lock = threading.Lock()
         self._refused_batches = 0  # refused since the last flush(): that flush returns False
@@ -153,7 +153,7 @@ class OtlpTarget:
         self._thread.start()
 
     def __repr__(self) -> str:
-        return f"OtlpTarget({self._sender.url!r})"
+        return f"OtlpSpoolingExporter({self._sender.url!r})"
 
     def _account(self, outcome: Outcome, rejected: int, n_spans: int, *, resent: bool) -> None:
         if outcome is Outcome.SENT:
@@ -168,20 +168,25 @@ class OtlpTarget:
             with self._refused_lock:
                 self._refused_batches += 1
 
-    def export(self, request: ExportTraceServiceRequest, n_spans: int) -> None:
-        payload = request.SerializeToString()
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Send the batch now, or keep it in the spool (a success: it is re-sent until delivered)."""
+        request = encode_batch(spans, self._stats)
+        if request is None:
+            return SpanExportResult.FAILURE
+        payload, n_spans = request.SerializeToString(), len(spans)
         if not self.spool.pending():
             outcome, rejected = self._sender.send(payload)
             if outcome is Outcome.REJECTED:
                 self.spool.put_rejected(payload, n_spans)
             if outcome not in _RESEND:
                 self._account(outcome, rejected, n_spans, resent=False)
-                return
+                return SpanExportResult.FAILURE if outcome is Outcome.REJECTED else SpanExportResult.SUCCESS
             self._stats.add("export_errors")
             if outcome is Outcome.UNANSWERED:
                 self._stats.add("spans_in_doubt", n_spans)
         self.spool.put(payload, n_spans)
         self._stats.add("spans_spooled", n_spans)
+        return SpanExportResult.SUCCESS
 
     def drain(self, deadline: float | None = None) -> bool:
         """Re-send spooled payloads oldest first until one fails; True when none is left unclaimed.
@@ -224,11 +229,11 @@ class OtlpTarget:
                 except Exception:
                     log.exception("tinkertrace: re-sending spooled spans failed")
 
-    def flush(self, timeout_s: float) -> bool:
-        """Re-send the spool, retrying until it is empty or ``timeout_s`` has passed. False if batches
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Re-send the spool, retrying until it is empty or the timeout has passed. False if batches
         are still spooled, or if the endpoint refused any batch since the last flush (kept in
         ``rejected/``)."""
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_millis / 1000
         while not self.drain(deadline):
             if time.monotonic() + 0.2 > deadline:
                 return False

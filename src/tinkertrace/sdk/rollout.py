@@ -1,11 +1,9 @@
-"""``@traced_rollout``, ``emit_reward`` and ``agent_span``: the rollout structure of a trace."""
+"""``@traced_rollout``: one rollout per call of an agent function, its root span and identity."""
 
 from __future__ import annotations
 
 import collections
-import contextvars
 import dataclasses
-import functools
 import hashlib
 import inspect
 import json
@@ -22,7 +20,8 @@ from opentelemetry.trace import Status, StatusCode
 
 from tinkertrace import semconv
 from tinkertrace.sdk import runtime
-from tinkertrace.sdk.context import AGENT, ROLLOUT, AgentScope, RolloutState
+from tinkertrace.sdk.context import ROLLOUT, Returned, RolloutState, scoped
+from tinkertrace.sdk.rewards import emit_reward
 from tinkertrace.sdk.spans import start_span
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -109,8 +108,8 @@ class _Untraced:
     def returned(self, result: Any) -> Any:
         return result
 
-    def __enter__(self) -> _Untraced:
-        return self
+    def __enter__(self) -> Returned:
+        return self.returned
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         return None
@@ -158,8 +157,8 @@ class _Rollout:
         self._result = result
         return result
 
-    def __enter__(self) -> _Rollout:
-        return self
+    def __enter__(self) -> Returned:
+        return self.returned
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         self.finish(getattr(self, "_result", None), exc)
@@ -194,18 +193,7 @@ class _Rollout:
 @overload
 def traced_rollout(fn: F) -> F: ...
 @overload
-def traced_rollout(
-    fn: None = None,
-    *,
-    name: str | None = None,
-    task_arg: str | None = None,
-    task_id_arg: str | None = None,
-    task_id_field: str | None = "id",
-    attempt_arg: str = "attempt",
-    split_arg: str = "split",
-    split: str = "train",
-    record_input: bool = True,
-) -> Callable[[F], F]: ...
+def traced_rollout(fn: None = None, **options: Any) -> Callable[[F], F]: ...  # the options: below
 def traced_rollout(
     fn: Callable[..., Any] | None = None,
     *,
@@ -241,175 +229,6 @@ def traced_rollout(
             record_input,
         )
         sig = inspect.signature(func)
-
-        if inspect.iscoroutinefunction(func):
-
-            @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with _Rollout.begin(spec, sig, args, kwargs) as rollout:
-                    return rollout.returned(await func(*args, **kwargs))
-
-            return async_wrapper
-
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with _Rollout.begin(spec, sig, args, kwargs) as rollout:
-                return rollout.returned(func(*args, **kwargs))
-
-        return wrapper
+        return scoped(func, lambda *args, **kwargs: _Rollout.begin(spec, sig, args, kwargs))
 
     return decorate(fn) if fn is not None else decorate
-
-
-def _number(value: Any, what: str) -> float:
-    """A real number (Python or numpy scalar: ``numbers.Real`` includes ``np.float32``, ``np.int64``)
-    as a float; ValueError for anything else (strings, None, arrays)."""
-    if not isinstance(value, numbers.Real):
-        raise ValueError(f"{what} must be a number or a mapping of numbers, got {type(value).__name__}")
-    return float(value)
-
-
-def _reward_dimensions(value: Any, name: str, primary: str | None) -> tuple[str, dict[str, float]]:
-    """``(primary name, {name: value})`` from a scalar or a mapping; ValueError if not numeric."""
-    if isinstance(value, Mapping):
-        if not value:
-            raise ValueError("reward mapping is empty")
-        dims = {str(k): _number(v, f"reward {k!r}") for k, v in value.items()}
-        chosen = primary or (name if name in dims else next(iter(dims)))
-        if chosen not in dims:
-            raise ValueError(f"primary reward {chosen!r} is not one of {sorted(dims)}")
-    else:
-        chosen, dims = name, {name: _number(value, "reward")}
-    bad = [k for k, v in dims.items() if not math.isfinite(v)]
-    if bad:
-        raise ValueError(f"reward dimension(s) {bad} are not finite")
-    return chosen, dims
-
-
-def emit_reward(
-    value: float | Mapping[str, float],
-    name: str = semconv.PRIMARY_REWARD,
-    *,
-    primary: str | None = None,
-    response_id: str | None = None,
-    final: bool = False,
-) -> bool:
-    """Record a reward for the current rollout as a ``gen_ai.evaluation.result`` span.
-
-    ``value`` is a number (dimension ``name``) or a mapping of named dimensions, of which
-    ``primary`` (default: ``name`` if present, else the first) is the reward used for training.
-    ``response_id`` links it to the ``gen_ai.response.id`` of the LLM call it rewards. Outside a
-    rollout, or with a value that is not a finite number, it warns and returns False; it never raises.
-    """
-    try:
-        if ROLLOUT.get() is None:
-            warnings.warn(
-                "tinkertrace.emit_reward() called outside a @traced_rollout; the reward is not recorded",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return False
-        chosen, dims = _reward_dimensions(value, name, primary)
-        attributes: dict[str, Any] = {
-            semconv.GENAI_EVALUATION_NAME: chosen,
-            semconv.GENAI_EVALUATION_SCORE: dims[chosen],
-            semconv.REWARD_NAME: chosen,
-            semconv.REWARD_VALUE: dims[chosen],
-            semconv.REWARD_DIMENSIONS: json.dumps(dims, sort_keys=True),
-            semconv.REWARD_FINAL: final,
-        }
-        if response_id is not None:
-            attributes[semconv.GENAI_RESPONSE_ID] = str(response_id)
-        start_span(runtime.get(), semconv.REWARD_SPAN_NAME, semconv.TYPE_REWARD, attributes).end()
-        return True
-    except Exception as exc:
-        warnings.warn(f"tinkertrace: reward not recorded: {exc}", RuntimeWarning, stacklevel=2)
-        return False
-
-
-@dataclasses.dataclass
-class _AgentEntry:
-    """What one entry of an :class:`agent_span` undoes on exit."""
-
-    span: trace.Span
-    agent_token: contextvars.Token
-    use: Any  # the ``trace.use_span`` context manager
-    entries_token: contextvars.Token | None = None
-
-
-class agent_span:  # lower-case: used like a function, ``with agent_span("solver"):``
-    """Scope LLM calls to a named agent: ``with agent_span("solver"): ...`` or ``@agent_span("solver")``.
-
-    Starts an ``invoke_agent {name}`` span; every span started inside carries ``gen_ai.agent.name``
-    and the agent span's id (``tinkertrace.agent.span_id``). One object may be entered by concurrent
-    asyncio tasks and threads, and re-entered: what each entry must undo is kept in the context of
-    the task or thread that entered it, never on the shared object.
-    """
-
-    def __init__(self, name: str) -> None:
-        if not name:
-            raise ValueError("agent_span needs a non-empty agent name")
-        self.name = name
-        # per context: the entries of this object still open there, innermost last; each entry's
-        # own token of this variable resets it, so a context keeps nothing once all are exited
-        self._entries: contextvars.ContextVar[tuple[_AgentEntry, ...]] = contextvars.ContextVar(
-            f"tinkertrace_agent_span_{name}", default=()
-        )
-
-    def __enter__(self) -> trace.Span:
-        span = start_span(
-            runtime.get(),
-            f"{semconv.AGENT_OPERATION} {self.name}",
-            semconv.TYPE_AGENT,
-            {semconv.GENAI_OPERATION: semconv.AGENT_OPERATION, semconv.AGENT_NAME: self.name},
-        )
-        scope = AgentScope(self.name, format(span.get_span_context().span_id, "016x"))
-        entry = _AgentEntry(
-            span, AGENT.set(scope), trace.use_span(span, end_on_exit=False, record_exception=False)
-        )
-        entry.use.__enter__()
-        entry.entries_token = self._entries.set((*self._entries.get(), entry))
-        return span
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        entries = self._entries.get()
-        if not entries:  # e.g. an async generator finalised in another task: never break the agent
-            warnings.warn(
-                f"tinkertrace: agent_span({self.name!r}) exited in a context that did not enter it; "
-                "its span is not ended",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return
-        entry = entries[-1]
-        span = entry.span
-        self._entries.reset(entry.entries_token)  # type: ignore[arg-type]
-        entry.use.__exit__(None, None, None)
-        AGENT.reset(entry.agent_token)
-        if exc is not None:
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-        span.end()
-
-    async def __aenter__(self) -> trace.Span:
-        return self.__enter__()
-
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        self.__exit__(exc_type, exc, tb)
-
-    def __call__(self, func: F) -> F:
-        if inspect.iscoroutinefunction(func):
-
-            @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with self:
-                    return await func(*args, **kwargs)
-
-            return async_wrapper  # type: ignore[return-value]
-
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self:
-                return func(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]

@@ -3,30 +3,56 @@
 tinkertrace keeps its own ``TracerProvider`` and never replaces the global one, so it coexists with
 an application's own OpenTelemetry set-up (spans still nest: parents come from the shared context).
 That provider records even under ``OTEL_SDK_DISABLED=true`` (see :class:`TrainingDataProvider`).
+Its spans go through one ``BatchSpanProcessor`` per exporter (see :mod:`.export`). Instrumentations
+(the LLM-call capture) register themselves with :func:`register_instrumentation`; the runtime
+installs them at ``init()`` and removes them at ``shutdown()``.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib.metadata
 import logging
 import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from tinkertrace.sdk import config as cfg
 from tinkertrace.sdk import context
-from tinkertrace.sdk.export import QueueExportProcessor, Target
+from tinkertrace.sdk.export import TrainingDataProcessor
 from tinkertrace.sdk.refusals import RefusedEndpoints
 from tinkertrace.sdk.stats import ExportStats
 
 log = logging.getLogger("tinkertrace")
+
+SCOPE_NAME = "tinkertrace.sdk"
+
+
+@dataclass(frozen=True)
+class Instrumentation:
+    """What ``init()`` installs (when ``enabled(config)``) and ``shutdown()`` removes."""
+
+    enabled: Callable[[cfg.TraceConfig], bool]
+    install: Callable[[], object]
+    uninstall: Callable[[], None]
+
+
+_instrumentations: list[Instrumentation] = []
+
+
+def register_instrumentation(instrumentation: Instrumentation) -> None:
+    """Have every later ``init()`` install ``instrumentation`` (the LLM-call capture registers so)."""
+    _instrumentations.append(instrumentation)
 
 
 @dataclass
@@ -36,7 +62,9 @@ class Runtime:
     config: cfg.TraceConfig
     provider: TracerProvider
     tracer: trace.Tracer
-    processor: QueueExportProcessor
+    processor: SynchronousMultiSpanProcessor  # every span processor, for spans made without the tracer
+    pipelines: Sequence[TrainingDataProcessor]  # one per SDK exporter: the training data
+    stock_pipelines: Sequence[BatchSpanProcessor]  # one per exporter passed to init(exporters=...)
     stats: ExportStats
     scope: InstrumentationScope
     refused_endpoints: RefusedEndpoints
@@ -95,6 +123,7 @@ def init(
     redact: cfg.Redactor | None = None,
     spool_dir: str | Path | None = None,
     headers: dict[str, str] | None = None,
+    exporters: Sequence[SpanExporter] = (),
     **options: Any,
 ) -> cfg.TraceConfig:
     """Configure tracing for this process; calling it again replaces the previous configuration.
@@ -107,7 +136,10 @@ def init(
     returns no ids (``tinkertrace.tokenizer.load_tokenizer`` name or local folder). redact:
     ``redact(messages) -> messages`` applied before messages are recorded. spool_dir: where
     undeliverable OTLP batches wait (default ``$TINKERTRACE_HOME/spool/<endpoint hash>``).
-    Further options: the fields of :class:`~tinkertrace.sdk.config.TraceConfig`.
+    exporters: more OpenTelemetry ``SpanExporter`` objects (console, Jaeger, Phoenix, a second OTLP
+    endpoint...) that receive every span too, each through its own ``BatchSpanProcessor``; they are
+    shut down with this configuration. Further options: the fields of
+    :class:`~tinkertrace.sdk.config.TraceConfig`.
     """
     config = cfg.resolve(
         endpoint=endpoint,
@@ -120,6 +152,7 @@ def init(
         redact=redact,
         spool_dir=spool_dir,
         headers=headers,
+        exporters=tuple(exporters),
         **options,
     )
     global _runtime, _atexit_registered
@@ -133,19 +166,18 @@ def init(
     return config
 
 
-def _build(config: cfg.TraceConfig) -> Runtime:
-    stats = ExportStats()
-    targets: list[Target] = []
+def _own_exporters(config: cfg.TraceConfig, stats: ExportStats) -> list[SpanExporter]:
+    exporters: list[SpanExporter] = []
     if config.spans_dir is not None:
-        from tinkertrace.sdk.sink import ParquetSink
+        from tinkertrace.sdk.parquet_exporter import ParquetSpanExporter
 
-        targets.append(ParquetSink(config.spans_dir, stats))
+        exporters.append(ParquetSpanExporter(config.spans_dir, stats))
     if config.otlp_url is not None:
-        from tinkertrace.sdk.otlp import OtlpTarget
+        from tinkertrace.sdk.otlp import OtlpSpoolingExporter
 
         assert config.spool_dir is not None
-        targets.append(
-            OtlpTarget(
+        exporters.append(
+            OtlpSpoolingExporter(
                 config.otlp_url,
                 config.protocol,
                 config.spool_dir,
@@ -155,29 +187,43 @@ def _build(config: cfg.TraceConfig) -> Runtime:
                 retry_interval_s=config.retry_interval_s,
             )
         )
-    processor = QueueExportProcessor(
-        targets,
-        stats,
-        max_queue=config.max_queue_spans,
-        batch_size=config.batch_size,
-        schedule_delay_s=config.schedule_delay_s,
-    )
-    from tinkertrace import __version__
+    return exporters
 
+
+def _scope() -> InstrumentationScope:
+    try:
+        version = importlib.metadata.version("tinkertrace")
+    except importlib.metadata.PackageNotFoundError:
+        version = "0+unknown"
+    return InstrumentationScope(SCOPE_NAME, version)
+
+
+def _build(config: cfg.TraceConfig) -> Runtime:
+    stats = ExportStats()
+    queue, batch, delay_s = config.max_queue_spans, config.batch_size, config.schedule_delay_s
+    pipelines = [
+        TrainingDataProcessor(exporter, stats, max_queue=queue, batch_size=batch, schedule_delay_s=delay_s)
+        for exporter in _own_exporters(config, stats)
+    ]
+    stock_pipelines = [
+        BatchSpanProcessor(stock, queue, delay_s * 1000, min(batch, queue)) for stock in config.exporters
+    ]
+    processor = SynchronousMultiSpanProcessor()
     provider = TrainingDataProvider(
         sampler=ALWAYS_ON,
         resource=Resource.create({"service.name": config.service_name}),
         shutdown_on_exit=False,
+        active_span_processor=processor,
     )
-    provider.add_span_processor(processor)
-    scope = InstrumentationScope("tinkertrace.sdk", __version__)
+    for pipeline in (*pipelines, *stock_pipelines):
+        provider.add_span_processor(pipeline)
+    scope = _scope()
     tracer = provider.get_tracer(scope.name, scope.version)
     refused = RefusedEndpoints(config.token_ids_recheck_calls, config.token_ids_recheck_s)
-    runtime = Runtime(config, provider, tracer, processor, stats, scope, refused)
-    if config.capture_http:
-        from tinkertrace.sdk import capture
-
-        capture.install()
+    runtime = Runtime(config, provider, tracer, processor, pipelines, stock_pipelines, stats, scope, refused)
+    for instrumentation in _instrumentations:
+        if instrumentation.enabled(config):
+            instrumentation.install()
     if config.patch_executors:
         context.patch_executors()
     return runtime
@@ -188,11 +234,10 @@ def _shutdown_locked() -> None:
     runtime, _runtime = _runtime, None
     if runtime is None:
         return
-    from tinkertrace.sdk import capture
-
-    capture.uninstall()
+    for instrumentation in _instrumentations:
+        instrumentation.uninstall()
     context.unpatch_executors()
-    runtime.provider.force_flush()
+    _flush(runtime, 30.0)
     runtime.provider.shutdown()
 
 
@@ -205,10 +250,33 @@ def shutdown() -> None:
 def flush(timeout_s: float = 30.0) -> bool:
     """Export every finished span now (sink files closed, spooled OTLP batches re-sent).
 
-    True when everything reached its target; False if some batches are still spooled.
+    True when the training data reached its targets (the embedded sink, the OTLP endpoint); False
+    if some batches are still spooled or were refused. Exporters passed to ``init(exporters=...)``
+    are flushed too, until the timeout, and do not change the answer.
     """
     runtime = _runtime
-    return True if runtime is None else runtime.processor.force_flush(int(timeout_s * 1000))
+    return True if runtime is None else _flush(runtime, timeout_s)
+
+
+def _flush(runtime: Runtime, timeout_s: float) -> bool:
+    """Flush the SDK's exporters, each whatever an earlier one answered, then the stock ones (each
+    in a thread, waited for until the deadline: a stuck viewer never holds up the caller longer)."""
+    deadline, ok = time.monotonic() + timeout_s, True
+    for pipeline in runtime.pipelines:
+        ok = pipeline.force_flush(_ms_left(deadline)) and ok
+    flushing = [
+        threading.Thread(target=pipeline.force_flush, name="tinkertrace-flush", daemon=True)
+        for pipeline in runtime.stock_pipelines
+    ]
+    for thread in flushing:
+        thread.start()
+    for thread in flushing:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return ok
+
+
+def _ms_left(deadline: float) -> int:
+    return max(0, int((deadline - time.monotonic()) * 1000))
 
 
 def stats() -> dict[str, int]:
