@@ -1,6 +1,6 @@
 """Sustained OTLP/HTTP protobuf ingest into a collector process; prints spans/s, MB/s and peak RSS.
 
-The collector runs as its own process (``python -m tinkertrace.collector``); client processes post
+The collector runs as its own process (``python -m tinkertrace.cli.main collector``); client processes post
 pre-encoded requests of realistic LLM spans (packed token ids and logprobs; each span's token counts,
 and so its usage attributes, vary by ``--spread``; ``--bodies`` distinct requests per client, so no
 Parquet file holds a span twice) as fast as they are acknowledged. The rates are measured after
@@ -126,7 +126,7 @@ def run(
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "spans"
         port = free_port()
-        command = [sys.executable, "-m", "tinkertrace.collector", "--out", str(out)]
+        command = [sys.executable, "-m", "tinkertrace.cli.main", "collector", "--out", str(out)]
         command += ["--http-port", str(port), "--no-grpc", "--zstd-level", str(args.zstd_level), *extra]
         if args.collector_cpu is not None:  # pin the collector (all its threads) to one core
             command = ["taskset", "-c", str(args.collector_cpu), *command]

@@ -154,7 +154,15 @@ def _collector(max_queue_mb: float) -> Iterator[tuple[int, int]]:
     """A collector process on a free port: (pid, port)."""
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
-        command = [sys.executable, "-m", "tinkertrace.collector", "--out", f"{tmp}/spans", "--no-grpc"]
+        command = [
+            sys.executable,
+            "-m",
+            "tinkertrace.cli.main",
+            "collector",
+            "--out",
+            f"{tmp}/spans",
+            "--no-grpc",
+        ]
         command += ["--http-port", str(port), "--max-queue-mb", str(max_queue_mb)]
         collector = subprocess.Popen(command, stdout=subprocess.DEVNULL)
         try:

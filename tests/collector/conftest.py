@@ -35,7 +35,7 @@ class CollectorProcess:
         return f"127.0.0.1:{self.grpc_port}"
 
     def start(self) -> CollectorProcess:
-        command = [sys.executable, "-m", "tinkertrace.collector", "--out", str(self.out)]
+        command = [sys.executable, "-m", "tinkertrace.cli.main", "collector", "--out", str(self.out)]
         command += ["--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
         command += ["--instance", "test", *self.args]
         env = {**os.environ, **(self.env or {})}

@@ -17,7 +17,16 @@ from tinkertrace.online.runner import _wait_for_collector
 
 
 def _collector(out: Path, port: int, **popen: object) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "tinkertrace.collector", "--out", str(out), "--http-port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "tinkertrace.cli.main",
+        "collector",
+        "--out",
+        str(out),
+        "--http-port",
+        str(port),
+    ]
     return subprocess.Popen([*command, "--no-grpc"], **popen)  # type: ignore[call-overload]
 
 

@@ -32,7 +32,16 @@ ROLLOUTS = 5
 
 
 def _start_collector(out: Path, http_port: int, grpc_port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "tinkertrace.collector", "--out", str(out), "--http-port", str(http_port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tinkertrace.cli.main",
+        "collector",
+        "--out",
+        str(out),
+        "--http-port",
+        str(http_port),
+    ]
     cmd += ["--grpc-port", str(grpc_port), "--roll-seconds", "0.3"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wait_for_port(http_port, timeout=60)
