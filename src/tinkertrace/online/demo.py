@@ -9,8 +9,6 @@ new policy swapped into the endpoint, shows the reward live, and ends with a sum
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,34 +16,13 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from tinkertrace.online.follow import FollowOptions, FollowTrainer, holder_publisher
+from tinkertrace.online.follow import FollowTrainer, holder_publisher
 from tinkertrace.online.report import REWARD_KEY, first_last, summarize, summary_table, write_report
-from tinkertrace.online.runner import OnlineStack, StackSettings
+from tinkertrace.online.runner import OnlineStack
+from tinkertrace.online.settings import DemoSettings, FollowOptions, StackSettings
 from tinkertrace.training.config import TrainConfig
 
 SPARK = "▁▂▃▄▅▆▇█"
-
-
-@dataclass
-class DemoSettings:
-    """The demo's knobs: defaults chosen by experiment so the reward rises steadily (no mid-run dip)
-    in about a minute on 2 cores (see docs/online.md)."""
-
-    out: Path
-    steps: int = 60
-    workers: int = 2
-    max_seconds: float = 150.0
-    model: str = "tinkertrace/tiny-chat:small"
-    learning_rate: float = 3e-3
-    lora_rank: int = 16
-    loss: str = "ppo"
-    group_size: int = 8
-    groups_per_batch: int = 4
-    max_tokens: int = 20
-    max_staleness: int = 1
-    admission: bool = True  # the endpoint starts only rollouts the trainer will take within max_staleness
-    roll_seconds: float = StackSettings.roll_seconds
-    export_delay_s: float = StackSettings.export_delay_s
 
 
 def sparkline(values: list[float]) -> str:

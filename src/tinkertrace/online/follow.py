@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -36,13 +36,14 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from tinkertrace.online.settings import FollowOptions
 from tinkertrace.online.tail import BackgroundTail, SpanTail
 from tinkertrace.training import step as shared_step
 from tinkertrace.training.backends import make_service_client
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.dataset import group_keys
-from tinkertrace.training.errors import ConfigError, DataError, raise_problems
+from tinkertrace.training.errors import ConfigError, DataError
 
 FOLLOW_MODE = "follow"
 StepCallback = Callable[[int, dict[str, Any]], None]
@@ -65,37 +66,6 @@ class Publisher(Protocol):
 def consumed_ids(record: dict[str, Any]) -> list[str]:
     """The rollouts a checkpoint record consumed: trained or dropped."""
     return [*record.get("trained_rollout_ids", []), *record.get("dropped_rollout_ids", [])]
-
-
-@dataclass
-class FollowOptions:
-    """Follow-mode settings (the rest comes from :class:`TrainConfig`)."""
-
-    group_size: int = 4
-    group_timeout_s: float = 30.0
-    max_staleness: int | None = 4
-    staleness_mode: Literal["drop", "downweight"] = "drop"
-    staleness_decay: float = 0.5
-    poll_s: float = 0.5
-    max_steps: int | None = None
-    idle_timeout_s: float | None = None
-    publish_url: str | None = None
-    publish_token: str | None = None
-    admission: bool = True  # state the demand to the endpoint published to (see serving.admission)
-
-    def validate(self) -> FollowOptions:
-        """Check ranges; returns self."""
-        checks = [
-            (self.group_size >= 1, "group_size must be at least 1"),
-            (self.group_timeout_s >= 0, "group_timeout_s must be 0 or more"),
-            (self.max_staleness is None or self.max_staleness >= 0, "max_staleness must be 0 or more"),
-            (self.staleness_mode in ("drop", "downweight"), "staleness_mode must be drop or downweight"),
-            (0 < self.staleness_decay <= 1, "staleness_decay must be in (0, 1]"),
-            (self.poll_s > 0, "poll_s must be positive"),
-            (self.max_steps is None or self.max_steps >= 1, "max_steps must be at least 1"),
-        ]
-        raise_problems(checks, "invalid follow settings")
-        return self
 
 
 @dataclass
