@@ -35,14 +35,8 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from tinkertrace.online.publish import (
-    AdminPublisher,
-    HolderPublisher,
-    Publisher,
-    admin_publisher,
-    consumed_ids,
-    holder_publisher,
-)
+from tinkertrace.online.publish import Publisher, admin_publisher, consumed_ids
+from tinkertrace.online.publish import holder_publisher as holder_publisher  # re-exported
 from tinkertrace.online.settings import FollowOptions
 from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll
 from tinkertrace.training.checkpoints import read_checkpoints
@@ -51,18 +45,6 @@ from tinkertrace.training.dataset import TrainingData, group_keys
 from tinkertrace.training.errors import ConfigError, DataError
 from tinkertrace.training.progress import StepProgress
 from tinkertrace.training.step import TrainingSession, prepare_data, status_line
-
-__all__ = [  # the publishers live in online.publish; importable from here as before
-    "AdminPublisher",
-    "FollowOptions",
-    "FollowResult",
-    "FollowTrainer",
-    "HolderPublisher",
-    "Publisher",
-    "admin_publisher",
-    "consumed_ids",
-    "holder_publisher",
-]
 
 FOLLOW_MODE = "follow"
 StepCallback = Callable[[int, dict[str, Any]], None]
