@@ -84,7 +84,8 @@ class _Plan:
         self.data, self.config = data, config
         self.per_epoch = steps_per_epoch(data.num_groups, config.groups_per_batch)
         self.total = self.per_epoch * config.epochs
-        self._epoch, self._batches = -1, list[np.ndarray]()
+        self._epoch = -1  # the epoch whose batches are in self._batches
+        self._batches: list[np.ndarray] = []
 
     def rows(self, step: int) -> tuple[int, np.ndarray]:
         """The epoch of ``step`` and the rows (indices into ``data.table``) it trains."""
@@ -135,7 +136,9 @@ def run_training(
     plan = _Plan(data, config)
     resume_from = _resume_point(config, data)
     start = int(resume_from["step"]) if resume_from else 0
-    result = TrainResult(Path(config.log_dir), start, start, plan.total, notes=notes)
+    result = TrainResult(
+        log_dir=Path(config.log_dir), start_step=start, steps=start, total_steps=plan.total, notes=notes
+    )
     session = TrainingSession(config, start_step=start, resume_from=resume_from)
     result.notes.extend(session.notes)
     run = _BatchRun(session, plan, result)
