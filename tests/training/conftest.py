@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tinkertrace import schemas
-from tinkertrace.training import loop
+from tinkertrace.training import step
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.metrics import read_metrics
 
@@ -75,7 +75,7 @@ def trajectories_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def interrupted_at_step(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], AbstractContextManager[None]]:
-    """``with interrupted_at_step(n): run_training(...)``: the loop's ``n``-th ``train_step`` raises
+    """``with interrupted_at_step(n): run_training(...)``: the run's ``n``-th ``train_step`` raises
     KeyboardInterrupt (as Ctrl-C would) and the block expects it; the real step is restored after."""
     return lambda call: _interrupted_at_step(monkeypatch, call)
 
@@ -88,7 +88,7 @@ def same_run() -> Callable[[Path, Path], None]:
 
 @contextmanager
 def _interrupted_at_step(monkeypatch: pytest.MonkeyPatch, call: int) -> Iterator[None]:
-    real_step, calls = loop.train_step, []
+    real_step, calls = step.train_step, []
 
     def interrupted(*args: object, **kwargs: object) -> dict[str, float]:
         calls.append(1)
@@ -96,12 +96,12 @@ def _interrupted_at_step(monkeypatch: pytest.MonkeyPatch, call: int) -> Iterator
             raise KeyboardInterrupt
         return real_step(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "train_step", interrupted)
+    monkeypatch.setattr(step, "train_step", interrupted)
     try:
         with pytest.raises(KeyboardInterrupt):
             yield
     finally:
-        monkeypatch.setattr(loop, "train_step", real_step)
+        monkeypatch.setattr(step, "train_step", real_step)
 
 
 def assert_same_run(expected_dir: Path, got_dir: Path) -> None:

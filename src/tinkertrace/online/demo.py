@@ -9,7 +9,6 @@ new policy swapped into the endpoint, shows the reward live, and ends with a sum
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,34 +17,13 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from tinkertrace.online.follow import FollowOptions, FollowTrainer, holder_publisher
+from tinkertrace.online.follow import FollowTrainer, holder_publisher
 from tinkertrace.online.report import REWARD_KEY, first_last, summarize, summary_table, write_report
-from tinkertrace.online.runner import OnlineStack, StackSettings
+from tinkertrace.online.runner import OnlineStack
+from tinkertrace.online.settings import DemoSettings, FollowOptions, StackSettings
 from tinkertrace.training.config import TrainConfig
 
 SPARK = "▁▂▃▄▅▆▇█"
-
-
-@dataclass
-class DemoSettings:
-    """The demo's knobs: defaults chosen by experiment so the reward rises steadily (no mid-run dip)
-    in about a minute on 2 cores (see docs/online.md)."""
-
-    out: Path
-    steps: int = 60
-    workers: int = 2
-    max_seconds: float = 150.0
-    model: str = "tinkertrace/tiny-chat:small"
-    learning_rate: float = 3e-3
-    lora_rank: int = 16
-    loss: str = "ppo"
-    group_size: int = 8
-    groups_per_batch: int = 4
-    max_tokens: int = 20
-    max_staleness: int = 1
-    admission: bool = True  # the endpoint starts only rollouts the trainer will take within max_staleness
-    roll_seconds: float = StackSettings.roll_seconds
-    export_delay_s: float = StackSettings.export_delay_s
 
 
 def sparkline(values: list[float]) -> str:
@@ -111,69 +89,79 @@ def _admission_line(gate: dict[str, Any]) -> str:
 def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str, Any]:
     """Run the demo; returns the summary (also written to ``settings.out``)."""
     console = console or Console()
-    out = settings.out
-    out.mkdir(parents=True, exist_ok=True)
-    stack_settings = StackSettings(
-        out=out,
-        model=settings.model,
-        group_size=settings.group_size,
-        max_tokens=settings.max_tokens,
-        roll_seconds=settings.roll_seconds,
-        export_delay_s=settings.export_delay_s,
-    )
-    config = TrainConfig(
-        source=stack_settings.spans_dir,
-        model=settings.model,
-        learning_rate=settings.learning_rate,
-        lora_rank=settings.lora_rank,
-        loss=settings.loss,  # type: ignore[arg-type]
-        groups_per_batch=settings.groups_per_batch,
-        log_dir=out / "train",
-        engine_dir=stack_settings.engine_dir,
-    )
-    options = FollowOptions(
-        group_size=settings.group_size,
-        group_timeout_s=10.0,
-        max_staleness=settings.max_staleness,
-        poll_s=0.25,
-        max_steps=settings.steps,
-        admission=settings.admission,
-    )
+    settings.out.mkdir(parents=True, exist_ok=True)
+    stack_settings, config, options = demo_configs(settings)
     started = time.monotonic()
     console.print(
-        f"[bold]tinkertrace demo[/] → {out}  (model {settings.model}, target reply "
+        f"[bold]tinkertrace demo[/] → {settings.out}  (model {settings.model}, target reply "
         "[cyan]'I am tinkertrace.'[/])",
         highlight=False,
     )
     with OnlineStack(stack_settings) as stack:
         console.print(f"collector {stack.collector_url}  ·  endpoint {stack.base_url}", highlight=False)
-        display = _Display(stack, settings)
-        trainer = FollowTrainer(
-            config,
-            options,
-            publish=holder_publisher(stack.holder),
-            service=stack.service,
-            on_step=display.on_step,
-        )
-        result = stack.run_trainer(
-            trainer,
-            workers=settings.workers,
-            max_seconds=settings.max_seconds,
-            around=Live(display, console=console, refresh_per_second=4, transient=False),
-        )
-        served = stack.holder.version
-        admission = stack.holder.admission.stats()
+        result = _train_live(stack, settings, config, options, console)
+        served, admission = stack.holder.version, stack.holder.admission.stats()
         agent_rows = stack.agent_results()
+    elapsed = time.monotonic() - started
     summary = summarize(
-        config.log_dir,
-        agent_rows,
-        result,
-        elapsed_s=time.monotonic() - started,
-        served_version=served,
-        admission=admission,
+        config.log_dir, agent_rows, result, elapsed_s=elapsed, served_version=served, admission=admission
     )
-    summary["out"] = str(out)
-    summary_path, curve = write_report(out, summary)
+    summary["out"] = str(settings.out)
+    _report(console, summary, config.log_dir)
+    return summary
+
+
+def demo_configs(settings: DemoSettings) -> tuple[StackSettings, TrainConfig, FollowOptions]:
+    """The stack, training and follow settings of a demo run."""
+    s = settings
+    stack = StackSettings(
+        out=s.out,
+        model=s.model,
+        group_size=s.group_size,
+        max_tokens=s.max_tokens,
+        roll_seconds=s.roll_seconds,
+        export_delay_s=s.export_delay_s,
+    )
+    config = TrainConfig(
+        source=stack.spans_dir,
+        model=s.model,
+        learning_rate=s.learning_rate,
+        lora_rank=s.lora_rank,
+        loss=s.loss,
+        groups_per_batch=s.groups_per_batch,
+        log_dir=s.out / "train",
+        engine_dir=stack.engine_dir,
+    )
+    options = FollowOptions(
+        group_size=s.group_size,
+        group_timeout_s=10.0,
+        max_staleness=s.max_staleness,
+        poll_s=0.25,
+        max_steps=s.steps,
+        admission=s.admission,
+    )
+    return stack, config, options
+
+
+def _train_live(
+    stack: OnlineStack, settings: DemoSettings, config: TrainConfig, options: FollowOptions, console: Console
+) -> Any:
+    """Follow-train on the agents' rollouts, publishing into the stack's endpoint, under a live view."""
+    display = _Display(stack, settings)
+    trainer = FollowTrainer(
+        config,
+        options,
+        publish=holder_publisher(stack.holder),
+        service=stack.service,
+        on_step=display.on_step,
+    )
+    live = Live(display, console=console, refresh_per_second=4, transient=False)
+    return stack.run_trainer(trainer, workers=settings.workers, max_seconds=settings.max_seconds, around=live)
+
+
+def _report(console: Console, summary: dict[str, Any], log_dir: Path) -> None:
+    """Write summary.json and the reward curve; print the table and the verdict."""
+    summary_path, curve = write_report(Path(summary["out"]), summary)
     console.print(summary_table(summary))
     first, last = summary["reward_first"], summary["reward_last"]
     if summary["steps"] == 0:
@@ -186,7 +174,6 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
         f"[bold]{verdict}[/] (mean of the first vs the last training steps, measured)", highlight=False
     )
     console.print(
-        f"reward curve: {curve}\nsummary: {summary_path}\nmetrics: {config.log_dir / 'metrics.jsonl'}",
+        f"reward curve: {curve}\nsummary: {summary_path}\nmetrics: {log_dir / 'metrics.jsonl'}",
         highlight=False,
     )
-    return summary

@@ -21,81 +21,34 @@ its optimizer and skips every recorded rollout, so nothing is trained twice.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from tinkertrace.online.tail import BackgroundTail, SpanTail
-from tinkertrace.training import step as shared_step
-from tinkertrace.training.backends import make_service_client
+from tinkertrace.online.publish import Publisher, admin_publisher, consumed_ids
+from tinkertrace.online.publish import holder_publisher as holder_publisher  # re-exported
+from tinkertrace.online.settings import FollowOptions
+from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig
-from tinkertrace.training.dataset import group_keys
-from tinkertrace.training.errors import ConfigError, DataError, raise_problems
+from tinkertrace.training.dataset import TrainingData, group_keys
+from tinkertrace.training.errors import ConfigError, DataError
+from tinkertrace.training.progress import StepProgress
+from tinkertrace.training.step import TrainingSession, prepare_data, status_line
 
 FOLLOW_MODE = "follow"
 StepCallback = Callable[[int, dict[str, Any]], None]
 LAG_PARTS = ("arrive", "queue", "train")  # rollout end → built → its step starts → its step ends
-
-
-class Publisher(Protocol):
-    """Where the follow trainer states its demand and publishes each new policy version."""
-
-    def demand(self, rollouts_per_step: int, max_staleness: int) -> None:
-        """Before the first step: what the trainer consumes (the endpoint admits rollouts by it)."""
-
-    def publish(self, record: dict[str, Any]) -> None:
-        """A new version (a checkpoint record with its trained and dropped rollout ids)."""
-
-    def withdraw(self) -> None:
-        """The trainer stopped: the endpoint no longer holds new rollouts for it."""
-
-
-def consumed_ids(record: dict[str, Any]) -> list[str]:
-    """The rollouts a checkpoint record consumed: trained or dropped."""
-    return [*record.get("trained_rollout_ids", []), *record.get("dropped_rollout_ids", [])]
-
-
-@dataclass
-class FollowOptions:
-    """Follow-mode settings (the rest comes from :class:`TrainConfig`)."""
-
-    group_size: int = 4
-    group_timeout_s: float = 30.0
-    max_staleness: int | None = 4
-    staleness_mode: Literal["drop", "downweight"] = "drop"
-    staleness_decay: float = 0.5
-    poll_s: float = 0.5
-    max_steps: int | None = None
-    idle_timeout_s: float | None = None
-    publish_url: str | None = None
-    publish_token: str | None = None
-    admission: bool = True  # state the demand to the endpoint published to (see serving.admission)
-
-    def validate(self) -> FollowOptions:
-        """Check ranges; returns self."""
-        checks = [
-            (self.group_size >= 1, "group_size must be at least 1"),
-            (self.group_timeout_s >= 0, "group_timeout_s must be 0 or more"),
-            (self.max_staleness is None or self.max_staleness >= 0, "max_staleness must be 0 or more"),
-            (self.staleness_mode in ("drop", "downweight"), "staleness_mode must be drop or downweight"),
-            (0 < self.staleness_decay <= 1, "staleness_decay must be in (0, 1]"),
-            (self.poll_s > 0, "poll_s must be positive"),
-            (self.max_steps is None or self.max_steps >= 1, "max_steps must be at least 1"),
-        ]
-        raise_problems(checks, "invalid follow settings")
-        return self
 
 
 @dataclass
@@ -114,71 +67,6 @@ class FollowResult:
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     last_metrics: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-
-
-@dataclass
-class AdminPublisher:
-    """Publish through a sampling endpoint's admin API (``tinkertrace serve --admin-token``):
-    ``POST /admin/policy`` swaps the weights, ``POST /admin/admission`` feeds its admission gate."""
-
-    url: str
-    token: str | None = None
-
-    def _post(self, path: str, body: dict[str, Any], ok: tuple[int, ...] = (200,)) -> None:
-        import httpx
-
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        response = httpx.post(self.url.rstrip("/") + path, json=body, headers=headers, timeout=60)
-        if response.status_code not in ok:
-            raise RuntimeError(
-                f"publishing to {self.url}{path} failed: HTTP {response.status_code} {response.text[:200]}"
-            )
-
-    def demand(self, rollouts_per_step: int, max_staleness: int) -> None:
-        body = {"rollouts_per_step": rollouts_per_step, "max_staleness": max_staleness}
-        self._post("/admin/admission", body)
-
-    def withdraw(self) -> None:
-        import httpx
-
-        with suppress(httpx.HTTPError, RuntimeError):  # an endpoint that is gone holds nothing back
-            self._post("/admin/admission", {"withdraw": True})
-
-    def publish(self, record: dict[str, Any]) -> None:
-        body = {"model_path": record["sampler_path"], "version": record["policy_version"]}
-        self._post("/admin/policy", body, ok=(200, 409))  # 409: that version or newer is served already
-        self._post("/admin/admission", {"rollout_ids": consumed_ids(record)})
-
-
-@dataclass
-class HolderPublisher:
-    """Publish into an in-process ``serving.policy.PolicyHolder`` (swap without dropping requests)
-    and its admission gate."""
-
-    holder: Any
-
-    def demand(self, rollouts_per_step: int, max_staleness: int) -> None:
-        self.holder.admission.set_demand(rollouts_per_step, max_staleness)
-
-    def withdraw(self) -> None:
-        self.holder.admission.withdraw()
-
-    def publish(self, record: dict[str, Any]) -> None:
-        from tinkertrace.serving.policy import StalePolicyError
-
-        with suppress(StalePolicyError):
-            self.holder.load(record["sampler_path"], record["policy_version"])
-        self.holder.admission.consume(consumed_ids(record))
-
-
-def admin_publisher(url: str, token: str | None) -> Publisher:
-    """A :class:`Publisher` for a `tinkertrace serve` in another process."""
-    return AdminPublisher(url, token)
-
-
-def holder_publisher(holder: Any) -> Publisher:
-    """A :class:`Publisher` for an endpoint served in this process."""
-    return HolderPublisher(holder)
 
 
 def _percentiles(values: list[float] | np.ndarray) -> tuple[float, float]:
@@ -212,6 +100,8 @@ class FollowTrainer:
         self.buffer = pa.table({})
         self._arrived: dict[str, float] = {}
         self.consumed: set[str] = set()  # rollouts trained or dropped (recorded in checkpoints)
+        self._dropped_since_save: list[str] = []  # dropped, to be recorded with the next checkpoint
+        self._stale_now: list[str] = []  # dropped as stale by the latest poll
 
     # --- data ----------------------------------------------------------------------------------------
     def add(self, table: pa.Table) -> None:
@@ -269,6 +159,24 @@ class FollowTrainer:
         return selected, pc.unique(selected["rollout_id"]).to_pylist()
 
     # --- run -----------------------------------------------------------------------------------------
+    def run(
+        self, stop: threading.Event | None = None, console: Console | None = None, progress: bool = True
+    ) -> FollowResult:
+        """Follow until ``stop`` is set, ``max_steps`` is reached, or ``idle_timeout_s`` passes idle.
+
+        The demand is stated first, so agents started with the trainer sample no more than it takes
+        while it opens its training client."""
+        with self._demand_stated():
+            session, result = self._open()
+            with session:
+                self._follow(session, result, stop or threading.Event(), console, progress)
+        if result.rollouts_dropped_stale:
+            result.notes.append(
+                f"dropped {result.rollouts_dropped_stale} rollouts sampled more than "
+                f"{self.options.max_staleness} policy versions before the step that would train them (stale)"
+            )
+        return result
+
     @contextmanager
     def _demand_stated(self) -> Iterator[None]:
         """While training: the endpoint published to starts only the rollouts this trainer will take
@@ -283,159 +191,118 @@ class FollowTrainer:
         finally:
             self.publish.withdraw()
 
-    def _resume(self) -> tuple[int, dict[str, Any] | None, set[str]]:
+    def _open(self) -> tuple[TrainingSession, FollowResult]:
+        """The training session, resumed from this log folder's last follow checkpoint if any (its
+        rollouts are not trained again; its version is published again)."""
         records = read_checkpoints(self.config.log_dir)
-        if not records:
-            return 0, None, set()
         batch = [r["name"] for r in records if r.get("mode") != FOLLOW_MODE]
         if batch:
             raise ConfigError(
                 f"{self.config.log_dir} holds checkpoints of a batch run ({batch[-1]}): "
                 "follow mode needs its own --log-dir"
             )
-        done = {rid for r in records for rid in consumed_ids(r)}
-        return int(records[-1]["step"]), records[-1], done
-
-    def run(
-        self, stop: threading.Event | None = None, console: Console | None = None, progress: bool = True
-    ) -> FollowResult:
-        """Follow until ``stop`` is set, ``max_steps`` is reached, or ``idle_timeout_s`` passes idle.
-
-        The demand is stated first, so agents started with the trainer sample no more than it takes
-        while it opens its training client."""
-        with self._demand_stated():
-            return self._follow(stop or threading.Event(), console, progress)
-
-    def _follow(self, stop: threading.Event, console: Console | None, progress: bool) -> FollowResult:
-        config, o = self.config, self.options
-        log_dir = Path(config.log_dir)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        step, resume_from, done = self._resume()
-        self.consumed |= done
-        (log_dir / "config.json").write_text(
-            json.dumps({**config.to_dict(), "follow": dict(vars(o), publish_token=None)}, indent=2)
+        last = records[-1] if records else None
+        step = int(last["step"]) if last else 0
+        self.consumed |= {rid for r in records for rid in consumed_ids(r)}
+        follow_settings = {"follow": dict(vars(self.options), publish_token=None)}
+        session = TrainingSession(
+            self.config, start_step=step, resume_from=last, service=self.service, extra_config=follow_settings
         )
-        service = self.service or make_service_client(config.backend, engine_dir=config.engine_dir)
-        training_client = shared_step.open_training_client(service, config, resume_from)
-        if resume_from is not None and self.publish is not None:
-            self.publish.publish(resume_from)
-        adam = shared_step.adam_params(config)
-        tail = SpanTail(Path(config.source), resolved=set(done), group_by=config.group_by)  # type: ignore[arg-type]
-        result = FollowResult(log_dir=log_dir, start_step=step, steps=step)
-        dropped_since_save: list[str] = []
-        started = last_activity = time.monotonic()
-        logger = shared_step.open_metrics_logger(config, log_dir, step)
-        result.notes.extend(logger.notes)
-        bar = _follow_progress(progress, console)
-        feed = BackgroundTail(tail, o.poll_s)
-        with logger, feed, bar if bar is not None else nullcontext():
-            task = (
-                bar.add_task("follow", total=o.max_steps, completed=step, status="waiting for rollouts")
-                if bar
-                else None
-            )
-            while not stop.is_set() and (o.max_steps is None or step < o.max_steps):
-                polls = feed.take()
-                for polled in polls:
-                    result.notes.extend(f"skipped span file {s}" for s in polled.skipped_files)
-                    for rid in pc.unique(polled.trajectories["rollout_id"]).to_pylist():
-                        self._arrived.setdefault(rid, polled.built_at)
-                    self.add(polled.trajectories)
-                stale = self._drop_stale(step)
-                result.rollouts_dropped_stale += len(stale)
-                dropped_since_save.extend(stale)
-                if any(p.rollouts_built for p in polls) or stale:
-                    last_activity = time.monotonic()
+        if last is not None and self.publish is not None:
+            self.publish.publish(last)
+        result = FollowResult(log_dir=session.log_dir, start_step=step, steps=step, notes=list(session.notes))
+        return session, result
+
+    def _follow(
+        self,
+        session: TrainingSession,
+        result: FollowResult,
+        stop: threading.Event,
+        console: Console | None,
+        progress: bool,
+    ) -> None:
+        """Poll, buffer, and train a step whenever enough groups are ready, until told to stop."""
+        source, o = Path(self.config.source), self.options  # type: ignore[arg-type]
+        tail = SpanTail(source, resolved=set(self.consumed), group_by=self.config.group_by)
+        with BackgroundTail(tail, o.poll_s) as feed, self._progress(console, progress, result) as bar:
+            idle_since = time.monotonic()
+            while not stop.is_set() and not self._done(result):
+                if self._collect(feed.take(), result):
+                    idle_since = time.monotonic()
                 picked = self._select()
                 if picked is None:
-                    if o.idle_timeout_s is not None and time.monotonic() - last_activity > o.idle_timeout_s:
-                        result.notes.append(f"stopped: no new rollouts for {o.idle_timeout_s:.0f}s")
-                        break
+                    if self._idle_too_long(idle_since, result):
+                        return
                     feed.wait(o.poll_s)
-                    continue
-                table, ids = picked
-                step_started = time.monotonic()
-                metrics = self._train(
-                    training_client, adam, table, step, result, dropped_since_save, stale, time.time()
-                )
-                if metrics is None:
-                    continue
-                record = {
-                    "epoch": 0,
-                    "mode": FOLLOW_MODE,
-                    "policy_version": step + 1,
-                    "trained_rollout_ids": sorted(ids),
-                    "dropped_rollout_ids": sorted(dropped_since_save),
-                    "seed": config.seed,
-                    "groups_per_batch": config.groups_per_batch,
-                }
-                saved = shared_step.save_checkpoint(training_client, log_dir, step + 1, record)
-                for rid in consumed_ids(record):
-                    self.consumed.add(rid)
-                    self._arrived.pop(rid, None)  # dropped rollouts' arrival times too
-                dropped_since_save.clear()
-                published = time.monotonic()
-                if self.publish is not None:
-                    self.publish.publish(saved)
-                metrics["time/publish"] = time.monotonic() - published
-                result.checkpoints.append(saved)
-                metrics["time/step"] = time.monotonic() - step_started
-                metrics["time/total"] = time.monotonic() - started
-                logger.log(step, metrics)
-                step += 1
-                last_activity = time.monotonic()
-                result.steps, result.last_metrics = step, metrics
-                result.rewards.append(float(metrics["env/all/reward/total"]))
-                if bar is not None and task is not None:
-                    bar.update(task, completed=step, status=_status(metrics))
-                if self.on_step is not None:
-                    self.on_step(step, metrics)
-        if result.rollouts_dropped_stale:
-            result.notes.append(
-                f"dropped {result.rollouts_dropped_stale} rollouts sampled more than "
-                f"{o.max_staleness} policy versions before the step that would train them (stale)"
-            )
-        return result
+                elif self._step(session, *picked, result):
+                    idle_since = time.monotonic()
+                    bar.update(completed=result.steps, status=_status(result.last_metrics))
+                    if self.on_step is not None:
+                        self.on_step(result.steps, result.last_metrics)
+
+    def _done(self, result: FollowResult) -> bool:
+        return self.options.max_steps is not None and result.steps >= self.options.max_steps
+
+    def _idle_too_long(self, idle_since: float, result: FollowResult) -> bool:
+        limit = self.options.idle_timeout_s
+        if limit is None or time.monotonic() - idle_since <= limit:
+            return False
+        result.notes.append(f"stopped: no new rollouts for {limit:.0f}s")
+        return True
+
+    def _collect(self, polls: list[TailPoll], result: FollowResult) -> bool:
+        """Buffer what the polls built and drop what went stale; whether anything happened."""
+        for polled in polls:
+            result.notes.extend(f"skipped span file {s}" for s in polled.skipped_files)
+            for rid in pc.unique(polled.trajectories["rollout_id"]).to_pylist():
+                self._arrived.setdefault(rid, polled.built_at)
+            self.add(polled.trajectories)
+        self._stale_now = self._drop_stale(result.steps)
+        result.rollouts_dropped_stale += len(self._stale_now)
+        self._dropped_since_save.extend(self._stale_now)
+        return any(p.rollouts_built for p in polls) or bool(self._stale_now)
+
+    def _step(self, session: TrainingSession, table: pa.Table, ids: list[str], result: FollowResult) -> bool:
+        """Train on ``table`` (the rollouts ``ids``), checkpoint, publish; False when nothing in it
+        could be trained (all its groups had a constant reward)."""
+        started, step = time.monotonic(), result.steps
+        metrics = self._train(session, table, step, result)
+        if metrics is None:
+            return False
+        record = {
+            "epoch": 0,
+            "mode": FOLLOW_MODE,
+            "policy_version": step + 1,
+            "trained_rollout_ids": sorted(ids),
+            "dropped_rollout_ids": sorted(self._dropped_since_save),
+            "seed": self.config.seed,
+            "groups_per_batch": self.config.groups_per_batch,
+        }
+        saved = session.checkpoint(step + 1, record)
+        for rid in consumed_ids(record):
+            self.consumed.add(rid)
+            self._arrived.pop(rid, None)  # dropped rollouts' arrival times too
+        self._dropped_since_save.clear()
+        published = time.monotonic()
+        if self.publish is not None:
+            self.publish.publish(saved)
+        metrics["time/publish"] = time.monotonic() - published
+        result.checkpoints.append(saved)
+        session.log(step, metrics, started)
+        result.steps, result.last_metrics = step + 1, metrics
+        result.rewards.append(float(metrics["env/all/reward/total"]))
+        return True
 
     def _train(
-        self,
-        client: Any,
-        adam: Any,
-        table: pa.Table,
-        step: int,
-        result: FollowResult,
-        dropped: list[str],
-        stale_now: list[str],
-        started_at: float,
+        self, session: TrainingSession, table: pa.Table, step: int, result: FollowResult
     ) -> dict[str, Any] | None:
-        """One step on ``table``; None when nothing in it could be trained (constant-reward groups)."""
-        config, o = self.config, self.options
-        try:
-            data = shared_step.prepare_data(table, config)
-        except DataError:
-            ids = pc.unique(table["rollout_id"]).to_pylist()
-            result.rollouts_dropped_constant += len(ids)
-            dropped.extend(ids)
+        """One step on ``table``: its metrics, or None when nothing in it could be trained."""
+        started_at = time.time()
+        prepared = self._prepare(table, step, result)
+        if prepared is None:
             return None
-        kept = set(pc.unique(data.table["rollout_id"]).to_pylist())
-        constant = sorted(set(pc.unique(table["rollout_id"]).to_pylist()) - kept)
-        result.rollouts_dropped_constant += len(constant)
-        dropped.extend(constant)
-        versions = self._versions(table, data.table, step)
-        age = step - versions
-        if o.max_staleness is not None and o.staleness_mode == "downweight":
-            over = np.clip(age - o.max_staleness, 0, None)
-            data.advantage_of_row = data.advantage_of_row * o.staleness_decay**over
-        rows = np.arange(data.table.num_rows)
-        batch = shared_step.build_batch(data, rows, config)
-        metrics: dict[str, Any] = {
-            "progress/batch": step,
-            "progress/epoch": 0,
-            "optim/lr": config.learning_rate,
-            **shared_step.batch_metrics(data, rows, batch),
-        }
-        if batch.data:
-            metrics.update(shared_step.train_step(client, batch, config, adam))
+        data, kept, age = prepared
+        _, metrics = session.step(data, np.arange(data.table.num_rows), step, {"progress/epoch": 0})
         lags, parts = self._lags(table, kept, started_at)
         result.lags_s.extend(lags)
         for name, values in parts.items():
@@ -450,13 +317,35 @@ class FollowTrainer:
                 "lag/staleness_mean": float(age.mean()) if len(age) else 0.0,
                 "lag/staleness_max": int(age.max()) if len(age) else 0,
                 "follow/rollouts_trained": len(kept),
-                "follow/dropped_stale": len(stale_now),
+                "follow/dropped_stale": len(self._stale_now),
                 "follow/dropped_stale_total": result.rollouts_dropped_stale,
                 "follow/dropped_constant_total": result.rollouts_dropped_constant,
                 "follow/buffered_rows": self.buffer.num_rows,
             }
         )
         return metrics
+
+    def _prepare(
+        self, table: pa.Table, step: int, result: FollowResult
+    ) -> tuple[TrainingData, set[str], np.ndarray] | None:
+        """``table`` as training data (constant-reward groups dropped and counted, stale rows
+        downweighted), the rollouts kept, and each row's age in versions; None if nothing is left."""
+        o = self.options
+        ids = set(pc.unique(table["rollout_id"]).to_pylist())
+        try:
+            data: TrainingData | None = prepare_data(table, self.config)
+        except DataError:  # every group had a constant reward
+            data = None
+        kept = set(pc.unique(data.table["rollout_id"]).to_pylist()) if data is not None else set()
+        result.rollouts_dropped_constant += len(ids - kept)
+        self._dropped_since_save.extend(sorted(ids - kept))
+        if data is None:
+            return None
+        age = step - self._versions(table, data.table, step)
+        if o.max_staleness is not None and o.staleness_mode == "downweight":
+            over = np.clip(age - o.max_staleness, 0, None)
+            data.advantage_of_row = data.advantage_of_row * o.staleness_decay**over
+        return data, kept, age
 
     @staticmethod
     def _versions(source: pa.Table, rows: pa.Table, step: int) -> np.ndarray:
@@ -481,21 +370,16 @@ class FollowTrainer:
         parts = {"arrive": arrived - ends, "queue": step_started - arrived, "train": now - step_started}
         return (now - ends).tolist(), {k: np.broadcast_to(v, ends.shape).tolist() for k, v in parts.items()}
 
+    def _progress(self, console: Console | None, enabled: bool, result: FollowResult) -> StepProgress:
+        columns = [
+            SpinnerColumn(),
+            TextColumn("[bold]train --follow[/] step {task.completed}"),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+        ]
+        total, status = self.options.max_steps, "waiting for rollouts"
+        return StepProgress(enabled, console, columns, total=total, completed=result.steps, status=status)
+
 
 def _status(metrics: dict[str, Any]) -> str:
-    return (
-        f"reward {metrics['env/all/reward/total']:.3f}  loss {metrics.get('loss:sum', float('nan')):.3f}  "
-        f"lag p50 {metrics['lag/rollout_to_trained_p50_s']:.1f}s"
-    )
-
-
-def _follow_progress(enabled: bool, console: Console | None) -> Progress | None:
-    if not enabled:
-        return None
-    return Progress(
-        SpinnerColumn(),
-        TextColumn("[bold]train --follow[/] step {task.completed}"),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=console,
-    )
+    return f"{status_line(metrics)}  lag p50 {metrics['lag/rollout_to_trained_p50_s']:.1f}s"

@@ -17,12 +17,12 @@ import threading
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from tinkertrace.netutil import BackgroundServer, free_port
+from tinkertrace.online.settings import StackSettings
 
 
 def serve_policy(service: Any, model: str, max_tokens: int) -> tuple[Any, BackgroundServer]:
@@ -60,32 +60,6 @@ def _wait_for_collector(process: subprocess.Popen[bytes], port: int, timeout: fl
             raise TimeoutError(f"no collector answered on port {port} after {timeout:.0f}s")
         time.sleep(0.1)
     raise RuntimeError(f"the collector exited with code {process.returncode}")
-
-
-@dataclass
-class StackSettings:
-    """Where things go and how the pieces are started."""
-
-    out: Path
-    model: str = "tinkertrace/tiny-chat:small"
-    roll_seconds: float = 0.2  # collector Parquet roll: a rollout is buildable this soon after it ends
-    export_delay_s: float = 0.05  # the agents' span export delay
-    group_size: int = 8
-    max_tokens: int = 20
-    agent_module: str = "tinkertrace.online.demo_agent"
-    worker_python: str = sys.executable  # the interpreter of the agent workers (their own env)
-
-    @property
-    def spans_dir(self) -> Path:
-        return self.out / "spans"
-
-    @property
-    def agents_dir(self) -> Path:
-        return self.out / "agents"
-
-    @property
-    def engine_dir(self) -> Path:
-        return self.out / "engine"
 
 
 @dataclass

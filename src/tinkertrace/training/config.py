@@ -3,6 +3,10 @@
 Precedence: defaults < config file < command-line overrides. A file holds the fields flat or under a
 ``train`` table/mapping; dashes in keys are read as underscores. Unknown keys and bad values raise
 :class:`ConfigError` naming the key.
+
+Every field is declared once, with its help text, by :func:`setting`; ``tinkertrace train`` makes
+its options from these fields (``tinkertrace.cli.options``), so a new setting is written only here.
+This module stays light (no torch, no tokenizer): the command line imports it to build its help.
 """
 
 from __future__ import annotations
@@ -11,48 +15,117 @@ import dataclasses
 import tomllib
 import types as pytypes
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
-from tinkertrace.tokenizer import BUILTIN_MODEL
-from tinkertrace.training.advantages import ADVANTAGE_MODES
-from tinkertrace.training.datums import LOSS_FUNCTIONS
 from tinkertrace.training.errors import ConfigError, raise_problems
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    flags: tuple[str, ...] = (),
+    cli: bool = True,
+    argument: bool = False,
+    envvar: str | None = None,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
+    """A dataclass field with its help text: a command-line option unless ``cli=False`` (then it
+    is set in a config file or in code only). ``flags`` replace the option's default name
+    (``--field-name``, and ``--no-field-name`` for a bool); ``argument`` makes it positional."""
+    metadata = {"help": help, "cli": cli, "flags": flags, "argument": argument, "envvar": envvar}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def check_choices(settings: Any) -> list[tuple[bool, str]]:
+    """A ``(ok, problem)`` check per ``Literal``-typed field of a settings dataclass instance."""
+    checks = []
+    for name, kind in typing.get_type_hints(type(settings)).items():
+        if get_origin(kind) is Literal:
+            choices = get_args(kind)
+            checks.append((getattr(settings, name) in choices, f"{name} must be one of {', '.join(choices)}"))
+    return checks
+
+
+Backend = Literal["local", "tinker"]
+Loss = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
+AdvantageMode = Literal["group", "std", "none"]
+GroupBy = Literal["task", "task+agent"]
 
 
 @dataclass
 class TrainConfig:
-    """Everything one training run needs. See ``tinkertrace train --help`` for each field's meaning."""
+    """Everything one training run needs; each field's help is its documentation."""
 
-    source: Path | None = None
-    backend: Literal["local", "tinker"] = "local"
-    model: str = BUILTIN_MODEL
-    epochs: int = 1
-    groups_per_batch: int = 8
-    learning_rate: float = 1e-4
-    lora_rank: int = 16
-    loss: Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"] = "importance_sampling"
-    loss_config: dict[str, float] = field(default_factory=dict)
-    advantage: Literal["group", "std", "none"] = "group"
-    group_by: Literal["task", "task+agent"] = "task"
-    remove_constant_reward_groups: bool = True
-    max_tokens_per_datum: int = 4096
-    log_dir: Path = Path("runs/train")
-    save_every: int = 10
-    resume: bool = False
-    seed: int = 0
-    shuffle: bool = True
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 0.0
-    engine_dir: Path | None = None
-    wandb_project: str | None = None
-    wandb_run_name: str | None = None
+    source: Path | None = setting(
+        None,
+        "Trajectories (a .parquet file, or a folder holding trajectories.parquet or trajectory files) or "
+        "a spans folder, which is built into trajectories first. May also come from --config.",
+        argument=True,
+    )
+    backend: Backend = setting(
+        "local", "'local' (the engine on this machine) or 'tinker' (hosted; needs TINKER_API_KEY)."
+    )
+    model: str = setting(
+        "tinkertrace/tiny-chat",  # tokenizer.BUILTIN_MODEL, not imported: it loads transformers
+        "Base model: 'tinkertrace/tiny-chat[:nano|small|base]' (built in), a local Hugging Face folder, "
+        "or a Tinker model name such as Qwen/Qwen3-8B.",
+    )
+    epochs: int = setting(1, "Passes over the data.")
+    groups_per_batch: int = setting(
+        8, "Groups (tasks) per optimiser step; all of a group's rollouts go together."
+    )
+    learning_rate: float = setting(1e-4, "Adam learning rate.")
+    lora_rank: int = setting(16, "LoRA rank; 0 trains all weights (local engine only).")
+    loss: Loss = setting(
+        "importance_sampling",
+        "Loss: importance_sampling, ppo, cispo, dro, or cross_entropy (imitates the sampled tokens).",
+    )
+    loss_config: dict[str, float] = setting(
+        help="Loss setting key=value, repeatable: e.g. clip_low_threshold=0.8 clip_high_threshold=1.2 "
+        "(ppo, cispo) or beta=0.05 (dro).",
+        default_factory=dict,
+    )
+    advantage: AdvantageMode = setting(
+        "group",
+        "group: reward minus group mean; std: also divided by the group std; none: the raw reward.",
+    )
+    group_by: GroupBy = setting("task", "Group key for advantages: task or task+agent.")
+    remove_constant_reward_groups: bool = setting(
+        True,
+        "Drop groups whose rollouts all got the same reward (they carry no signal).",
+        flags=("--remove-constant-reward-groups/--keep-constant-reward-groups",),
+    )
+    max_tokens_per_datum: int = setting(
+        4096, "Longest model input per sequence; longer ones keep their first tokens."
+    )
+    log_dir: Path = setting(
+        Path("runs/train"), "Folder for metrics.jsonl, checkpoints.jsonl and config.json."
+    )
+    save_every: int = setting(10, "Save a checkpoint every N steps (0 = only at the end).")
+    resume: bool = setting(False, "Continue from the last checkpoint in --log-dir.", flags=("--resume",))
+    seed: int = setting(0, "Seed of the data order and the LoRA init.")
+    shuffle: bool = setting(True, "Shuffle the groups each epoch (seeded).", cli=False)
+    beta1: float = setting(0.9, "AdamW beta1.", cli=False)
+    beta2: float = setting(0.95, "AdamW beta2.", cli=False)
+    eps: float = setting(1e-8, "AdamW epsilon.", cli=False)
+    weight_decay: float = setting(0.0, "AdamW weight decay.", cli=False)
+    grad_clip_norm: float = setting(
+        0.0, "Clip the gradient to this global norm (0 = no clipping).", cli=False
+    )
+    engine_dir: Path | None = setting(
+        None, "Local engine checkpoint folder (default $TINKERTRACE_HOME/engine)."
+    )
+    wandb_project: str | None = setting(
+        None, "Also log to this Weights & Biases project (needs the wandb package; or $WANDB_PROJECT)."
+    )
+    wandb_run_name: str | None = setting(None, "The Weights & Biases run name.", cli=False)
 
     def validate(self) -> TrainConfig:
         """Check value ranges and choices; returns self."""
@@ -63,10 +136,7 @@ class TrainConfig:
             (self.lora_rank >= 0, "lora_rank must be 0 (full fine-tuning, local engine only) or more"),
             (self.max_tokens_per_datum >= 1, "max_tokens_per_datum must be at least 1"),
             (self.save_every >= 0, "save_every must be 0 (only at the end) or more"),
-            (self.loss in LOSS_FUNCTIONS, f"loss must be one of {', '.join(LOSS_FUNCTIONS)}"),
-            (self.advantage in ADVANTAGE_MODES, f"advantage must be one of {', '.join(ADVANTAGE_MODES)}"),
-            (self.group_by in ("task", "task+agent"), "group_by must be 'task' or 'task+agent'"),
-            (self.backend in ("local", "tinker"), "backend must be 'local' or 'tinker'"),
+            *check_choices(self),
         ]
         raise_problems(checks, "invalid training config")
         return self
@@ -92,8 +162,8 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
             raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, args))}")
         return value
     if origin is dict:
-        if isinstance(value, str):
-            value = parse_key_values([value], what=key)
+        if isinstance(value, str | list | tuple) and all(isinstance(v, str) for v in value):
+            value = parse_key_values([value] if isinstance(value, str) else list(value), what=key)
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping of name to number, got {value!r}")
         return {str(k): _coerce(f"{key}.{k}", v, args[1]) for k, v in value.items()}

@@ -4,41 +4,30 @@ Written only against the public ``tinker`` SDK surface (``ServiceClient``, ``Tra
 futures, ``tinker.types``), so the same code drives hosted Tinker and the local engine.
 
 Per step: one batch of ``groups_per_batch`` groups (a seeded permutation per epoch), then the
-shared step of :mod:`tinkertrace.training.step` (Datums built as the cookbook aligns them,
-``forward_backward`` and ``optim_step`` both submitted before either is awaited, metrics from the
-returned per-datum logprobs). A checkpoint (state + sampler
-weights) is saved every ``save_every`` steps and at the end and recorded in ``checkpoints.jsonl``;
-``resume`` reloads the last one with its optimizer state and continues at the same data position.
+shared step of :class:`tinkertrace.training.step.TrainingSession` (Datums built as the cookbook
+aligns them, ``forward_backward`` and ``optim_step`` both submitted before either is awaited,
+metrics from the returned per-datum logprobs). A checkpoint (state + sampler weights) is saved every
+``save_every`` steps and at the end and recorded in ``checkpoints.jsonl``; ``resume`` reloads the
+last one with its optimizer state and continues at the same data position.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-from tinkertrace.training.backends import make_service_client
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.dataset import TrainingData, epoch_batches, load_source, steps_per_epoch
 from tinkertrace.training.errors import ConfigError
-from tinkertrace.training.step import (
-    adam_params,
-    batch_metrics,
-    build_batch,
-    open_metrics_logger,
-    open_training_client,
-    prepare_data,
-    save_checkpoint,
-    train_step,
-)
+from tinkertrace.training.progress import StepProgress
+from tinkertrace.training.step import TrainingSession, prepare_data, status_line
 
 
 @dataclass
@@ -88,23 +77,35 @@ def _resume_point(config: TrainConfig, data: TrainingData) -> dict[str, Any] | N
     return last
 
 
-def _progress(enabled: bool, console: Console | None) -> Progress | None:
-    if not enabled:
-        return None
-    return Progress(
-        TextColumn("[bold]train[/] epoch {task.fields[epoch]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("reward {task.fields[reward]}  loss {task.fields[loss]}  kl {task.fields[kl]}"),
-        TimeElapsedColumn(),
-        console=console,
-    )
+class _Plan:
+    """Which rows each step trains: ``groups_per_batch`` groups, in a seeded order per epoch."""
+
+    def __init__(self, data: TrainingData, config: TrainConfig) -> None:
+        self.data, self.config = data, config
+        self.per_epoch = steps_per_epoch(data.num_groups, config.groups_per_batch)
+        self.total = self.per_epoch * config.epochs
+        self._epoch = -1  # the epoch whose batches are in self._batches
+        self._batches: list[np.ndarray] = []
+
+    def rows(self, step: int) -> tuple[int, np.ndarray]:
+        """The epoch of ``step`` and the rows (indices into ``data.table``) it trains."""
+        epoch, index = divmod(step, self.per_epoch)
+        if epoch != self._epoch:
+            c = self.config
+            self._batches = epoch_batches(
+                self.data.num_groups, c.groups_per_batch, seed=c.seed, epoch=epoch, shuffle=c.shuffle
+            )
+            self._epoch = epoch
+        return epoch, self.data.rows_for_groups(self._batches[index])
+
+    def checkpoint_due(self, done: int) -> bool:
+        """Whether a checkpoint is saved after ``done`` steps."""
+        every = self.config.save_every
+        return bool(every and done % every == 0) or done == self.total
 
 
-def run_training(
-    config: TrainConfig, *, progress: bool = True, console: Console | None = None
-) -> TrainResult:
-    """Train on ``config.source`` for ``config.epochs`` epochs; see the module docstring."""
+def _load(config: TrainConfig) -> tuple[TrainingData, list[str]]:
+    """The prepared training data of ``config.source``, and notes on what was left out."""
     config.validate()
     if config.source is None:
         raise ConfigError("no training source given (a trajectories file/folder or a spans folder)")
@@ -112,88 +113,88 @@ def run_training(
         raise ConfigError("hosted Tinker trains LoRA adapters only: lora_rank must be at least 1")
     log_dir = Path(config.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-
     table, report = load_source(Path(config.source), log_dir / "build")
-    data = prepare_data(table, config, report)
-    per_epoch = steps_per_epoch(data.num_groups, config.groups_per_batch)
-    total_steps = per_epoch * config.epochs
-    resume_from = _resume_point(config, data)
-    start_step = int(resume_from["step"]) if resume_from else 0
-    (log_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    return prepare_data(table, config, report), report.notes()
 
-    service = make_service_client(config.backend, engine_dir=config.engine_dir)
-    training_client = open_training_client(service, config, resume_from)
-    adam = adam_params(config)
-    result = TrainResult(log_dir=log_dir, start_step=start_step, steps=start_step, total_steps=total_steps)
-    result.notes.extend(report.notes())
-    order_settings = _order_settings(config, data)
-    rollout_ids = data.table["rollout_id"].to_numpy(zero_copy_only=False)
-    trained_since_save: set[str] = set()
-    truncated = dropped = 0
-    started = time.monotonic()
-    bar = _progress(progress, console)
-    logger = open_metrics_logger(config, log_dir, start_step)
-    result.notes.extend(logger.notes)
-    with logger, bar if bar is not None else nullcontext():
-        task = (
-            bar.add_task(
-                "train", total=total_steps, completed=start_step, epoch=1, reward="-", loss="-", kl="-"
-            )
-            if bar is not None
-            else None
-        )
-        batches: dict[int, list[np.ndarray]] = {}
-        for step in range(start_step, total_steps):
-            step_started = time.monotonic()
-            epoch, index = divmod(step, per_epoch)
-            if epoch not in batches:
-                batches = {
-                    epoch: epoch_batches(
-                        data.num_groups,
-                        config.groups_per_batch,
-                        seed=config.seed,
-                        epoch=epoch,
-                        shuffle=config.shuffle,
-                    )
-                }
-            rows = data.rows_for_groups(batches[epoch][index])
-            batch = build_batch(data, rows, config)
-            truncated, dropped = truncated + batch.truncated_rows, dropped + batch.dropped_rows
-            metrics: dict[str, Any] = {
-                "progress/batch": step,
-                "progress/epoch": epoch,
-                "progress/done_frac": (step + 1) / total_steps,
-                "optim/lr": config.learning_rate,
-                **batch_metrics(data, rows, batch),
-            }
-            if batch.data:
-                metrics.update(train_step(training_client, batch, config, adam))
-                trained_since_save.update(rollout_ids[rows[batch.row_index]].tolist())
-            done = step + 1
-            if (config.save_every and done % config.save_every == 0) or done == total_steps:
-                record = {"epoch": epoch, "trained_rollout_ids": sorted(trained_since_save), **order_settings}
-                result.checkpoints.append(save_checkpoint(training_client, log_dir, done, record))
-                trained_since_save.clear()
-            metrics["time/step"] = time.monotonic() - step_started
-            metrics["time/total"] = time.monotonic() - started
-            logger.log(step, metrics)
-            result.steps, result.last_metrics = done, metrics
-            if bar is not None and task is not None:
-                bar.update(
-                    task,
-                    completed=done,
-                    epoch=epoch + 1,
-                    reward=f"{metrics['env/all/reward/total']:.3f}",
-                    loss=f"{metrics.get('loss:sum', float('nan')):.3f}",
-                    kl=f"{metrics.get('optim/kl_sample_train_v1', float('nan')):.4f}",
-                )
-    if truncated:
-        result.notes.append(
-            f"{truncated} sequences were longer than max_tokens_per_datum={config.max_tokens_per_datum} "
-            "and kept only their first tokens"
-        )
-    if dropped:
-        result.notes.append(
-            f"{dropped} sequences had no sampled token to train on (within the limit) and were skipped"
-        )
+
+def _progress(enabled: bool, console: Console | None, plan: _Plan, start: int) -> StepProgress:
+    columns = [
+        TextColumn("[bold]train[/] epoch {task.fields[epoch]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+    ]
+    return StepProgress(enabled, console, columns, total=plan.total, completed=start, epoch=1, status="")
+
+
+def run_training(
+    config: TrainConfig, *, progress: bool = True, console: Console | None = None
+) -> TrainResult:
+    """Train on ``config.source`` for ``config.epochs`` epochs; see the module docstring."""
+    data, notes = _load(config)
+    plan = _Plan(data, config)
+    resume_from = _resume_point(config, data)
+    start = int(resume_from["step"]) if resume_from else 0
+    result = TrainResult(
+        log_dir=Path(config.log_dir), start_step=start, steps=start, total_steps=plan.total, notes=notes
+    )
+    session = TrainingSession(config, start_step=start, resume_from=resume_from)
+    result.notes.extend(session.notes)
+    run = _BatchRun(session, plan, result)
+    with session, _progress(progress, console, plan, start) as bar:
+        for step in range(start, plan.total):
+            epoch, metrics = run.step(step)
+            kl = metrics.get("optim/kl_sample_train_v1", float("nan"))
+            bar.update(completed=step + 1, epoch=epoch + 1, status=f"{status_line(metrics)}  kl {kl:.4f}")
+    result.notes.extend(run.notes())
     return result
+
+
+class _BatchRun:
+    """A batch run's steps: each trains its planned rows and saves a checkpoint when one is due,
+    recording the rollouts trained since the last one."""
+
+    def __init__(self, session: TrainingSession, plan: _Plan, result: TrainResult) -> None:
+        self.session, self.plan, self.result = session, plan, result
+        self.order = _order_settings(plan.config, plan.data)
+        self.rollout_ids = plan.data.table["rollout_id"].to_numpy(zero_copy_only=False)
+        self.trained_since_save: set[str] = set()
+        self.truncated = self.dropped = 0
+
+    def step(self, step: int) -> tuple[int, dict[str, Any]]:
+        """Run ``step``; its epoch and metrics."""
+        started = time.monotonic()
+        epoch, rows = self.plan.rows(step)
+        done_frac = (step + 1) / self.plan.total
+        batch, metrics = self.session.step(
+            self.plan.data, rows, step, {"progress/epoch": epoch, "progress/done_frac": done_frac}
+        )
+        self.truncated += batch.truncated_rows
+        self.dropped += batch.dropped_rows
+        if batch.data:
+            self.trained_since_save.update(self.rollout_ids[rows[batch.row_index]].tolist())
+        done = step + 1
+        if self.plan.checkpoint_due(done):
+            trained = sorted(self.trained_since_save)
+            record = {"epoch": epoch, "trained_rollout_ids": trained, **self.order}
+            self.result.checkpoints.append(self.session.checkpoint(done, record))
+            self.trained_since_save.clear()
+        self.session.log(step, metrics, started)
+        self.result.steps, self.result.last_metrics = done, metrics
+        return epoch, metrics
+
+    def notes(self) -> list[str]:
+        """What the run left out of the sequences it was given."""
+        notes = []
+        if self.truncated:
+            notes.append(
+                f"{self.truncated} sequences were longer than max_tokens_per_datum="
+                f"{self.plan.config.max_tokens_per_datum} and kept only their first tokens"
+            )
+        if self.dropped:
+            notes.append(
+                f"{self.dropped} sequences had no sampled token to train on (within the limit) "
+                "and were skipped"
+            )
+        return notes

@@ -1,6 +1,10 @@
 """One training step, shared by batch mode (``training.loop``) and follow mode (``online.follow``).
 
-The pieces, in the order a step uses them:
+:class:`TrainingSession` is the step orchestration both loops run: opened once per run (config.json,
+training client, metrics log), then per step :meth:`~TrainingSession.step` (Datums → forward_backward
++ optim_step → metrics), :meth:`~TrainingSession.checkpoint` when the loop says so, and
+:meth:`~TrainingSession.log`. The loops only choose the rows of each step and what a checkpoint
+records. The pieces it is made of, in the order a step uses them:
 
 * :func:`open_training_client` — a LoRA training client for ``config.model``, or one reloaded with
   its optimizer from a checkpoint record (resume); failures become one :class:`BackendError`.
@@ -17,6 +21,7 @@ Written only against the public ``tinker`` SDK surface, so both backends run it 
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,7 @@ import tinker
 from tinker import types
 
 from tinkertrace.training.advantages import group_outcome_fractions
+from tinkertrace.training.backends import make_service_client
 from tinkertrace.training.checkpoints import append_checkpoint
 from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.dataset import DataReport, TrainingData, prepare
@@ -148,3 +154,77 @@ def save_checkpoint(training_client: Any, log_dir: Path, step: int, record: dict
     }
     append_checkpoint(log_dir, full)
     return full
+
+
+class TrainingSession:
+    """The training side of one run, the same for batch and follow mode.
+
+    Opening it writes ``config.json`` (the config, plus ``extra_config``), opens the training client
+    (``resume_from``: a checkpoint record to continue from) and the metrics log starting at
+    ``start_step``; use it as a context manager so the log is closed.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        start_step: int = 0,
+        resume_from: dict[str, Any] | None = None,
+        service: Any = None,
+        extra_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.log_dir = Path(config.log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.log_dir / "config.json").write_text(
+            json.dumps({**config.to_dict(), **(extra_config or {})}, indent=2)
+        )
+        service = service or make_service_client(config.backend, engine_dir=config.engine_dir)
+        self.client = open_training_client(service, config, resume_from)
+        self.adam = adam_params(config)
+        self.logger = open_metrics_logger(config, self.log_dir, start_step)
+        self.started = time.monotonic()
+
+    @property
+    def notes(self) -> list[str]:
+        """What the metrics log wants the user to know (e.g. W&B not available)."""
+        return self.logger.notes
+
+    def step(
+        self, data: TrainingData, rows: np.ndarray, step: int, progress: dict[str, Any]
+    ) -> tuple[DatumBatch, dict[str, Any]]:
+        """Train on ``rows`` of ``data`` as step ``step``: the batch and its metrics (``progress``
+        first, then the data side, then the loss and KL when the batch had anything to train)."""
+        batch = build_batch(data, rows, self.config)
+        metrics: dict[str, Any] = {
+            "progress/batch": step,
+            **progress,
+            "optim/lr": self.config.learning_rate,
+            **batch_metrics(data, rows, batch),
+        }
+        if batch.data:
+            metrics.update(train_step(self.client, batch, self.config, self.adam))
+        return batch, metrics
+
+    def checkpoint(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
+        """Save state and sampler weights as after ``step`` steps; the full checkpoint record."""
+        return save_checkpoint(self.client, self.log_dir, step, record)
+
+    def log(self, step: int, metrics: dict[str, Any], step_started: float) -> None:
+        """Add the step's and the run's time to ``metrics`` and write them."""
+        now = time.monotonic()
+        metrics["time/step"] = now - step_started
+        metrics["time/total"] = now - self.started
+        self.logger.log(step, metrics)
+
+    def __enter__(self) -> TrainingSession:
+        self.logger.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.close()
+
+
+def status_line(metrics: dict[str, Any]) -> str:
+    """Reward and loss of a step, for a progress display."""
+    return f"reward {metrics['env/all/reward/total']:.3f}  loss {metrics.get('loss:sum', float('nan')):.3f}"

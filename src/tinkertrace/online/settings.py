@@ -1,0 +1,133 @@
+"""The online loop's settings: follow training, the local stack, the demo.
+
+Each field is declared once with its help text (:func:`~tinkertrace.training.config.setting`);
+``tinkertrace train --follow`` and ``tinkertrace demo`` make their options from these fields. Light
+on purpose: the command line imports this module to build its help.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from tinkertrace.training.config import check_choices, setting
+from tinkertrace.training.errors import raise_problems
+
+
+@dataclass
+class FollowOptions:
+    """Follow-mode settings (the rest comes from :class:`~tinkertrace.training.config.TrainConfig`)."""
+
+    group_size: int = setting(4, "Rollouts a group needs before it is trained.")
+    group_timeout_s: float = setting(
+        30.0, "Train a group with at least 2 rollouts after waiting this long, seconds.",
+        flags=("--group-timeout",),
+    )  # fmt: skip
+    max_staleness: int | None = setting(4, "Rollouts sampled more than N policy versions ago are dropped.")
+    staleness_mode: Literal["drop", "downweight"] = setting(
+        "drop", "'drop' stale rollouts, or 'downweight' them (see --staleness-decay)."
+    )
+    staleness_decay: float = setting(
+        0.5, "With downweight: a stale rollout's advantage × this per version beyond --max-staleness."
+    )
+    poll_s: float = setting(0.5, "How often to look for new spans, seconds.", flags=("--poll-seconds",))
+    max_steps: int | None = setting(None, "Stop after this many steps in all (default: run until stopped).")
+    idle_timeout_s: float | None = setting(
+        None, "Stop after this many seconds without new rollouts.", flags=("--idle-timeout",)
+    )
+    publish_url: str | None = setting(
+        None,
+        "Sampling endpoint (tinkertrace serve) to POST each new version to /admin/policy; without it, "
+        "serve --watch-checkpoints LOG_DIR/checkpoints.jsonl picks them up.",
+    )
+    publish_token: str | None = setting(None, "The endpoint's admin token.", envvar="TINKERTRACE_ADMIN_TOKEN")
+    admission: bool = setting(
+        True,
+        "With --publish-url: tell the endpoint how many rollouts each step consumes, so it starts a new "
+        "rollout only while it will be trained within --max-staleness versions (agents wait instead of "
+        "sampling rollouts that would be dropped as stale).",
+    )
+
+    def validate(self) -> FollowOptions:
+        """Check ranges; returns self."""
+        checks = [
+            (self.group_size >= 1, "group_size must be at least 1"),
+            (self.group_timeout_s >= 0, "group_timeout_s must be 0 or more"),
+            (self.max_staleness is None or self.max_staleness >= 0, "max_staleness must be 0 or more"),
+            (0 < self.staleness_decay <= 1, "staleness_decay must be in (0, 1]"),
+            (self.poll_s > 0, "poll_s must be positive"),
+            (self.max_steps is None or self.max_steps >= 1, "max_steps must be at least 1"),
+            *check_choices(self),
+        ]
+        raise_problems(checks, "invalid follow settings")
+        return self
+
+
+@dataclass
+class StackSettings:
+    """Where the local stack's things go and how its pieces are started."""
+
+    out: Path
+    model: str = "tinkertrace/tiny-chat:small"
+    roll_seconds: float = 0.2  # collector Parquet roll: a rollout is buildable this soon after it ends
+    export_delay_s: float = 0.05  # the agents' span export delay
+    group_size: int = 8
+    max_tokens: int = 20
+    agent_module: str = "tinkertrace.online.demo_agent"
+    worker_python: str = sys.executable  # the interpreter of the agent workers (their own env)
+
+    @property
+    def spans_dir(self) -> Path:
+        return self.out / "spans"
+
+    @property
+    def agents_dir(self) -> Path:
+        return self.out / "agents"
+
+    @property
+    def engine_dir(self) -> Path:
+        return self.out / "engine"
+
+
+@dataclass
+class DemoSettings:
+    """The demo's knobs: defaults chosen by experiment so the reward rises steadily (no mid-run dip)
+    in about a minute on 2 cores (see docs/online.md)."""
+
+    out: Path = setting(help="Output folder.", cli=False)
+    steps: int = setting(60, "Training steps to run, each publishes a new policy.")
+    workers: int = setting(2, "Concurrent agent worker processes.")
+    max_seconds: float = setting(
+        150.0, "Stop training after this many seconds even if --steps is not reached."
+    )
+    model: str = setting(
+        StackSettings.model, "Built-in model to train: tinkertrace/tiny-chat:nano|small|base."
+    )
+    learning_rate: float = setting(3e-3, "Adam learning rate of the LoRA weights.")
+    lora_rank: int = setting(16, "LoRA rank.", cli=False)
+    loss: Literal["ppo", "importance_sampling"] = setting(
+        "ppo", "Policy-gradient loss: ppo (clipped ratio) or importance_sampling."
+    )
+    group_size: int = setting(8, "Rollouts per question, one GRPO group.")
+    groups_per_batch: int = setting(4, "Groups per training step.", cli=False)
+    max_tokens: int = setting(StackSettings.max_tokens, "Longest reply, tokens.", cli=False)
+    max_staleness: int = setting(1, "Rollouts sampled more than N versions ago are dropped.", cli=False)
+    admission: bool = setting(
+        True, "The endpoint starts only rollouts the trainer will take within max_staleness.", cli=False
+    )
+    roll_seconds: float = setting(StackSettings.roll_seconds, "The collector's file roll.", cli=False)
+    export_delay_s: float = setting(StackSettings.export_delay_s, "The agents' export delay.", cli=False)
+
+    def validate(self) -> DemoSettings:
+        """Check ranges and choices; returns self."""
+        checks = [
+            (self.steps >= 1, "steps must be at least 1"),
+            (self.workers >= 1, "workers must be at least 1"),
+            (self.group_size >= 2, "group_size must be at least 2"),
+            (self.max_seconds > 0, "max_seconds must be positive"),
+            *check_choices(self),
+        ]
+        raise_problems(checks, "invalid demo settings")
+        return self
