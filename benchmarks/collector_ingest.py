@@ -24,7 +24,6 @@ import multiprocessing as mp
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 import duckdb
 import httpx
 
+from tinkertrace.collector.launch import collector_command
 from tinkertrace.netutil import free_port, wait_for_port
 from tinkertrace.spanstore.reader import open_spans
 from tinkertrace.spanstore.samples import llm_request
@@ -126,8 +126,7 @@ def run(
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "spans"
         port = free_port()
-        command = [sys.executable, "-m", "tinkertrace.cli.main", "collector", "--out", str(out)]
-        command += ["--http-port", str(port), "--no-grpc", "--zstd-level", str(args.zstd_level), *extra]
+        command = collector_command(out, port, "--no-grpc", "--zstd-level", str(args.zstd_level), *extra)
         if args.collector_cpu is not None:  # pin the collector (all its threads) to one core
             command = ["taskset", "-c", str(args.collector_cpu), *command]
         collector = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)

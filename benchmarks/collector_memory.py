@@ -21,13 +21,13 @@ import contextlib
 import http.client
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tinkertrace.collector.launch import collector_command
 from tinkertrace.netutil import free_port, wait_for_port
 from tinkertrace.spanstore.samples import llm_request
 
@@ -154,16 +154,7 @@ def _collector(max_queue_mb: float) -> Iterator[tuple[int, int]]:
     """A collector process on a free port: (pid, port)."""
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
-        command = [
-            sys.executable,
-            "-m",
-            "tinkertrace.cli.main",
-            "collector",
-            "--out",
-            f"{tmp}/spans",
-            "--no-grpc",
-        ]
-        command += ["--http-port", str(port), "--max-queue-mb", str(max_queue_mb)]
+        command = collector_command(f"{tmp}/spans", port, "--no-grpc", "--max-queue-mb", str(max_queue_mb))
         collector = subprocess.Popen(command, stdout=subprocess.DEVNULL)
         try:
             wait_for_port(port, timeout=120)

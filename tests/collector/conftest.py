@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from tinkertrace.collector.launch import collector_command
 from tinkertrace.netutil import free_ports, wait_for_port
 from tinkertrace.spanstore.reader import open_spans
 
@@ -35,8 +35,7 @@ class CollectorProcess:
         return f"127.0.0.1:{self.grpc_port}"
 
     def start(self) -> CollectorProcess:
-        command = [sys.executable, "-m", "tinkertrace.cli.main", "collector", "--out", str(self.out)]
-        command += ["--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
+        command = collector_command(self.out, self.http_port, "--grpc-port", str(self.grpc_port))
         command += ["--instance", "test", *self.args]
         env = {**os.environ, **(self.env or {})}
         self.proc = subprocess.Popen(

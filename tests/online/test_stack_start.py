@@ -4,7 +4,6 @@ answers on the port (a port race once sent every span to the policy endpoint).""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,21 +11,12 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from tinkertrace.collector.launch import collector_command, wait_until_healthy
 from tinkertrace.netutil import BackgroundServer, free_ports
-from tinkertrace.online.runner import _wait_for_collector
 
 
 def _collector(out: Path, port: int, **popen: object) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable,
-        "-m",
-        "tinkertrace.cli.main",
-        "collector",
-        "--out",
-        str(out),
-        "--http-port",
-        str(port),
-    ]
+    command = collector_command(out, port)
     return subprocess.Popen([*command, "--no-grpc"], **popen)  # type: ignore[call-overload]
 
 
@@ -45,7 +35,7 @@ def test_a_collector_that_cannot_bind_its_port_is_an_error_even_if_another_serve
         output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
         collector = _collector(tmp_path / "spans", other.port, **output)
         with pytest.raises(RuntimeError, match="exited with code"):
-            _wait_for_collector(collector, other.port, timeout=60)
+            wait_until_healthy(collector, other.port, timeout=60)
         assert b"address already in use" in collector.stdout.read()  # type: ignore[union-attr]
 
 
@@ -53,7 +43,7 @@ def test_the_collector_is_recognised_by_its_health_document(tmp_path: Path) -> N
     (port,) = free_ports(1)
     collector = _collector(tmp_path / "spans", port, stdout=subprocess.DEVNULL)
     try:
-        _wait_for_collector(collector, port, timeout=60)
+        wait_until_healthy(collector, port, timeout=60)
         assert collector.poll() is None
     finally:
         collector.terminate()

@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 import tinkertrace
 from tinkertrace.builder import build_trajectories
+from tinkertrace.collector.launch import collector_command
 from tinkertrace.netutil import BackgroundServer, free_ports, wait_for_port
 from tinkertrace.sdk.spool import Spool
 from tinkertrace.spanstore.reader import open_spans
@@ -32,16 +33,7 @@ ROLLOUTS = 5
 
 
 def _start_collector(out: Path, http_port: int, grpc_port: int) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "tinkertrace.cli.main",
-        "collector",
-        "--out",
-        str(out),
-        "--http-port",
-        str(http_port),
-    ]
+    cmd = collector_command(out, http_port)
     cmd += ["--grpc-port", str(grpc_port), "--roll-seconds", "0.3"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wait_for_port(http_port, timeout=60)

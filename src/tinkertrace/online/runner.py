@@ -12,15 +12,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
-import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
+from tinkertrace.collector.launch import collector_command, wait_until_healthy
 from tinkertrace.netutil import BackgroundServer, free_port
 from tinkertrace.online.settings import StackSettings
 
@@ -41,25 +38,6 @@ def serve_policy(service: Any, model: str, max_tokens: int) -> tuple[Any, Backgr
     )
     server = BackgroundServer(create_app(holder, default_max_tokens=max_tokens)).start()
     return holder, server
-
-
-def _wait_for_collector(process: subprocess.Popen[bytes], port: int, timeout: float) -> None:
-    """Return once the collector started as ``process`` answers its health check on ``port``.
-
-    RuntimeError if it exits first (say, another server took the port: that one's answers do not
-    count), TimeoutError after ``timeout`` seconds.
-    """
-    deadline = time.monotonic() + timeout
-    while process.poll() is None:
-        try:
-            if "pending_bytes" in httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json():
-                return  # the collector's own health document
-        except (httpx.HTTPError, ValueError):
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no collector answered on port {port} after {timeout:.0f}s")
-        time.sleep(0.1)
-    raise RuntimeError(f"the collector exited with code {process.returncode}")
 
 
 @dataclass
@@ -83,25 +61,13 @@ class OnlineStack:
         self._start_endpoint()  # first: its port is taken before the collector's is chosen
         port = free_port()
         self._collector = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tinkertrace.cli.main",
-                "collector",
-                "--out",
-                str(s.spans_dir),
-                "--http-port",
-                str(port),
-                "--no-grpc",
-                "--roll-seconds",
-                str(s.roll_seconds),
-            ],
+            collector_command(s.spans_dir, port, "--no-grpc", "--roll-seconds", str(s.roll_seconds)),
             stdout=(s.out / "collector.log").open("wb"),
             stderr=subprocess.STDOUT,
         )
         self.collector_url = f"http://127.0.0.1:{port}"
         try:
-            _wait_for_collector(self._collector, port, timeout=60)
+            wait_until_healthy(self._collector, port, timeout=60)
         except (TimeoutError, RuntimeError) as exc:
             self.stop()
             log = (s.out / "collector.log").read_text(errors="replace")[-2000:]
