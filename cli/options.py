@@ -90,7 +90,12 @@ def _parameter(field: dataclasses.Field[Any], marker: OptionsOf) -> inspect.Para
         if marker.help_prefix:
             text = marker.help_prefix + text[:1].lower() + text[1:]
         info = typer.Option(*meta["flags"], help=text, envvar=meta["envvar"])
-    default = None if field.default is dataclasses.MISSING else field.default
+    if field.default is not dataclasses.MISSING:
+        default = field.default
+    elif field.default_factory is dataclasses.MISSING:
+        default = inspect.Parameter.empty  # a setting without a default: a required option
+    else:
+        default = None
     return inspect.Parameter(
         field.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind | None, info]
     )

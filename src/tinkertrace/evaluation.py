@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from tinkertrace.evaluation_settings import EvalSettings
+
 # --- pass@k ------------------------------------------------------------------------------------------
 
 
@@ -270,46 +272,28 @@ def summarize(results: Sequence[RolloutResult], ks: Sequence[int]) -> tuple[dict
     return pass_at_k_summary(n, c, ks), len(n)
 
 
-def evaluate(
-    agent: str | Callable[..., Any],
-    tasks: str | Callable[..., Any],
-    *,
-    out: Path,
-    split: str | None = "test",
-    samples_per_task: int = 4,
-    ks: Sequence[int] = (1,),
-    base_url: str | None = None,
-    model: str = "tinkertrace/tiny-chat",
-    api_key: str = "EMPTY",
-    temperature: float | None = None,
-    max_tasks: int | None = None,
-    concurrency: int = 8,
-    success_threshold: float = 1.0,
-    spans_dir: Path | None = None,
-    on_result: Callable[[RolloutResult], None] | None = None,
-) -> EvalSummary:
-    """Run ``agent`` on every task of ``split`` ``samples_per_task`` times; write one JSON line per
-    rollout to ``out`` and the summary (pass@k for each k) to ``out`` with suffix ``.summary.json``.
+def evaluate(settings: EvalSettings, on_result: Callable[[RolloutResult], None] | None = None) -> EvalSummary:
+    """Run the agent on every task of the split ``samples_per_task`` times; write one JSON line per
+    rollout to ``settings.out`` and the summary (pass@k for each k) next to it (:func:`summary_path`).
 
     Without ``base_url`` a local sampling endpoint is started on ``model`` (the built-in model by
     default). The rollouts are traced into ``spans_dir`` (default: ``<out stem>.spans/`` next to ``out``).
+    ConfigError for bad settings; ValueError when the task source gives no tasks.
     """
-    bad_k = [k for k in ks if k > samples_per_task or k < 1]
-    if bad_k:
-        raise ValueError(f"k values {bad_k} need 1 <= k <= samples per task ({samples_per_task})")
-    agent_fn = load_ref(agent) if isinstance(agent, str) else agent
-    task_list = load_tasks(tasks, split=split, limit=max_tasks)
+    s = settings.validate()
+    agent_fn = load_ref(s.agent)
+    task_list = load_tasks(s.tasks, split=s.split, limit=s.max_tasks)
     if not task_list:
-        raise ValueError(f"task source {tasks!r} gave no tasks for split {split!r}")
+        raise ValueError(f"task source {s.tasks!r} gave no tasks for split {s.split!r}")
     import tinkertrace
 
-    tinkertrace.init(spans_dir=spans_dir or out.with_name(out.stem + ".spans"))
+    tinkertrace.init(spans_dir=s.spans_dir or s.out.with_name(s.out.stem + ".spans"))
     start = time.perf_counter()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w") as sink, _endpoint(base_url, model) as url:
-        kwargs: dict[str, Any] = {"base_url": url, "model": model, "api_key": api_key}
-        if temperature is not None:
-            kwargs["temperature"] = temperature
+    s.out.parent.mkdir(parents=True, exist_ok=True)
+    with s.out.open("w") as sink, _endpoint(s.base_url, s.model) as url:
+        kwargs: dict[str, Any] = {"base_url": url, "model": s.model, "api_key": s.api_key}
+        if s.temperature is not None:
+            kwargs["temperature"] = s.temperature
 
         def write(result: RolloutResult) -> None:
             sink.write(json.dumps(asdict(result), default=str) + "\n")
@@ -320,14 +304,14 @@ def evaluate(
         results = run_rollouts(
             agent_fn,
             task_list,
-            samples_per_task=samples_per_task,
+            samples_per_task=s.samples_per_task,
             agent_kwargs=kwargs,
-            concurrency=concurrency,
-            success_threshold=success_threshold,
+            concurrency=s.concurrency,
+            success_threshold=s.success_threshold,
             on_result=write,
         )
     tinkertrace.flush()
-    scores, n_tasks = summarize(results, ks)
+    scores, n_tasks = summarize(results, s.ks)
     rewards = [r.reward for r in results if r.reward is not None]
     summary = EvalSummary(
         tasks=n_tasks,
@@ -335,10 +319,10 @@ def evaluate(
         failed_rollouts=sum(r.error is not None for r in results),
         mean_reward=float(np.mean(rewards)) if rewards else math.nan,
         pass_at_k=scores,
-        results_path=str(out),
+        results_path=str(s.out),
         elapsed_s=round(time.perf_counter() - start, 3),
     )
-    summary_path(out).write_text(json.dumps(asdict(summary), indent=2) + "\n")
+    summary_path(s.out).write_text(json.dumps(asdict(summary), indent=2) + "\n")
     return summary
 
 

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from tinkertrace.cli.main import app
 from tinkertrace.cli.options import OptionsOf, cli_fields, with_settings
+from tinkertrace.evaluation_settings import EvalSettings
 from tinkertrace.online.settings import DemoSettings, FollowOptions
 from tinkertrace.tokenizer import BUILTIN_MODEL
 from tinkertrace.training.advantages import ADVANTAGE_MODES
@@ -85,7 +86,8 @@ def _options_of(command: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("command", "settings"), [("train", TrainConfig), ("train", FollowOptions), ("demo", DemoSettings)]
+    ("command", "settings"),
+    [("train", TrainConfig), ("train", FollowOptions), ("demo", DemoSettings), ("eval", EvalSettings)],
 )
 def test_every_command_line_field_is_an_option_with_help(command: str, settings: type) -> None:
     listed = _options_of(command)

@@ -94,3 +94,21 @@ def test_eval_rejects_k_above_samples_and_bad_refs(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "has no attribute 'nope'" in missing.output
     bad_k = runner.invoke(app, ["eval", f"{source}:agent", "--tasks", f"{source}:tasks", "--k", "x", *common])
     assert bad_k.exit_code != 0 and "--k" in bad_k.output
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (["--concurrency", "0"], "concurrency must be at least 1"),
+        (["--max-tasks", "0"], "max_tasks must be at least 1"),
+    ],
+)
+def test_eval_refuses_bad_settings_before_running(tmp_path: Path, args: list[str], problem: str) -> None:
+    source = tmp_path / "my_agent.py"
+    source.write_text(AGENT_SOURCE)
+    out = tmp_path / "results.jsonl"
+    command = ["eval", f"{source}:agent", "--tasks", f"{source}:tasks", "--out", str(out), *args]
+    result = CliRunner().invoke(app, command, env={"COLUMNS": "300"})
+    assert result.exit_code == 2
+    assert problem in result.output
+    assert not out.exists()
