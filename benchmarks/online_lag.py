@@ -31,7 +31,8 @@ from typing import Any
 
 from rich.console import Console
 
-from tinkertrace.online.demo import DemoSettings, run_demo
+from tinkertrace.online.demo import run_demo
+from tinkertrace.online.settings import DemoSettings
 
 ARMS: dict[str, dict[str, Any]] = {
     "before": {"admission": False, "max_staleness": 3, "roll_seconds": 0.5, "export_delay_s": 0.1},

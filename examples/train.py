@@ -30,7 +30,8 @@ if __package__ in (None, ""):  # run as a script: make `examples` importable
 
 from examples.runconfig import EnvConfig, RunConfig, env_of, env_trajectories, load_config
 from examples.worker import CONFIG_ENV, OVERRIDES_ENV
-from tinkertrace.online.follow import FollowOptions, FollowTrainer
+from tinkertrace.online.follow import FollowTrainer
+from tinkertrace.online.settings import FollowOptions
 
 REPO = Path(__file__).resolve().parents[1]
 STAT_KEYS = ("rollouts", "failed", "truncated", "rows")
@@ -119,8 +120,9 @@ def train(
     summary, also written to ``out_dir/summary.json`` (trained rows: ``trajectories.parquet``)."""
     import pyarrow.parquet as pq
 
-    from tinkertrace.online.follow import holder_publisher
-    from tinkertrace.online.runner import OnlineStack, StackSettings
+    from tinkertrace.online.publish import holder_publisher
+    from tinkertrace.online.runner import OnlineStack
+    from tinkertrace.online.settings import StackSettings
     from tinkertrace.training.backends import make_service_client
     from tinkertrace.training.config import make_config
 

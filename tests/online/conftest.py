@@ -11,7 +11,8 @@ from openai import OpenAI
 
 import tinkertrace
 from tinkertrace.online.demo_agent import introduce
-from tinkertrace.online.runner import OnlineStack, StackSettings
+from tinkertrace.online.runner import OnlineStack
+from tinkertrace.online.settings import StackSettings
 from tinkertrace.spanstore.reader import list_span_files
 
 MODEL = "tinkertrace/tiny-chat:nano"

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tinkertrace.online.follow import FollowOptions, FollowTrainer
+from tinkertrace.online.follow import FollowTrainer
 from tinkertrace.online.runner import OnlineStack
+from tinkertrace.online.settings import FollowOptions
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.metrics import read_metrics

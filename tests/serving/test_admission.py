@@ -14,7 +14,7 @@ import pytest
 
 import tinkertrace
 from tinkertrace import semconv
-from tinkertrace.online.follow import admin_publisher
+from tinkertrace.online.publish import admin_publisher
 from tinkertrace.sdk.context import current_rollout
 from tinkertrace.serving.admission import AdmissionGate
 from tinkertrace.serving.policy import PolicyHolder

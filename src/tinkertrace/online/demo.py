@@ -17,7 +17,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from tinkertrace.online.follow import FollowTrainer, holder_publisher
+from tinkertrace.online.follow import FollowTrainer
+from tinkertrace.online.publish import holder_publisher
 from tinkertrace.online.report import REWARD_KEY, first_last, summarize, summary_table, write_report
 from tinkertrace.online.runner import OnlineStack
 from tinkertrace.online.settings import DemoSettings, FollowOptions, StackSettings

@@ -36,7 +36,6 @@ from rich.console import Console
 from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from tinkertrace.online.publish import Publisher, admin_publisher, consumed_ids
-from tinkertrace.online.publish import holder_publisher as holder_publisher  # re-exported
 from tinkertrace.online.settings import FollowOptions
 from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll
 from tinkertrace.training.checkpoints import read_checkpoints
