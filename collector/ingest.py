@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from tinkertrace.collector.budget import ADMIT_FACTOR, FILE_SHARE, WRITE_FACTOR, MemoryBudget
+from tinkertrace.collector.storage_errors import RETRY_FIRST_S, RETRY_MAX_S, StorageTroubles
 from tinkertrace.collector.wal import WriteAheadLog, iter_records
 from tinkertrace.spanstore.convert import ConversionResult, body_to_table
 from tinkertrace.spanstore.writer import TEMP_PREFIX, ZSTD_LEVEL, PartitionedParquetWriter
@@ -80,7 +81,6 @@ class _Item:
 _STOP = object()
 _T = TypeVar("_T")
 WAL, WRITER = "write-ahead log", "Parquet writer"  # the storage parts whose errors are retried
-RETRY_FIRST_S, RETRY_MAX_S = 0.05, 2.0  # backoff between retries of a failed storage step
 
 
 def name_os_thread() -> None:
@@ -114,20 +114,17 @@ class Ingestor:
         self.budget = MemoryBudget(config.max_queue_bytes, int(WRITE_FACTOR * self.file_bytes))
         self._closing = False
         self.failure: str | None = None  # a bug stopped the storage threads: nothing is accepted any more
-        self.troubles: dict[str, str] = {}  # storage errors being retried, by part (WAL, WRITER)
-        self.last_storage_error: str | None = None
         self.stats = {
             "requests": 0,
             "spans": 0,
             "rejected_spans": 0,
             "overloaded": 0,
             "files": 0,
-            "storage_errors": 0,
-            "storage_recoveries": 0,
             "converted_compiled": 0,  # requests by decoder (spanstore.convert)
             "converted_reference": 0,
             "compiled_fallbacks": {},  # why the compiled decoder declined, by reason
         }
+        self.troubles = StorageTroubles(self.stats)  # storage errors being retried, by part (WAL, WRITER)
         self._threads = [
             threading.Thread(target=self._wal_loop, name="tt-wal", daemon=True),
             threading.Thread(target=self._writer_loop, name="tt-parquet", daemon=True),
@@ -173,8 +170,8 @@ class Ingestor:
         """Raise :class:`Unavailable` / :class:`Overloaded` before a request is parsed."""
         if self.failure or self._closing:
             raise Unavailable(self.failure or "collector is shutting down")
-        if WAL in self.troubles:
-            raise Unavailable(f"{self.troubles[WAL]}; retrying")
+        if WAL in self.troubles.now:
+            raise Unavailable(f"{self.troubles.now[WAL]}; retrying")
         if self.budget.full:
             self.stats["overloaded"] += 1
             raise Overloaded(self.config.retry_after_s)
@@ -237,8 +234,8 @@ class Ingestor:
         return {
             "status": "failed" if self.failure else "recovering" if self.troubles else "ok",
             "failure": self.failure,
-            "storage_errors_now": sorted(self.troubles.values()),
-            "last_storage_error": self.last_storage_error,
+            "storage_errors_now": sorted(self.troubles.now.values()),
+            "last_storage_error": self.troubles.last,
             "pending_bytes": self.budget.used,
             "budget_bytes": self.budget.limit,
             "write_reserve_bytes": self.budget.write_reserve,
@@ -272,24 +269,24 @@ class Ingestor:
                         segment = self.wal.open_segment()
                         self._writer_q.put(("open", segment))
                         self.wal.sync()  # writes the segment's header: a probe that the disk takes data
-                        self._resolved(WAL)
+                        self.troubles.cleared(WAL)
                     except OSError as exc:
                         if self.wal.is_open:
                             self._writer_q.put(("close", self.wal.abandon_segment()))
-                        self._trouble(WAL, exc)
+                        self.troubles.hit(WAL, exc)
                         retry_at, backoff = time.monotonic() + backoff, min(backoff * 2, RETRY_MAX_S)
                 batch = self._next_batch(min(cfg.idle_flush_s / 2, 0.2))
                 stop = any(item is _STOP for item in batch)
                 items = [item for item in batch if item is not _STOP]
                 now = time.monotonic()
                 if items and not self.wal.is_open:
-                    self._refuse(items, f"write-ahead log unavailable: {self.troubles.get(WAL)}")
+                    self._refuse(items, f"write-ahead log unavailable: {self.troubles.now.get(WAL)}")
                 elif items:
                     try:
                         self._log_batch(items)
                         last_append, backoff = now, RETRY_FIRST_S
                     except OSError as exc:
-                        self._trouble(WAL, exc)
+                        self.troubles.hit(WAL, exc)
                         self._refuse(items, f"write-ahead log failed: {exc!r}")
                         self._writer_q.put(("close", self.wal.abandon_segment()))
                         retry_at, backoff = now + backoff, min(backoff * 2, RETRY_MAX_S)
@@ -301,7 +298,7 @@ class Ingestor:
                     try:
                         self._writer_q.put(("close", self.wal.close_segment()))
                     except OSError as exc:
-                        self._trouble(WAL, exc)
+                        self.troubles.hit(WAL, exc)
                         self._writer_q.put(("close", self.wal.abandon_segment()))
                 if stop:
                     self._refuse_queued("collector is shutting down")
@@ -363,35 +360,8 @@ class Ingestor:
         self.stats["files"] += len(self._retrying(WRITER, step))
         self.budget.release(before - self.writer.buffered_bytes)
 
-    def _retrying(self, what: str, step: Callable[[], _T]) -> _T:
-        """``step()``, repeated with backoff while it raises ``OSError`` (unless the collector stops)."""
-        backoff = RETRY_FIRST_S
-        while True:
-            try:
-                result = step()
-            except OSError as exc:
-                self._trouble(what, exc)
-                if self._closing and backoff >= RETRY_MAX_S:
-                    raise
-                time.sleep(backoff)
-                backoff = min(backoff * 2, RETRY_MAX_S)
-                continue
-            self._resolved(what)
-            return result
-
-    def _trouble(self, what: str, exc: OSError) -> None:
-        """Record a storage error of ``what`` (retried): /health says ``recovering`` until it clears."""
-        message = f"{what}: {exc!r}"
-        if what not in self.troubles:
-            log.warning("%s; retrying", message)
-            self.stats["storage_errors"] += 1
-        self.troubles[what] = message
-        self.last_storage_error = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {message}"
-
-    def _resolved(self, what: str) -> None:
-        if self.troubles.pop(what, None) is not None:
-            log.warning("%s works again", what)
-            self.stats["storage_recoveries"] += 1
+    def _retrying(self, part: str, step: Callable[[], _T]) -> _T:
+        return self.troubles.retrying(part, step, stopping=lambda: self._closing)
 
     def _fail(self, reason: str) -> None:
         log.error(reason)
