@@ -23,9 +23,9 @@ from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from tinkertrace.schemas import spans as spans_schema
+from tinkertrace.spanstore.convert import buffers, values
 from tinkertrace.spanstore.convert import compiled_kernels as k
 from tinkertrace.spanstore.convert import reference as ref
-from tinkertrace.spanstore.convert import values
 from tinkertrace.spanstore.convert.raw_proto import RawEvent
 from tinkertrace.spanstore.encoding import lists_from_packed
 
@@ -76,7 +76,6 @@ _STATUS_MESSAGE = 1  # its row among the gathered columns
 _KIND_NAMES = pa.array(ref.KINDS)
 _STATUS_NAMES = pa.array(ref.STATUSES)
 _ARROW_TYPES = {"int32": pa.int32(), "int": pa.int64(), "float": pa.float64()}
-_TIMESTAMP = pa.timestamp("ns", tz="UTC")
 
 
 _WIDTHS = (k.S_LIFTED + k.L_WIDTH * _N_SLOTS, k.A_WIDTH, k.E_WIDTH, k.G_WIDTH)
@@ -140,10 +139,10 @@ def convert(body: bytes, received_at_ns: int) -> ref.ConversionResult:
             **_number_columns(rows),
             "attributes": _attributes_json(buf, rows, attrs),
             "events": _events_json(buf, rows, events),
-            "links": _constant_strings(b"[]", len(rows)),
+            "links": buffers.constant_strings(b"[]", len(rows)),
         }
         n = len(rows)
-        columns["received_at"] = _timestamps(np.full(n, received_at_ns, dtype=np.int64))
+        columns["received_at"] = buffers.timestamps(np.full(n, received_at_ns, dtype=np.int64))
         schema = spans_schema()
         arrays = [columns[f.name] for f in schema]
         table = pa.Table.from_arrays(
@@ -189,42 +188,6 @@ def _text(body: bytes, offset: int, length: int) -> str:
     return body[offset : offset + length].decode() if length > 0 else ""
 
 
-def _strings(data: np.ndarray, offsets: np.ndarray, present: np.ndarray | None = None) -> pa.Array:
-    """A validated (UTF-8) string array from kernel output; rows not ``present`` are null."""
-    validity = _validity(present)
-    array = pa.StringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data), validity)
-    array.validate(full=True)
-    return array
-
-
-def _validity(present: np.ndarray | None) -> pa.Buffer | None:
-    """The Arrow validity bitmap of ``present`` (``None`` when every row is present)."""
-    if present is None or present.all():
-        return None
-    return pa.py_buffer(np.packbits(present, bitorder="little"))
-
-
-def _timestamps(nanoseconds: np.ndarray) -> pa.Array:
-    """UTC nanosecond timestamps (a buffer wrap: a cast is an Arrow compute call, ~20 µs each)."""
-    return pa.Array.from_buffers(
-        _TIMESTAMP, len(nanoseconds), [None, pa.py_buffer(np.ascontiguousarray(nanoseconds))]
-    )
-
-
-def _constant_strings(value: bytes, n: int) -> pa.Array:
-    offsets = np.arange(n + 1, dtype=np.int32) * len(value)
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(value * n))
-
-
-def _hex_ids(buf: np.ndarray, offsets: np.ndarray, present: np.ndarray, width: int) -> pa.Array:
-    """Lowercase hex of ``width``-byte ids (ASCII by construction: no UTF-8 check); rows not ``present``
-    are null."""
-    data, out_offsets = k.hex_gather(buf, offsets, present, width)
-    return pa.StringArray.from_buffers(
-        len(out_offsets) - 1, pa.py_buffer(out_offsets), pa.py_buffer(data), _validity(present)
-    )
-
-
 def _id_and_span_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Array]:
     everywhere = np.ones(len(rows), dtype=bool)
     has_parent = rows[:, k.S_PARENT_LEN] == 8
@@ -232,12 +195,12 @@ def _id_and_span_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Arra
     kind = np.where((kind >= 0) & (kind < len(ref.KINDS)), kind, 0)
     code = np.where((code >= 0) & (code < len(ref.STATUSES)), code, 0)
     return {
-        "trace_id": _hex_ids(buf, rows[:, k.S_TRACE], everywhere, 16),
-        "span_id": _hex_ids(buf, rows[:, k.S_SPAN], everywhere, 8),
-        "parent_span_id": _hex_ids(buf, rows[:, k.S_PARENT], has_parent, 8),
+        "trace_id": buffers.hex_ids(buf, rows[:, k.S_TRACE], everywhere, 16),
+        "span_id": buffers.hex_ids(buf, rows[:, k.S_SPAN], everywhere, 8),
+        "parent_span_id": buffers.hex_ids(buf, rows[:, k.S_PARENT], has_parent, 8),
         "kind": _KIND_NAMES.take(pa.array(kind)),
-        "start_time": _timestamps(rows[:, k.S_START]),
-        "end_time": _timestamps(rows[:, k.S_END]),
+        "start_time": buffers.timestamps(rows[:, k.S_START]),
+        "end_time": buffers.timestamps(rows[:, k.S_END]),
         "status_code": _STATUS_NAMES.take(pa.array(code)),
     }
 
@@ -262,7 +225,7 @@ def _group_columns(body: bytes, groups: np.ndarray, row_groups: np.ndarray) -> d
 def _per_group(values: list[str | None], row_groups: np.ndarray) -> pa.Array:
     """Each row's group value; one group (the usual request) needs no Arrow ``take``."""
     if len(values) == 1 and values[0] is not None:
-        return _constant_strings(values[0].encode(), len(row_groups))
+        return buffers.constant_strings(values[0].encode(), len(row_groups))
     if len(values) == 1:
         return pa.nulls(len(row_groups), pa.string())
     return pa.array(values, pa.string()).take(pa.array(row_groups))
@@ -293,14 +256,14 @@ def _gathered_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Array]:
     for i, (column, list_type, value_at, _) in enumerate(_GATHERED):
         values, validity = data[starts[i] : starts[i + 1]], None if complete[i] else present[i]
         if list_type is None:
-            columns[column] = _strings(values, offsets[i], validity)
+            columns[column] = buffers.strings(values, offsets[i], validity)
             continue
         if i in arrays:
             values, row_offsets = _packed_tokens(buf, rows, value_at, arrays[i], list_type)
         else:
             row_offsets = offsets[i]
-        buffers = [_validity(validity), pa.py_buffer(row_offsets), pa.py_buffer(values)]
-        columns[column] = lists_from_packed(pa.Array.from_buffers(pa.binary(), len(rows), buffers), list_type)
+        packed = [buffers.validity_bitmap(validity), pa.py_buffer(row_offsets), pa.py_buffer(values)]
+        columns[column] = lists_from_packed(pa.Array.from_buffers(pa.binary(), len(rows), packed), list_type)
     return columns
 
 
@@ -358,7 +321,7 @@ def _attributes_json(buf: np.ndarray, rows: np.ndarray, attrs: np.ndarray) -> pa
         rows[:, k.S_ATTR_FIRST], rows[:, k.S_ATTR_COUNT], item_fragment, data, offsets,
         numeric, attrs[:, k.A_NUM],
     )  # fmt: skip
-    return _strings(data, offsets)
+    return buffers.strings(data, offsets)
 
 
 @functools.lru_cache(maxsize=100_000)
@@ -389,7 +352,7 @@ def _events_json(buf: np.ndarray, rows: np.ndarray, events: np.ndarray) -> pa.Ar
         rows[:, k.S_EVENT_FIRST], rows[:, k.S_EVENT_COUNT], templates, events[:, k.E_TIME],
         heads, head_offsets, tails, tail_offsets,
     )  # fmt: skip
-    return _strings(data, offsets)
+    return buffers.strings(data, offsets)
 
 
 @functools.lru_cache(maxsize=100_000)
