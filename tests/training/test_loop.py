@@ -14,13 +14,18 @@ from tinker import types
 from tinkertrace import schemas
 from tinkertrace.engine import ServiceClient
 from tinkertrace.training import loop
-from tinkertrace.training.checkpoints import read_checkpoints, trained_rollouts
+from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig, make_config
 from tinkertrace.training.errors import BackendError, ConfigError
 from tinkertrace.training.metrics import read_metrics
 
 MODEL = "tinkertrace/tiny-chat:nano"
 PROBE = types.ModelInput.from_ints(list(b"Q1? yes"))
+
+
+def trained_rollouts(log_dir: Path) -> set[str]:
+    """Every rollout id recorded as trained in ``log_dir``'s checkpoints."""
+    return {rid for record in read_checkpoints(log_dir) for rid in record.get("trained_rollout_ids", [])}
 
 
 def _config(tmp_path: Path, source: Path, name: str, **overrides: object) -> TrainConfig:

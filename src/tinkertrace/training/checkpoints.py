@@ -24,8 +24,3 @@ def read_checkpoints(log_dir: Path) -> list[dict[str, Any]]:
 def append_checkpoint(log_dir: Path, record: dict[str, Any]) -> None:
     """Append one record (flushed and fsynced, so a crash right after keeps it)."""
     append_jsonl(Path(log_dir) / CHECKPOINTS_FILE, [record], fsync=True)
-
-
-def trained_rollouts(log_dir: Path) -> set[str]:
-    """Every rollout id recorded as trained in ``log_dir``'s checkpoints."""
-    return {rid for record in read_checkpoints(log_dir) for rid in record.get("trained_rollout_ids", [])}
