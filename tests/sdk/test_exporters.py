@@ -131,3 +131,32 @@ def test_stock_otlp_exporter_to_a_collector_stores_what_the_sink_stores(
         collector.terminate()
         collector.wait(timeout=30)
     assert collected == stored and len(stored) == 4
+
+
+def test_the_sink_counts_batches_its_compiled_decoder_declines(tmp_path: Path) -> None:
+    """A span with a link is outside the compiled decoder's subset: the reference decoder writes it
+    and the sink counts the fallback (needs numba, the ``collector`` extra, as in the dev set-up)."""
+    pytest.importorskip("numba")
+    import duckdb
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import Link
+
+    from tinkertrace.sdk.parquet_exporter import ParquetSpanExporter
+    from tinkertrace.spanstore.reader import open_spans
+
+    sink = ParquetSpanExporter(tmp_path / "spans")
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(sink))
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("plain") as plain:
+        pass
+    assert sink.stats.conversion_fallbacks == 0
+    with tracer.start_as_current_span("linked", links=[Link(plain.get_span_context())]):
+        pass
+    provider.shutdown()
+    assert sink.stats.conversion_fallbacks == 1
+    assert sink.stats.spans_exported == 2
+    con = duckdb.connect()
+    open_spans(con, tmp_path / "spans")
+    assert con.sql("SELECT name FROM spans ORDER BY name").fetchall() == [("linked",), ("plain",)]

@@ -41,6 +41,9 @@ class ParquetSpanExporter(SpanExporter):
         if request is None:
             return SpanExportResult.FAILURE
         result = request_to_table(request, time.time_ns())
+        if result.fallback:
+            self.stats.add("conversion_fallbacks")
+            log.debug("tinkertrace: the sink's compiled decoder declined a batch (%s)", result.fallback)
         if result.rejected:
             self.stats.add("spans_rejected", result.rejected)
             log.warning(

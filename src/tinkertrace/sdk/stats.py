@@ -23,6 +23,9 @@ class ExportStats:
     spans_in_doubt: int = 0
     spans_rejected: int = 0  # refused as invalid (by the endpoint or the sink's converter)
     export_errors: int = 0  # failed export attempts (each spools its spans)
+    # batches the embedded sink's compiled decoder declined, so the reference decoder converted them
+    # (same rows, more CPU; the collector shows the reasons in /health)
+    conversion_fallbacks: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, name: str, n: int = 1) -> None:
