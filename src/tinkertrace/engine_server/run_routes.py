@@ -4,6 +4,7 @@ info, and the billing routes (nothing is billed locally)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,11 +19,17 @@ from tinkertrace.engine_server.state import UnknownResourceError
 
 
 class RunRoutes(EngineCore):
-    def _run(self, run_id: str) -> types.TrainingRun:
+    def _spec(self, run_id: str) -> dict[str, Any]:
+        """The run's spec (of a live model, else from its stored weights); UnknownResourceError if none."""
         model = self.state.models.get(run_id)
         spec = model.client.spec.to_dict() if model is not None else runs.run_spec(self.service.store, run_id)
         if spec is None:
             raise UnknownResourceError(f"unknown training run {run_id!r}")
+        return spec
+
+    def _run(self, run_id: str) -> types.TrainingRun:
+        spec = self._spec(run_id)
+        model = self.state.models.get(run_id)
         last = datetime.fromtimestamp(model.last_request if model else self.started, tz=UTC)
         return runs.training_run(run_id, spec, runs.list_checkpoints(self.service.store, run_id), last)
 
@@ -41,8 +48,9 @@ class RunRoutes(EngineCore):
         return JSONResponse(dump(types.TrainingRunsResponse(training_runs=page, cursor=cursor)))
 
     async def list_checkpoints(self, request: Request) -> Response:
-        run = self._run(request.path_params["run_id"])
-        checkpoints = runs.list_checkpoints(self.service.store, run.training_run_id)
+        run_id = request.path_params["run_id"]
+        self._spec(run_id)  # an unknown run is an error, not an empty list
+        checkpoints = runs.list_checkpoints(self.service.store, run_id)
         return JSONResponse(dump(types.CheckpointsListResponse(checkpoints=checkpoints)))
 
     async def weights_info(self, request: Request) -> Response:

@@ -7,8 +7,8 @@ body refused before it runs still takes its place in the sequence, so later call
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 from starlette.requests import Request
@@ -25,7 +25,7 @@ from tinkertrace.engine_server.state import (
     TrainingModel,
 )
 from tinkertrace.engine_server.wire import WireError, decode_forward_backward, decode_json_model, decompress
-from tinkertrace.futures import map_future
+from tinkertrace.futures import failed, map_future
 from tinkertrace.tokenizer import is_builtin, load_tokenizer
 
 
@@ -82,16 +82,10 @@ class TrainingRoutes(EngineCore):
         return JSONResponse(dump(info.model_copy(update={"model_data": model_data})))
 
     def _sequenced(
-        self, model: TrainingModel, seq_id: int, start: PendingCall | Exception, encoding: Encoding = "json"
+        self, model: TrainingModel, seq_id: int, start: PendingCall, encoding: Encoding = "json"
     ) -> JSONResponse:
-        """Queue a call of ``model`` at ``seq_id``. A refused body (``start`` an exception) fails that
-        call's future but still takes its place, so the model's later calls are not held back."""
-        if isinstance(start, Exception):
-            error = start
-
-            def start() -> Future[Any]:
-                raise error
-
+        """Queue a call of ``model`` at ``seq_id``. A refused body starts as a failed future but still
+        takes its place, so the model's later calls are not held back."""
         return self._future_response(
             model.sequencer.submit(seq_id, start), encoding=encoding, model_id=model.model_id
         )
@@ -108,9 +102,9 @@ class TrainingRoutes(EngineCore):
         if not isinstance(seq_id, int):
             raise ApiError(400, "seq_id is required for calls on a training model")
         try:
-            start: PendingCall | Exception = build(decode_json_model(model_cls, payload), model)
+            start = build(decode_json_model(model_cls, payload), model)
         except (WireError, ApiError) as exc:
-            start = exc
+            start = functools.partial(failed, exc)
         return self._sequenced(model, seq_id, start)
 
     async def forward_backward(self, request: Request) -> Response:
@@ -118,7 +112,10 @@ class TrainingRoutes(EngineCore):
         call = decode_forward_backward(body)
         model = self.state.model(call.model_id)
         method = model.client.forward if call.forward_only else model.client.forward_backward
-        start = call.error or (lambda: method(call.data, call.loss_fn, call.loss_fn_config).future())
+        if call.error is not None:
+            start: PendingCall = functools.partial(failed, call.error)
+        else:
+            start = lambda: method(call.data, call.loss_fn, call.loss_fn_config).future()  # noqa: E731
         return self._sequenced(model, call.seq_id, start, encoding="proto")
 
     async def optim_step(self, request: Request) -> Response:
