@@ -12,7 +12,6 @@ import pytest
 
 import tinkertrace
 from tinkertrace import semconv
-from tinkertrace.sdk.responses_api import INCLUDE_LOGPROBS
 from tinkertrace.testing.openai_server import ToolCall, byte_logprob, render_chat, scripted_responder
 from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
@@ -71,7 +70,7 @@ def test_openai_client_responses_sync(openai_server, traced, stream: bool) -> No
 
     assert agent({"id": "r-1"}) == 1.0
     sent = openai_server.requests[-1]
-    assert sent["return_token_ids"] is True and sent["include"] == [INCLUDE_LOGPROBS]
+    assert sent["return_token_ids"] is True and sent["include"] == [semconv.RESPONSES_INCLUDE_LOGPROBS]
     (row,) = traced.rows("span_type = 'llm'")
     attrs = _assert_responses_span(row, stream)
     assert row["policy_version"] == 3
@@ -107,7 +106,7 @@ def test_responses_stream_helper_and_own_include_kept(openai_server, traced) -> 
             return s.get_final_response().output_text
 
     assert agent("q") == REPLY
-    assert openai_server.requests[-1]["include"] == [*own, INCLUDE_LOGPROBS]
+    assert openai_server.requests[-1]["include"] == [*own, semconv.RESPONSES_INCLUDE_LOGPROBS]
     (row,) = traced.rows("span_type = 'llm'")
     _assert_responses_span(row, stream=True)
 

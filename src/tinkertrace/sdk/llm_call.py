@@ -112,11 +112,11 @@ class LlmCall:
         if self.kind == "responses":
             include = self.body.get("include")
             if include is None:
-                add += b',"include":["' + responses_api.INCLUDE_LOGPROBS.encode() + b'"]'
+                add += b',"include":["' + semconv.RESPONSES_INCLUDE_LOGPROBS.encode() + b'"]'
                 self.injected.append("include")
-            elif isinstance(include, list) and responses_api.INCLUDE_LOGPROBS not in include:
+            elif isinstance(include, list) and semconv.RESPONSES_INCLUDE_LOGPROBS not in include:
                 # the agent's own list gains one value: the one case where the body is re-serialised
-                extended = {**self.body, "include": [*include, responses_api.INCLUDE_LOGPROBS]}
+                extended = {**self.body, "include": [*include, semconv.RESPONSES_INCLUDE_LOGPROBS]}
                 self.injected.append("include")
                 self.raw_sent = orjson.dumps(extended)
         elif self.body.get("logprobs") is None:

@@ -1,8 +1,7 @@
 """The embedded sink: a ``SpanExporter`` writing the collector's Parquet files in process.
 
 Each batch is encoded to OTLP and goes through the collector's own converter and partitioned writer,
-so its files hold the same tables as the collector's and the builder reads both alike. This is the SDK's one
-door into ``tinkertrace.spanstore``.
+so its files hold the same tables as the collector's and the builder reads both alike.
 """
 
 from __future__ import annotations

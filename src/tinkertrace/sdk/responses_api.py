@@ -18,7 +18,6 @@ import orjson
 from tinkertrace import semconv
 from tinkertrace.sdk.response_parse import ChoiceRecord, ResponseRecord
 
-INCLUDE_LOGPROBS = semconv.RESPONSES_INCLUDE_LOGPROBS  # the `include` value asking for output_text logprobs
 FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 
 

@@ -73,11 +73,13 @@ def _envelope(kind: str, rid: str, model: str, extra: dict[str, Any] | None) -> 
     return {"id": rid, "object": kind, "created": int(time.time()), "model": model, **(extra or {})}
 
 
-def _chat_logprobs(choice: Choice) -> dict[str, Any] | None:
+def token_logprobs(choice: Choice) -> list[dict[str, Any]]:
+    """Each sampled token with its logprob and top alternatives, in OpenAI's shape (chat
+    ``logprobs.content`` and Responses ``output_text.logprobs`` alike); empty without logprobs."""
     if choice.logprobs is None or choice.token_texts is None:
-        return None
+        return []
     tops = choice.top_logprobs or [[] for _ in choice.logprobs]
-    content = [
+    return [
         {
             "token": text,
             "logprob": lp,
@@ -86,7 +88,12 @@ def _chat_logprobs(choice: Choice) -> dict[str, Any] | None:
         }
         for text, lp, top in zip(choice.token_texts, choice.logprobs, tops, strict=True)
     ]
-    return {"content": content, "refusal": None}
+
+
+def _chat_logprobs(choice: Choice) -> dict[str, Any] | None:
+    if choice.logprobs is None or choice.token_texts is None:
+        return None
+    return {"content": token_logprobs(choice), "refusal": None}
 
 
 def _completion_logprobs(choice: Choice, top_n: int) -> dict[str, Any] | None:

@@ -13,7 +13,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-_TYPE_NAMES = {int: "an integer", float: "a number", bool: "a boolean", str: "a string", list: "an array"}
 _JSON_NAMES = {
     bool: "a boolean",
     int: "an integer",
@@ -65,19 +64,15 @@ def invalid_type(param: str, expected: str, value: Any) -> ApiError:
     )
 
 
-def invalid_value(param: str, message: str) -> ApiError:
-    return ApiError(400, f"Invalid value for '{param}': {message}", param=param, code="invalid_value")
+def invalid_value(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    """A value out of range, or one this server does not serve (``code="unsupported"``...)."""
+    return ApiError(400, f"Invalid value for '{param}': {message}", param=param, code=code)
 
 
 def missing(param: str) -> ApiError:
     return ApiError(
         400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
     )
-
-
-def unsupported(param: str, message: str, code: str = "unsupported") -> ApiError:
-    """A value this server does not serve (a tool type, a content part, an input item)."""
-    return ApiError(400, f"Invalid value for '{param}': {message}", param=param, code=code)
 
 
 def checked(
@@ -97,7 +92,7 @@ def checked(
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         ok, value = True, float(value)
     if not ok:
-        raise invalid_type(name, _TYPE_NAMES[kind], value)
+        raise invalid_type(name, _JSON_NAMES[kind], value)
     if minimum is not None and value < minimum:
         raise invalid_value(name, f"expected a value >= {minimum}, but got {value} instead.")
     if maximum is not None and value > maximum:

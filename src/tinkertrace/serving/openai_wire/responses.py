@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tinkertrace import semconv
-from tinkertrace.serving.openai_wire.completions import Choice
+from tinkertrace.serving.openai_wire.completions import Choice, token_logprobs
 from tinkertrace.serving.openai_wire.errors import (
     checked,
     invalid_type,
@@ -25,12 +25,10 @@ from tinkertrace.serving.openai_wire.errors import (
     missing,
     objects_in,
     require_object,
-    unsupported,
 )
 from tinkertrace.serving.openai_wire.requests import MAX_TOP_LOGPROBS_CHAT, SamplingOptions, model_name
 from tinkertrace.serving.openai_wire.tools import ToolChoice, function_tools, tool_choice
 
-INCLUDE_LOGPROBS = semconv.RESPONSES_INCLUDE_LOGPROBS
 TEXT_PART_TYPES = ("input_text", "output_text", "text")
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 
@@ -58,8 +56,10 @@ def _part_text(part: Any, param: str) -> str:
         return part["text"]
     if kind == "refusal" and isinstance(part.get("refusal"), str):
         return part["refusal"]
-    raise unsupported(
-        f"{param}.type", f"content part type {kind!r} is not supported by this server; only text parts are."
+    raise invalid_value(
+        f"{param}.type",
+        f"content part type {kind!r} is not supported by this server; only text parts are.",
+        code="unsupported",
     )
 
 
@@ -114,10 +114,11 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
                 {"role": "tool", "tool_call_id": _string(item, "call_id", param), "content": output}
             )
         elif kind != "reasoning":
-            raise unsupported(
+            raise invalid_value(
                 f"{param}.type",
                 f"input item type {kind!r} is not supported by this server; use message, function_call "
                 "or function_call_output items.",
+                code="unsupported",
             )
     if not messages:
         raise invalid_value("input", "expected at least one message or function call output.")
@@ -130,7 +131,7 @@ def _include_logprobs(body: dict[str, Any]) -> bool:
         return False
     if not isinstance(include, list) or not all(isinstance(x, str) for x in include):
         raise invalid_type("include", "an array of strings", include)
-    return INCLUDE_LOGPROBS in include
+    return semconv.RESPONSES_INCLUDE_LOGPROBS in include
 
 
 def parse_responses_request(body: Any) -> ResponsesRequest:
@@ -177,19 +178,6 @@ def new_item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def _logprobs(choice: Choice) -> list[dict[str, Any]]:
-    tops = choice.top_logprobs or [[] for _ in choice.token_texts or []]
-    return [
-        {
-            "token": text,
-            "bytes": list(text.encode()),
-            "logprob": lp,
-            "top_logprobs": [{"token": t, "bytes": list(t.encode()), "logprob": v} for t, v in top],
-        }
-        for text, lp, top in zip(choice.token_texts or [], choice.logprobs or [], tops, strict=True)
-    ]
-
-
 def _output(choice: Choice, status: str, logprobs: bool) -> list[dict[str, Any]]:
     """Output items: the text as a message (when there is text, or no call), then the calls.
     ``output_text.logprobs`` are per sampled token when the output is text only (empty otherwise:
@@ -198,7 +186,7 @@ def _output(choice: Choice, status: str, logprobs: bool) -> list[dict[str, Any]]
     if choice.text or not choice.tool_calls:
         part: dict[str, Any] = {"type": "output_text", "text": choice.text, "annotations": []}
         if logprobs:
-            part["logprobs"] = [] if choice.tool_calls else _logprobs(choice)
+            part["logprobs"] = [] if choice.tool_calls else token_logprobs(choice)
         items.append(
             {
                 "type": "message",

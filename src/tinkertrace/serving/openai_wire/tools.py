@@ -18,7 +18,6 @@ from tinkertrace.serving.openai_wire.errors import (
     invalid_value,
     missing,
     objects_in,
-    unsupported,
 )
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -64,7 +63,7 @@ def function_tools(tools: Any, *, nested: bool) -> list[dict[str, Any]] | None:
     out: list[dict[str, Any]] = []
     for param, tool in objects_in(tools, "tools", "an array"):
         if tool.get("type") != "function":
-            raise unsupported(
+            raise invalid_value(
                 f"{param}.type",
                 f"tool type {tool.get('type')!r} is not supported by this server; only 'function' tools are.",
                 code="unsupported_tool_type",
@@ -96,10 +95,11 @@ def tool_choice(
     if not isinstance(choice, dict):
         raise invalid_type("tool_choice", "a string or an object", choice)
     if choice.get("type") != "function":
-        raise unsupported(
+        raise invalid_value(
             "tool_choice.type",
             f"{choice.get('type')!r} is not supported by this server; use 'auto', 'none', 'required' or "
             "{'type': 'function', ...}.",
+            code="unsupported",
         )
     name = named(choice)
     known = [t["function"]["name"] for t in tools or []]
