@@ -61,9 +61,11 @@ def _classify(request: Any) -> str | None:
 
 def begin(lib: ModuleType, request: Any) -> LlmCall | None:
     """An :class:`LlmCall` for an LLM request inside a rollout, else None. Never raises."""
-    kind = _classify(request)
     rollout = ROLLOUT.get()
-    if kind is None or rollout is None:
+    if rollout is None:  # most requests of a process: nothing to classify
+        return None
+    kind = _classify(request)
+    if kind is None:
         return None
     rt = runtime.current()
     if rt is None:
@@ -73,13 +75,12 @@ def begin(lib: ModuleType, request: Any) -> LlmCall | None:
         body = orjson.loads(raw)
         if not isinstance(body, dict):
             return None
-        call = LlmCall(rt, kind, request.url, body, raw)
+        call = LlmCall(rt, kind, request.url, body, raw, rollout)
         extended = call.extended_body()
         if extended is not None:
             _set_body(lib, request, extended)
         request.headers[semconv.HEADER_ROLLOUT_ID] = rollout.rollout_id
-        if call.rollout is not None:
-            call.rollout.call_opened(call)
+        rollout.call_opened(call)
         return call
     except Exception as exc:  # an unreadable request is passed on untraced
         log.debug("tinkertrace: not capturing %s: %s", request.url, exc)

@@ -21,7 +21,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from tinkertrace import semconv
 from tinkertrace.sdk import responses_api
-from tinkertrace.sdk.context import ROLLOUT
+from tinkertrace.sdk.context import RolloutState
 from tinkertrace.sdk.response_parse import ResponseRecord, parse_json, parse_sse
 from tinkertrace.sdk.runtime import Runtime
 from tinkertrace.sdk.spans import LlmSpan, SpanContent, exception_event
@@ -31,7 +31,9 @@ from tinkertrace.sdk.tokens import token_attributes
 class LlmCall:
     """One captured call: where it went, the request body, the span, the response bytes so far."""
 
-    def __init__(self, rt: Runtime, kind: str, url: Any, body: dict[str, Any], raw: bytes) -> None:
+    def __init__(
+        self, rt: Runtime, kind: str, url: Any, body: dict[str, Any], raw: bytes, rollout: RolloutState
+    ) -> None:
         self.rt = rt
         self.kind = kind
         self.body = body
@@ -53,7 +55,7 @@ class LlmCall:
         self.error_attributes: dict[str, Any] = {}
         self.events: list[Event] = []
         self.span_status = Status(StatusCode.UNSET)
-        self.rollout = ROLLOUT.get()  # ends this call if it is still open when the rollout ends
+        self.rollout = rollout  # ends this call if it is still open when the rollout ends
 
     # --- request side ------------------------------------------------------------------------------
     def input_messages(self) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ from tinkertrace.serving.checkpoint_watch import CheckpointWatcher
 from tinkertrace.serving.conversations import ConversationStore, assistant_message
 from tinkertrace.serving.generation import Generator
 from tinkertrace.serving.openai_wire import completions as wire
-from tinkertrace.serving.openai_wire.errors import ApiError, read_json
+from tinkertrace.serving.openai_wire.errors import ApiError, read_json, require_object
 from tinkertrace.serving.openai_wire.requests import parse_chat_request, parse_completion_request
 from tinkertrace.serving.openai_wire.responses import new_item_id, parse_responses_request, response_body
 from tinkertrace.serving.openai_wire.responses_stream import stream_events
@@ -241,9 +241,7 @@ class SamplingEndpoint:
         return JSONResponse(self._policy_info())
 
     async def set_policy(self, request: Request) -> Response:
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise ApiError(400, "The request body must be a JSON object.")
+        body = require_object(await read_json(request))
         model_path = body.get("model_path")
         if not isinstance(model_path, str) or not model_path:
             raise ApiError(
@@ -269,9 +267,7 @@ class SamplingEndpoint:
     async def set_admission(self, request: Request) -> Response:
         """The trainer's demand (``rollouts_per_step``, ``max_staleness``; ``withdraw: true`` when it
         stops) and/or the ``rollout_ids`` it trained or dropped: see :mod:`.admission`."""
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise ApiError(400, "The request body must be a JSON object.")
+        body = require_object(await read_json(request))
         gate = self.policy.admission
         if body.get("withdraw") is True:
             gate.withdraw()
