@@ -32,8 +32,8 @@ from typing import Any
 import duckdb
 import httpx
 
-from tinkertrace.collector.launch import collector_command
-from tinkertrace.netutil import free_port, wait_for_port
+from tinkertrace.collector.launch import collector_command, wait_until_healthy
+from tinkertrace.netutil import free_port
 from tinkertrace.spanstore.reader import open_spans
 from tinkertrace.spanstore.samples import llm_request
 
@@ -130,7 +130,7 @@ def run(
         if args.collector_cpu is not None:  # pin the collector (all its threads) to one core
             command = ["taskset", "-c", str(args.collector_cpu), *command]
         collector = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-        wait_for_port(port, timeout=60)
+        wait_until_healthy(collector, port, timeout=60)
         url = f"http://127.0.0.1:{port}/v1/traces"
         queue: mp.Queue = mp.Queue()
         ready: mp.Queue = mp.Queue()

@@ -27,8 +27,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tinkertrace.collector.launch import collector_command
-from tinkertrace.netutil import free_port, wait_for_port
+from tinkertrace.collector.launch import collector_command, wait_until_healthy
+from tinkertrace.netutil import free_port
 from tinkertrace.spanstore.samples import llm_request
 
 
@@ -157,7 +157,7 @@ def _collector(max_queue_mb: float) -> Iterator[tuple[int, int]]:
         command = collector_command(f"{tmp}/spans", port, "--no-grpc", "--max-queue-mb", str(max_queue_mb))
         collector = subprocess.Popen(command, stdout=subprocess.DEVNULL)
         try:
-            wait_for_port(port, timeout=120)
+            wait_until_healthy(collector, port, timeout=120)
             yield collector.pid, port
         finally:
             collector.terminate()

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tinkertrace.cli.options import OptionsOf, with_settings
+from tinkertrace.cli.options import OptionsOf, validated, with_settings
 from tinkertrace.online.settings import DemoSettings
 
 
@@ -28,14 +28,9 @@ def demo(
     summary.json and reward_curve.png in the output folder.
     """
     from tinkertrace.online.demo import run_demo
-    from tinkertrace.training.errors import ConfigError
 
     folder = out or Path(f"tinkertrace-demo-{datetime.now():%Y%m%d-%H%M%S}")
-    try:
-        demo_settings = DemoSettings(out=folder, **settings).validate()
-    except ConfigError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    run_demo(demo_settings)
+    run_demo(validated(DemoSettings, out=folder, **settings))
 
 
 def register(app: typer.Typer) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from tinkertrace.cli.options import OptionsOf, with_settings
+from tinkertrace.cli.options import OptionsOf, validated, with_settings
 from tinkertrace.evaluation_settings import EvalSettings
 
 
@@ -18,13 +18,9 @@ def eval_command(settings: dict[str, Any] = OptionsOf(EvalSettings)) -> None:
     from rich.table import Table
 
     from tinkertrace.evaluation import evaluate, summary_path
-    from tinkertrace.training.errors import ConfigError
 
     console = Console(soft_wrap=True)
-    try:
-        run = EvalSettings(**settings).validate()
-    except ConfigError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    run = validated(EvalSettings, **settings)
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task("rollouts", total=None)
         try:

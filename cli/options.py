@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import typer
 
 F = TypeVar("F", bound=Callable[..., Any])
+S = TypeVar("S")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,16 @@ def file_only_fields(settings: type) -> list[str]:
     return [f.name for f in dataclasses.fields(settings) if "help" in f.metadata and not f.metadata["cli"]]
 
 
+def validated(settings: type[S], **values: Any) -> S:
+    """``settings(**values).validate()``; its ConfigError as a bad parameter of the command."""
+    from tinkertrace.training.errors import ConfigError
+
+    try:
+        return settings(**values).validate()  # type: ignore[attr-defined, no-any-return]
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 def with_settings(command: F) -> F:
     """``command`` with each :class:`OptionsOf` parameter expanded into its fields' options."""
     signature = inspect.signature(command, eval_str=True)
@@ -52,7 +63,8 @@ def with_settings(command: F) -> F:
         if not isinstance(marker, OptionsOf):
             params.append(param.replace(kind=inspect.Parameter.KEYWORD_ONLY))
             continue
-        fields = [_parameter(f, marker) for f in cli_fields(marker.settings)]
+        hints = typing.get_type_hints(marker.settings)
+        fields = [_parameter(f, marker, hints[f.name]) for f in cli_fields(marker.settings)]
         groups[param.name] = [f.name for f in fields]
         params.extend(fields)
     names = [p.name for p in params]
@@ -79,9 +91,9 @@ def with_settings(command: F) -> F:
     return run  # type: ignore[return-value]
 
 
-def _parameter(field: dataclasses.Field[Any], marker: OptionsOf) -> inspect.Parameter:
+def _parameter(field: dataclasses.Field[Any], marker: OptionsOf, hint: Any) -> inspect.Parameter:
     meta = field.metadata
-    kind = _cli_type(typing.get_type_hints(marker.settings)[field.name])
+    kind = _cli_type(hint)
     info: Any
     if meta["argument"]:
         info = typer.Argument(help=meta["help"], show_default=False)

@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
+from tinkertrace.builtin import BUILTIN_MODEL
+
 BACKENDS = ("local", "tinker")  # as tinkertrace.training.backends.BACKENDS (imported lazily)
 
 
@@ -32,7 +34,7 @@ def serve(
             help="Base model: 'tinkertrace/tiny-chat' (built in), a local Hugging Face folder, or a "
             "Tinker model name."
         ),
-    ] = "tinkertrace/tiny-chat",
+    ] = BUILTIN_MODEL,
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default; 0.0.0.0 exposes it).")] = (
         "127.0.0.1"
     ),

@@ -9,7 +9,7 @@ import typer
 
 from tinkertrace.cli.options import OptionsOf, file_only_fields, with_settings
 from tinkertrace.online.settings import FollowOptions
-from tinkertrace.training.config import TrainConfig
+from tinkertrace.training.config import TrainConfig, make_config
 
 
 @with_settings
@@ -43,7 +43,6 @@ def train(
     """
     from rich.console import Console
 
-    from tinkertrace.training.config import make_config
     from tinkertrace.training.errors import TrainingError
     from tinkertrace.training.loop import run_training
 

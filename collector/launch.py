@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -20,7 +21,7 @@ def collector_command(out: str | Path, http_port: int, *options: str) -> list[st
     return [*base, "--http-port", str(http_port), *options]
 
 
-def wait_until_healthy(process: subprocess.Popen[bytes], port: int, timeout: float) -> None:
+def wait_until_healthy(process: subprocess.Popen[Any], port: int, timeout: float) -> None:
     """Return once the collector started as ``process`` answers its health check on ``port``.
 
     RuntimeError if it exits first (say, another server took the port: that one's answers do not

@@ -74,8 +74,8 @@ def connection_cap(wanted: int, open_files: int) -> int:
 
 
 def _prepare_converter() -> None:
-    """Compile (first start after an install, ~15 s) or load the kernels of the fast converter and of
-    the Parquet page writer."""
+    """Compile (first start after an install, ~15 s) or load the kernels of the compiled decoder and of
+    the list splice's page gather."""
     if compiled_decoder() is None:
         print(
             "tinkertrace collector: numba is not installed, so spans are converted by the reference decoder "

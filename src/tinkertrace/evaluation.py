@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from tinkertrace.builtin import BUILTIN_MODEL
 from tinkertrace.evaluation_settings import EvalSettings
 
 # --- pass@k ------------------------------------------------------------------------------------------
@@ -224,7 +225,7 @@ def run_rollouts(agent: Callable[..., Any], tasks: Sequence[dict], **kwargs: Any
 
 
 @contextmanager
-def local_endpoint(model: str = "tinkertrace/tiny-chat", *, base_dir: Path | None = None) -> Iterator[str]:
+def local_endpoint(model: str = BUILTIN_MODEL, *, base_dir: Path | None = None) -> Iterator[str]:
     """Serve ``model`` with the local engine on a free loopback port; yields the ``/v1`` base URL."""
     from tinkertrace.netutil import BackgroundServer
     from tinkertrace.serving.app import create_app

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tinkertrace.builtin import BUILTIN_MODEL
 from tinkertrace.training.config import setting
 from tinkertrace.training.errors import raise_problems
 
@@ -27,7 +28,7 @@ class EvalSettings:
     base_url: str | None = setting(
         None, "OpenAI-compatible endpoint (…/v1). Default: start a local endpoint serving --model."
     )
-    model: str = setting("tinkertrace/tiny-chat", "Model name sent to the endpoint (and served locally).")
+    model: str = setting(BUILTIN_MODEL, "Model name sent to the endpoint (and served locally).")
     api_key: str = setting("EMPTY", "API key for the endpoint.", envvar="OPENAI_API_KEY")
     temperature: float | None = setting(
         None, "Sampling temperature passed to the agent (default: the agent's)."

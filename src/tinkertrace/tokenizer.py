@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-BUILTIN_MODEL = "tinkertrace/tiny-chat"
+from tinkertrace.builtin import BUILTIN_MODEL
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"

@@ -12,6 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from tinkertrace.builder.options import GroupBy as BuilderGroupBy
 from tinkertrace.cli.main import app
 from tinkertrace.cli.options import OptionsOf, cli_fields, with_settings
 from tinkertrace.evaluation_settings import EvalSettings
@@ -109,8 +110,9 @@ def test_train_help_names_the_file_only_settings() -> None:
 
 def test_config_choices_match_what_the_training_code_accepts() -> None:
     hints = typing.get_type_hints(TrainConfig)
-    assert set(typing.get_args(hints["loss"])) == set(LOSS_FUNCTIONS)
+    assert set(typing.get_args(hints["loss"])) == set(LOSS_FUNCTIONS)  # derived from one Literal
     assert set(typing.get_args(hints["advantage"])) == set(ADVANTAGE_MODES)
+    assert typing.get_args(hints["group_by"]) == typing.get_args(BuilderGroupBy)
     assert TrainConfig().model == BUILTIN_MODEL
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tinkertrace.collector.launch import collector_command
+from tinkertrace.collector.launch import collector_command, wait_until_healthy
 from tinkertrace.netutil import free_ports, wait_for_port
 from tinkertrace.spanstore.reader import open_spans
 
@@ -42,9 +42,9 @@ class CollectorProcess:
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
         try:
-            wait_for_port(self.http_port, timeout=60)
+            wait_until_healthy(self.proc, self.http_port, timeout=60)
             wait_for_port(self.grpc_port, timeout=60)
-        except TimeoutError:  # never leave a collector running behind a failed test
+        except (TimeoutError, RuntimeError):  # never leave a collector running behind a failed test
             self.kill()
             raise
         return self

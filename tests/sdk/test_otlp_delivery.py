@@ -1,6 +1,6 @@
 """OTLP export while the collector is down: the agent is unaffected, every span arrives later.
 
-Uses the real collector (``python -m tinkertrace.collector``) as a subprocess on a loopback port
+Uses the real collector (``tinkertrace collector``) as a subprocess on a loopback port
 that accepts nothing until the collector starts.
 """
 
@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 import tinkertrace
 from tinkertrace.builder import build_trajectories
-from tinkertrace.collector.launch import collector_command
+from tinkertrace.collector.launch import collector_command, wait_until_healthy
 from tinkertrace.netutil import BackgroundServer, free_ports, wait_for_port
 from tinkertrace.sdk.spool import Spool
 from tinkertrace.spanstore.reader import open_spans
@@ -36,7 +36,7 @@ def _start_collector(out: Path, http_port: int, grpc_port: int) -> subprocess.Po
     cmd = collector_command(out, http_port)
     cmd += ["--grpc-port", str(grpc_port), "--roll-seconds", "0.3"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    wait_for_port(http_port, timeout=60)
+    wait_until_healthy(proc, http_port, timeout=60)
     wait_for_port(grpc_port, timeout=60)
     return proc
 

@@ -26,7 +26,6 @@ import pyarrow.compute as pc
 
 from tinkertrace import schemas
 
-REASONS = ("template_change", "retokenization_drift", "other")
 # Most tokens a re-tokenised stretch of text may take on either side before the sequences agree again.
 # Small on purpose: Qwen3's empty thinking block (4 tokens) dropped from the history is a template change.
 DRIFT_WINDOW = 3
@@ -171,7 +170,7 @@ class _Turns:
 
 def _split_reasons(turns: _Turns) -> np.ndarray:
     """Per row: the reason it starts a new segment although it follows a turn of its group
-    (one of :data:`REASONS`), else None."""
+    (``template_change``, ``retokenization_drift`` or ``other``), else None."""
     cur = np.flatnonzero(turns.follows)
     at = _first_mismatch(turns.prompts, turns.responses, cur - 1, cur)
     broken = at < turns.prompts.lengths[cur - 1] + turns.responses.lengths[cur - 1]

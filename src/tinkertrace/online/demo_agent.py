@@ -28,6 +28,7 @@ from typing import Any
 from openai import OpenAI
 
 import tinkertrace
+from tinkertrace.builtin import DEMO_MODEL
 
 TARGET = "I am tinkertrace."
 QUESTIONS = ("Who are you?", "What is your name?", "Introduce yourself.", "Identify yourself.")
@@ -108,7 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="A demo agent worker (see the module docstring).")
     parser.add_argument("--base-url", required=True, help="OpenAI-compatible endpoint (…/v1)")
     parser.add_argument("--collector", required=True, help="OTLP/HTTP collector URL")
-    parser.add_argument("--model", default="tinkertrace/tiny-chat:small", help="model name to request")
+    parser.add_argument("--model", default=DEMO_MODEL, help="model name to request")
     parser.add_argument("--worker", type=int, default=0, help="worker number (varies the questions)")
     parser.add_argument("--log", type=Path, required=True, help="JSON-lines file of rollout results")
     parser.add_argument("--group-size", type=int, default=8, help="concurrent rollouts per question")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from tinkertrace.builtin import DEMO_MODEL
 from tinkertrace.training.config import check_choices, setting
 from tinkertrace.training.errors import raise_problems
 
@@ -70,7 +71,7 @@ class StackSettings:
     """Where the local stack's things go and how its pieces are started."""
 
     out: Path
-    model: str = "tinkertrace/tiny-chat:small"
+    model: str = DEMO_MODEL
     roll_seconds: float = 0.2  # collector Parquet roll: a rollout is buildable this soon after it ends
     export_delay_s: float = 0.05  # the agents' span export delay
     group_size: int = 8

@@ -10,12 +10,13 @@ Modes (the cookbook's estimators):
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import get_args
 
 import numpy as np
 
-AdvantageMode = Literal["group", "std", "none"]
-ADVANTAGE_MODES: tuple[str, ...] = ("group", "std", "none")
+from tinkertrace.training.config import AdvantageMode
+
+ADVANTAGE_MODES: tuple[str, ...] = get_args(AdvantageMode)  # declared with the settings (training.config)
 
 
 def _group_means(group_index: np.ndarray, values: np.ndarray, n_groups: int) -> np.ndarray:

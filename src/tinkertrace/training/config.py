@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-import yaml
-
+from tinkertrace.builtin import BUILTIN_MODEL
+from tinkertrace.training.backends import Backend
 from tinkertrace.training.errors import ConfigError, raise_problems
 
 
@@ -53,9 +53,9 @@ def check_choices(settings: Any) -> list[tuple[bool, str]]:
     return checks
 
 
-Backend = Literal["local", "tinker"]
 Loss = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
 AdvantageMode = Literal["group", "std", "none"]
+# builder.options.GroupBy, restated: importing the builder package loads DuckDB (tests hold them equal)
 GroupBy = Literal["task", "task+agent"]
 
 
@@ -73,7 +73,7 @@ class TrainConfig:
         "local", "'local' (the engine on this machine) or 'tinker' (hosted; needs TINKER_API_KEY)."
     )
     model: str = setting(
-        "tinkertrace/tiny-chat",  # tokenizer.BUILTIN_MODEL, not imported: it loads transformers
+        BUILTIN_MODEL,
         "Base model: 'tinkertrace/tiny-chat[:nano|small|base]' (built in), a local Hugging Face folder, "
         "or a Tinker model name such as Qwen/Qwen3-8B.",
     )
@@ -205,6 +205,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
+    import yaml  # here, not at the top: the command line's help imports this module
+
     text = path.read_text()
     try:
         if path.suffix.lower() == ".toml":

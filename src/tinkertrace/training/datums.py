@@ -21,13 +21,16 @@ row's slices in a ``Datum``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import get_args
 
 import numpy as np
 import pyarrow as pa
 from tinker import types
 
-ADVANTAGE_LOSSES: tuple[str, ...] = ("importance_sampling", "ppo", "cispo", "dro")
-LOSS_FUNCTIONS: tuple[str, ...] = ("cross_entropy", *ADVANTAGE_LOSSES)
+from tinkertrace.training.config import Loss
+
+LOSS_FUNCTIONS: tuple[str, ...] = get_args(Loss)  # declared with the settings (training.config)
+ADVANTAGE_LOSSES = tuple(loss for loss in LOSS_FUNCTIONS if loss != "cross_entropy")
 
 
 @dataclass

@@ -22,13 +22,12 @@ from types import ModuleType
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tinkertrace.spanstore.convert import reference
-from tinkertrace.spanstore.convert.reference import ConversionResult, empty_table
+from tinkertrace.spanstore.convert.reference import ConversionResult
 
 __all__ = [
     "ConversionResult",
     "body_to_table",
     "compiled_decoder",
-    "empty_table",
     "request_to_table",
     "warm_up_kernels",
 ]

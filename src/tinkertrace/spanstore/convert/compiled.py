@@ -3,7 +3,7 @@
 :func:`convert` runs :func:`compiled_kernels.scan` (offsets of every span field, attribute and event),
 then builds each column with one kernel call or Arrow compute call. Python work is per *distinct*
 attribute or event shape (decoded once by ``values``, then cached), never per span. It reproduces the
-reference decoder's output exactly (tests/collector/test_compiled_conversion.py compares the two) and
+reference decoder's output exactly (tests/spanstore/test_compiled_conversion.py compares the two) and
 raises :class:`Declined`, naming why, for anything it does not take; the dispatcher
 (``spanstore.convert``) then uses the reference decoder and counts the reason.
 """
@@ -30,14 +30,14 @@ from tinkertrace.spanstore.convert.raw_proto import RawEvent
 from tinkertrace.spanstore.encoding import lists_from_packed
 
 # lifted attribute keys in slot order: the scalar columns, the three token columns, their aliases
-_SLOT_KEYS = [*values.SCALAR_COLUMNS, *values.TOKEN_COLUMNS, *values.TOKEN_ALIASES]
-_SCALAR_KINDS = [kind for _, kind in values.SCALAR_COLUMNS.values()]  # of the first slots, in order
+_SLOT_KEYS = [*values.SCALAR_LIFTS, *values.TOKEN_LIFTS, *values.TOKEN_ALIASES]
+_SCALAR_KINDS = [kind for _, kind in values.SCALAR_LIFTS.values()]  # of the first slots, in order
 _SLOT_KIND = {"str": k.V_STRING, "int32": k.V_INT, "int": k.V_INT, "float": k.V_DOUBLE}
 _TOKEN_KINDS = [
     k.V_BYTES + (k.FLOAT_TOKENS if np.dtype(dtype).kind == "f" else 0)
-    for _, dtype in values.TOKEN_COLUMNS.values()
+    for _, dtype in values.TOKEN_LIFTS.values()
 ]
-_TOKEN_SLOT = {key: len(_SCALAR_KINDS) + i for i, key in enumerate(values.TOKEN_COLUMNS)}
+_TOKEN_SLOT = {key: len(_SCALAR_KINDS) + i for i, key in enumerate(values.TOKEN_LIFTS)}
 # (alias slot, the token slot it fills when a span lacks that one)
 _ALIASES = [(_SLOT_KEYS.index(alias), _TOKEN_SLOT[key]) for alias, key in values.TOKEN_ALIASES.items()]
 _ALIAS_KINDS = [_TOKEN_KINDS[target - len(_SCALAR_KINDS)] for _, target in _ALIASES]
@@ -61,12 +61,12 @@ _GATHERED: list[tuple[str, pa.DataType | None, int, int]] = [
     ("status_message", None, k.S_STATUS_MSG, k.S_STATUS_MSG_LEN),
     *[
         (column, None, *_slot_columns(slot))
-        for slot, (column, kind) in enumerate(values.SCALAR_COLUMNS.values())
+        for slot, (column, kind) in enumerate(values.SCALAR_LIFTS.values())
         if kind == "str"
     ],
     *[
         (column, pa.list_(pa.from_numpy_dtype(dtype)), *_slot_columns(len(_SCALAR_KINDS) + i))
-        for i, (column, dtype) in enumerate(values.TOKEN_COLUMNS.values())
+        for i, (column, dtype) in enumerate(values.TOKEN_LIFTS.values())
     ],
 ]
 _TOKEN_ROWS = [i for i, (_, list_type, _, _) in enumerate(_GATHERED) if list_type is not None]
@@ -291,7 +291,7 @@ def _number_columns(rows: np.ndarray) -> dict[str, pa.Array]:
     columns: dict[str, pa.Array] = {}
     for slot in _NUMBER_SLOTS:
         at = k.S_LIFTED + k.L_WIDTH * slot
-        column, kind = values.SCALAR_COLUMNS[_SLOT_KEYS[slot]]
+        column, kind = values.SCALAR_LIFTS[_SLOT_KEYS[slot]]
         numbers = rows[:, at + k.L_NUM]
         if kind == "float":
             doubles = rows[:, at + k.L_VTYPE] == k.V_DOUBLE

@@ -16,6 +16,7 @@ import pyarrow as pa
 from google.protobuf.message import DecodeError
 
 from tinkertrace.schemas import spans as spans_schema
+from tinkertrace.schemas.columns import TOKEN_COLUMNS
 from tinkertrace.spanstore.convert import values as v
 from tinkertrace.spanstore.convert.raw_proto import RawExportTraceServiceRequest
 from tinkertrace.spanstore.encoding import lists_from_packed
@@ -40,11 +41,6 @@ class ConversionResult:
     fallback: str | None = None
 
 
-def empty_table() -> pa.Table:
-    """A zero-row table with the spans schema."""
-    return spans_schema().empty_table()
-
-
 # Order of the per-span row tuple built by convert (then transposed into columns).
 _ROW_COLUMNS = (
     "trace_id",
@@ -62,10 +58,9 @@ _ROW_COLUMNS = (
     "resource_attributes",
     "events",
     "links",
-    *(column for column, _ in v.SCALAR_COLUMNS.values()),
-    *(column for column, _ in v.TOKEN_COLUMNS.values()),
+    *(column for column, _ in v.SCALAR_LIFTS.values()),
+    *(column for column, _ in v.TOKEN_LIFTS.values()),
 )
-_TOKEN_DTYPES = dict(v.TOKEN_COLUMNS.values())
 
 
 def id_problem(
@@ -181,7 +176,7 @@ def _build_table(cols: dict[str, Any], n: int, received_at_ns: int) -> pa.Table:
     for f in schema:
         if f.name == "received_at":
             arrays.append(pa.array(np.full(n, received_at_ns, dtype=np.int64)).cast(f.type))
-        elif f.name in _TOKEN_DTYPES:
+        elif f.name in TOKEN_COLUMNS:
             arrays.append(lists_from_packed(pa.array(cols[f.name], pa.binary()), f.type))
         elif f.name in ("start_time", "end_time"):
             arrays.append(pa.array(np.asarray(cols[f.name], dtype=np.int64)).cast(f.type))

@@ -25,12 +25,12 @@ from tinkertrace.spanstore.convert.raw_proto import RawEvent
 # the coercion of a lifted scalar, by its column's type
 _KIND_OF_TYPE = {pa.string(): "str", pa.int32(): "int32", pa.int64(): "int", pa.float64(): "float"}
 # attribute key -> (column, coercion kind: "str", "int32", "int" or "float")
-SCALAR_COLUMNS: dict[str, tuple[str, str]] = {
+SCALAR_LIFTS: dict[str, tuple[str, str]] = {
     key: (column, _KIND_OF_TYPE[spans_schema().field(column).type])
     for key, column in SCALAR_ATTRIBUTES.items()
 }
 # attribute key -> (column, little-endian dtype of its values)
-TOKEN_COLUMNS: dict[str, tuple[str, np.dtype]] = {
+TOKEN_LIFTS: dict[str, tuple[str, np.dtype]] = {
     key: (column, np.dtype(spans_schema().field(column).type.value_type.to_pandas_dtype()).newbyteorder("<"))
     for key, column in TOKEN_ATTRIBUTES.items()
 }
@@ -122,12 +122,11 @@ def _token_bytes(value: AnyValue, kind: str | None, dtype: np.dtype) -> bytes:
 
 
 # attribute key -> (slot in the lifted list, coercion kind); token key -> (slot, dtype)
-SCALAR_SLOTS = {key: (i, kind) for i, (key, (_, kind)) in enumerate(SCALAR_COLUMNS.items())}
-TOKEN_SLOTS = {key: (i, dtype) for i, (key, (_, dtype)) in enumerate(TOKEN_COLUMNS.items())}
-# an alias decodes into token slot len(TOKEN_COLUMNS) + its index; resolved per span by resolve_aliases
+SCALAR_SLOTS = {key: (i, kind) for i, (key, (_, kind)) in enumerate(SCALAR_LIFTS.items())}
+TOKEN_SLOTS = {key: (i, dtype) for i, (key, (_, dtype)) in enumerate(TOKEN_LIFTS.items())}
+# an alias decodes into token slot len(TOKEN_LIFTS) + its index; resolved per span by resolve_aliases
 ALIAS_SLOTS = {
-    alias: (len(TOKEN_COLUMNS) + i, TOKEN_SLOTS[key][1])
-    for i, (alias, key) in enumerate(TOKEN_ALIASES.items())
+    alias: (len(TOKEN_LIFTS) + i, TOKEN_SLOTS[key][1]) for i, (alias, key) in enumerate(TOKEN_ALIASES.items())
 }
 _ALIAS_TARGETS = [TOKEN_SLOTS[key][0] for key in TOKEN_ALIASES.values()]
 _TOKEN_KEYS_UTF8 = {key.encode(): (i, dtype) for key, (i, dtype) in TOKEN_SLOTS.items()}
