@@ -237,6 +237,10 @@ def test_a_trickling_body_gets_408_is_closed_and_its_request_abandoned(strict_se
         sock.sendall(b"POST /slow HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n")
         answer = _trickle(sock, b"b" * 1000, seconds=5)
     assert answer.startswith(b"HTTP/1.1 408") and b"body did not arrive in time" in answer
+    # the request learns of the close after the 408 is on the wire: give its task a moment
+    deadline = time.monotonic() + 5
+    while not handler.abandoned and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert handler.abandoned == ["/slow"] and handler.bodies == []
     assert httpx.post(_url(http), content=b"fine").status_code == 200
 
