@@ -121,3 +121,10 @@ LLM_INJECTED: Final = "tinkertrace.llm.injected"  # request fields the SDK added
 LLM_CHOICES: Final = "tinkertrace.llm.choices"  # number of choices; RL data is from choice 0
 LLM_CLOSED_EARLY: Final = "tinkertrace.llm.closed_early"  # the agent closed the stream before its end
 LLM_CAPTURE_ERROR: Final = "tinkertrace.llm.capture_error"  # why the response could not be read
+
+# --- capture side: who recorded an LLM span ----------------------------------------------------------
+# The SDK records calls on the client side; the sampling endpoint and `tinkertrace proxy` record the calls
+# they serve on the server side. A call seen by both (same gen_ai.response.id) builds one triplet.
+LLM_CAPTURE_SIDE: Final = "tinkertrace.llm.capture_side"
+CAPTURE_CLIENT: Final = "client"
+CAPTURE_SERVER: Final = "server"
