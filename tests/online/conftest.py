@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 import pytest
 from openai import OpenAI
 
@@ -13,7 +13,8 @@ import tinkertrace
 from tinkertrace.online.demo_agent import introduce
 from tinkertrace.online.runner import OnlineStack
 from tinkertrace.online.settings import StackSettings
-from tinkertrace.spanstore.reader import list_span_files
+from tinkertrace.spanstore.reader import open_spans
+from tinkertrace.testing.waiting import wait_until
 
 MODEL = "tinkertrace/tiny-chat:nano"
 
@@ -32,22 +33,24 @@ def make_rollouts(stack: OnlineStack, prefix: str, groups: int, size: int = 4) -
     Returns the task ids."""
     client = OpenAI(base_url=stack.base_url, api_key="EMPTY")
     tasks = [{"id": f"{prefix}-{g}", "question": "Who are you?"} for g in range(groups)]
-    before = len(list_span_files(stack.settings.spans_dir))
     for task in tasks:
         for _ in range(size):
             introduce(task, client=client, model=MODEL, max_tokens=6)
     assert tinkertrace.flush()
-    wait_for(lambda: len(list_span_files(stack.settings.spans_dir)) > before, 20)
-    time.sleep(1.0)  # one more roll of the collector
+    wait_until(
+        lambda: stored_rollouts(stack.settings.spans_dir, tasks) == groups * size, 30, "rollouts stored"
+    )
     return {t["id"] for t in tasks}
 
 
-def wait_for(check: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.1)
+def stored_rollouts(spans_dir: Path, tasks: list[dict]) -> int:
+    """How many rollout spans of ``tasks`` the collector has written to Parquet files so far."""
+    con = duckdb.connect()
+    open_spans(con, spans_dir)
+    ids = [t["id"] for t in tasks]
+    return con.execute(
+        "SELECT count(*) FROM spans WHERE span_type = 'rollout' AND list_contains(?, task_id)", [ids]
+    ).fetchone()[0]
 
 
 @pytest.fixture

@@ -15,11 +15,12 @@ import pytest
 from tinkertrace.online.follow import FollowTrainer
 from tinkertrace.online.runner import OnlineStack
 from tinkertrace.online.settings import FollowOptions
+from tinkertrace.testing.waiting import wait_until
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.metrics import read_metrics
 
-from .conftest import MODEL, make_rollouts, wait_for
+from .conftest import MODEL, make_rollouts
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +39,7 @@ def test_follow_kill_and_restart_trains_each_rollout_once(stack: OnlineStack, tm
     make_rollouts(stack, "a", groups=3)
     trainer = subprocess.Popen(_follow_cmd(stack, log_dir, "--max-steps", "20"), env={**os.environ})
     try:
-        wait_for(lambda: len(read_checkpoints(log_dir)) >= 2, 120)
+        wait_until(lambda: len(read_checkpoints(log_dir)) >= 2, 120)
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(timeout=10)
     finally:

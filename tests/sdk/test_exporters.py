@@ -81,9 +81,11 @@ class _Stuck(SpanExporter):
     """Blocks every export until released, like an endpoint that takes minutes to time out."""
 
     def __init__(self) -> None:
+        self.entered = threading.Event()
         self.release = threading.Event()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.entered.set()
         self.release.wait(30)
         return SpanExportResult.SUCCESS
 
@@ -96,7 +98,7 @@ def test_a_failing_or_stuck_stock_exporter_costs_the_training_data_nothing(opena
     traced = trace_init(exporters=[_Broken(), stuck], schedule_delay_s=0.01)
     try:
         _agent(openai_server)
-        time.sleep(0.1)  # the stuck exporter's worker is now blocked in export
+        assert stuck.entered.wait(10)  # the stuck exporter's worker is now blocked in export
         started = time.perf_counter()
         assert tinkertrace.flush(timeout_s=1)  # the training data is flushed, the viewer waited for 1 s
         assert time.perf_counter() - started < 5

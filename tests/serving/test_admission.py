@@ -18,6 +18,7 @@ from tinkertrace.online.publish import admin_publisher
 from tinkertrace.sdk.context import current_rollout
 from tinkertrace.serving.admission import AdmissionGate
 from tinkertrace.serving.policy import PolicyHolder
+from tinkertrace.testing.waiting import wait_until, wait_until_async
 
 
 def test_gate_admits_up_to_capacity_then_in_arrival_order() -> None:
@@ -32,11 +33,11 @@ def test_gate_admits_up_to_capacity_then_in_arrival_order() -> None:
             order.append(rid)
 
         held = [asyncio.create_task(later("c")), asyncio.create_task(later("d"))]
-        await asyncio.sleep(0.05)
-        assert order == [] and gate.stats()["waiting"] == 2
+        await wait_until_async(lambda: gate.stats()["waiting"] == 2, what="two waiters")
+        assert order == []
         assert await gate.admit("a") == 0.0  # a later call of an admitted rollout never waits
         gate.consume(["a"])
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: gate.stats()["waiting"] == 1, what="one waiter admitted")
         assert order == ["c"]  # one place freed: the first in line, not the newest
         gate.consume(["b", "unknown-id"])
         await asyncio.gather(*held)
@@ -67,7 +68,7 @@ def test_gate_forgets_a_waiter_that_went_away() -> None:
         gate.set_demand(rollouts_per_step=1, max_staleness=0)
         await gate.admit("a")
         task = asyncio.create_task(gate.admit("gone"))
-        await asyncio.sleep(0.02)
+        await wait_until_async(lambda: gate.stats()["waiting"] == 1, what="the waiter in line")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -84,7 +85,7 @@ def test_a_withdrawn_demand_releases_held_calls_at_once() -> None:
         gate.set_demand(rollouts_per_step=1, max_staleness=0)
         await gate.admit("a")
         held = asyncio.create_task(gate.admit("b"))
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: gate.stats()["waiting"] == 1, what="b held")
         assert not held.done()
         gate.withdraw()  # the trainer stopped: nobody is held for it any more
         assert await asyncio.wait_for(held, timeout=1) < 1
@@ -111,11 +112,12 @@ def test_endpoint_holds_a_new_rollout_until_the_trainer_consumes(scripted_server
     call("r2")
     with ThreadPoolExecutor(1) as pool:
         third = pool.submit(call, "r3")
-        time.sleep(0.5)
+        wait_until(lambda: policy.admission.stats()["waiting"] == 1, what="r3 held at the gate")
         assert not third.done()  # capacity 2 is taken by r1 and r2
         call("r1")  # r1's next turn passes while r3 waits
+        assert not third.done() and policy.admission.stats()["waiting"] == 1
         policy.admission.consume(["r1"])
-        assert third.result(timeout=10) >= 0.5
+        third.result(timeout=10)
     health = httpx.get(server.url + "/health").json()["admission"]
     assert health["admitted"] == 3 and health["held"] == 1 and health["open"] == 2
 
@@ -165,7 +167,7 @@ def test_traced_agent_sends_its_rollout_id(scripted_server, tmp_path: Path) -> N
         assert policy.admission.stats()["open"] == 1
         second = threading.Thread(target=agent, args=({"id": "second"},))
         second.start()
-        time.sleep(0.5)
+        wait_until(lambda: policy.admission.stats()["waiting"] == 1, what="the second rollout held")
         assert finished == ["first"]
         policy.admission.consume(rollout_ids[:1])  # the trainer consumed the first
         second.join(timeout=10)
@@ -187,7 +189,7 @@ def test_responses_calls_are_admitted_like_chat_calls(scripted_server, openai_cl
     respond("a")
     with ThreadPoolExecutor(1) as pool:
         held = pool.submit(respond, "b")
-        time.sleep(0.5)
+        wait_until(lambda: policy.admission.stats()["waiting"] == 1, what="b held at the gate")
         assert not held.done()
         policy.admission.consume(["a"])
         held.result(timeout=10)

@@ -100,6 +100,7 @@ class FollowTrainer:
         self._arrived: dict[str, float] = {}
         self.consumed: set[str] = set()  # rollouts trained or dropped (recorded in checkpoints)
         self._dropped_since_save: list[str] = []  # dropped, to be recorded with the next checkpoint
+        self._last_publish_s = float("nan")  # seconds the last publication took (logged with the next step)
         self._stale_now: list[str] = []  # dropped as stale by the latest poll
 
     # --- data ----------------------------------------------------------------------------------------
@@ -277,6 +278,10 @@ class FollowTrainer:
             "seed": self.config.seed,
             "groups_per_batch": self.config.groups_per_batch,
         }
+        # the metrics line goes before the checkpoint (a crash in between repeats the step on resume,
+        # which rewrites its line), so it carries the previous step's publication time
+        metrics["time/publish"] = self._last_publish_s
+        session.log(step, metrics, started)
         saved = session.checkpoint(step + 1, record)
         for rid in consumed_ids(record):
             self.consumed.add(rid)
@@ -285,9 +290,8 @@ class FollowTrainer:
         published = time.monotonic()
         if self.publish is not None:
             self.publish.publish(saved)
-        metrics["time/publish"] = time.monotonic() - published
+        self._last_publish_s = time.monotonic() - published
         result.checkpoints.append(saved)
-        session.log(step, metrics, started)
         result.steps, result.last_metrics = step + 1, metrics
         result.rewards.append(float(metrics["env/all/reward/total"]))
         return True

@@ -175,12 +175,14 @@ class _BatchRun:
         if batch.data:
             self.trained_since_save.update(self.rollout_ids[rows[batch.row_index]].tolist())
         done = step + 1
+        # the metrics line goes first: a crash before the checkpoint repeats the step on resume, which
+        # rewrites its line; the other order could lose the line of a checkpointed step for good
+        self.session.log(step, metrics, started)
         if self.plan.checkpoint_due(done):
             trained = sorted(self.trained_since_save)
             record = {"epoch": epoch, "trained_rollout_ids": trained, **self.order}
             self.result.checkpoints.append(self.session.checkpoint(done, record))
             self.trained_since_save.clear()
-        self.session.log(step, metrics, started)
         self.result.steps, self.result.last_metrics = done, metrics
         return epoch, metrics
 
