@@ -6,8 +6,8 @@ STAMP := $(VENV)/.installed
 # One torch thread per process: on small CPUs this is faster and far steadier than torch's default.
 export TINKERTRACE_CPU_THREADS ?= 1
 
-# The OpenAI Agents SDK example runs its agent workers in their own environment (newer openai-agents
-# need starlette>=1.3, older ones openai<3; see its README): tinkertrace core + its requirements, no torch.
+# The OpenAI Agents SDK example runs its agent workers in their own environment (older openai-agents need
+# openai<3; see its README): tinkertrace's core and its embedded Parquet sink (extra `parquet`), no torch.
 AGENTS_VENV := .venv-agents
 AGENTS_STAMP := $(AGENTS_VENV)/.installed
 
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade "pip>=24"
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[engine,collector,dev]"
+	$(BIN)/pip install --quiet -e ".[all,dev]"
 	# compile the collector's span-scan and page-gather kernels once (numba caches them next to the modules)
 	$(BIN)/python -c "from tinkertrace.spanstore.convert import warm_up_kernels; warm_up_kernels()"
 	touch $(STAMP)
@@ -27,7 +27,7 @@ setup: $(STAMP)
 $(AGENTS_STAMP): pyproject.toml examples/agents_sdk/requirements.txt
 	$(PYTHON) -m venv $(AGENTS_VENV)
 	$(AGENTS_VENV)/bin/pip install --quiet --upgrade "pip>=24"
-	$(AGENTS_VENV)/bin/pip install --quiet -e . -r examples/agents_sdk/requirements.txt
+	$(AGENTS_VENV)/bin/pip install --quiet -e ".[parquet]" -r examples/agents_sdk/requirements.txt
 	touch $(AGENTS_STAMP)
 
 agents-env: $(AGENTS_STAMP)

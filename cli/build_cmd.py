@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from tinkertrace.cli.extras import needs_extra
+
 
 def parse_time(value: str | None, option: str) -> datetime | None:
     """An ISO-8601 date or time (UTC unless it names a zone), or a clear error naming the option."""
@@ -156,4 +158,4 @@ def build_trajectories_cmd(
 
 def register(app: typer.Typer) -> None:
     """Add `build-trajectories` to the main app."""
-    app.command("build-trajectories")(build_trajectories_cmd)
+    app.command("build-trajectories")(needs_extra("build", "build-trajectories")(build_trajectories_cmd))

@@ -8,6 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
+from tinkertrace.cli.extras import needs_extra
+
 TOKEN_ENV = "TINKERTRACE_COLLECTOR_TOKEN"
 # Arrow's allocator (mimalloc) hands memory unused for a second back to the OS. The Parquet writer frees
 # a file's buffers every few seconds and fills them again, so the collector kept faulting the same
@@ -110,4 +112,4 @@ def collector(
 
 def register(app: typer.Typer) -> None:
     """Add `tinkertrace collector` to the main app."""
-    app.command(name="collector")(collector)
+    app.command(name="collector")(needs_extra("collector", "collector")(collector))

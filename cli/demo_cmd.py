@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tinkertrace.cli.extras import needs_extra
 from tinkertrace.cli.options import OptionsOf, validated, with_settings
 from tinkertrace.online.settings import DemoSettings
 
@@ -35,4 +36,4 @@ def demo(
 
 def register(app: typer.Typer) -> None:
     """Add `tinkertrace demo` to the main app."""
-    app.command("demo")(demo)
+    app.command("demo")(needs_extra("all", "demo")(demo))

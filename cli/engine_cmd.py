@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from tinkertrace.cli.extras import needs_extra
+
 HELP = (
     "Serve the local training engine over Tinker's REST API, so the unchanged tinker SDK trains here.\n\n"
     "Point any Tinker program at it: TINKER_BASE_URL=http://127.0.0.1:8100 TINKER_API_KEY=tml-local "
@@ -97,4 +99,4 @@ def engine(
 
 def register(app: typer.Typer) -> None:
     """Add `tinkertrace engine` to the main app."""
-    app.command("engine", help=HELP)(engine)
+    app.command("engine", help=HELP)(needs_extra("engine", "engine")(engine))

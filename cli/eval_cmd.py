@@ -6,6 +6,7 @@ from typing import Any
 
 import typer
 
+from tinkertrace.cli.extras import needs_extra
 from tinkertrace.cli.options import OptionsOf, validated, with_settings
 from tinkertrace.evaluation_settings import EvalSettings
 
@@ -43,4 +44,4 @@ def eval_command(settings: dict[str, Any] = OptionsOf(EvalSettings)) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add `tinkertrace eval` to the main app."""
-    app.command("eval")(eval_command)
+    app.command("eval")(needs_extra("serve", "eval")(eval_command))

@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from tinkertrace.builtin import BUILTIN_MODEL
+from tinkertrace.cli.extras import needs_extra
 
 BACKENDS = ("local", "tinker")  # as tinkertrace.training.backends.BACKENDS (imported lazily)
-
-
-def _tokenizer(backend: str, model: str, sampling_client: Any) -> Any:
-    """The model's tokenizer: built in or a local folder; Tinker's own for hosted model names."""
-    from tinkertrace.tokenizer import TokenizerNotFoundError, load_tokenizer
-
-    try:
-        return load_tokenizer(model)
-    except TokenizerNotFoundError:
-        if backend == "local":
-            raise
-        return sampling_client.get_tokenizer()
 
 
 def serve(
@@ -103,29 +92,19 @@ def serve(
     from rich.console import Console
 
     from tinkertrace.serving.app import create_app
-    from tinkertrace.serving.policy import PolicyHolder, resolve_client
+    from tinkertrace.serving.policy import policy_from_service
     from tinkertrace.training.backends import make_service_client
     from tinkertrace.training.errors import TrainingError
 
     console = Console(stderr=True)
     try:
         service = make_service_client(backend, engine_dir=engine_dir)
-        if model_path:
-            sampling_client = resolve_client(service.create_sampling_client(model_path=model_path))
-        else:
-            sampling_client = resolve_client(service.create_sampling_client(base_model=model))
-        tokenizer = _tokenizer(backend, model, sampling_client)
+        holder = policy_from_service(
+            service, model, model_path=model_path, served_name=served_name, version=policy_version
+        )
     except (TrainingError, OSError, ValueError) as exc:  # BackendError, missing model/checkpoint, ...
         console.print(f"[red]tinkertrace serve: cannot start[/]: {exc}")
         raise typer.Exit(1) from None
-    holder = PolicyHolder(
-        sampling_client,
-        tokenizer,
-        served_name or model,
-        version=policy_version,
-        model_path=model_path,
-        loader=lambda path: service.create_sampling_client(model_path=path),
-    )
     app = create_app(
         holder,
         api_key=api_key,
@@ -162,4 +141,4 @@ def register(app: typer.Typer) -> None:
             "(function_call items on /v1/responses), read by --tool-parser. New weights are picked "
             "up from --watch-checkpoints or POST /admin/policy (with --admin-token)."
         ),
-    )(serve)
+    )(needs_extra("serve", "serve")(serve))

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from tinkertrace.cli.collector_cmd import zstd_level_option
+from tinkertrace.cli.extras import needs_extra
 
 spans_app = typer.Typer(
     help="Inspect and maintain span Parquet folders (written by the collector or the SDK)."
@@ -17,6 +18,7 @@ SpansDir = Annotated[Path, typer.Argument(help="Folder of span Parquet files (hi
 
 
 @spans_app.command()
+@needs_extra("build", "spans compact")
 def compact(
     spans_dir: SpansDir,
     small_mb: Annotated[float, typer.Option(help="Merge files smaller than this, MiB.")] = 64,
@@ -56,6 +58,7 @@ def compact(
 
 
 @spans_app.command()
+@needs_extra("build", "spans stats")
 def stats(spans_dir: SpansDir) -> None:
     """Print span counts by partition, by service and by span type."""
     import duckdb
@@ -90,6 +93,7 @@ def stats(spans_dir: SpansDir) -> None:
 
 
 @spans_app.command()
+@needs_extra("build", "spans query")
 def query(
     spans_dir: SpansDir,
     sql: Annotated[str, typer.Argument(help="SQL over the views spans, llm_calls, rewards and rollouts.")],

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tinkertrace.cli.extras import needs_extra
 from tinkertrace.cli.options import OptionsOf, file_only_fields, with_settings
 from tinkertrace.online.settings import FollowOptions
 from tinkertrace.training.config import TrainConfig, make_config
@@ -96,4 +97,4 @@ def _follow(settings: Any, options: Any, console: Any, progress: bool) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add `tinkertrace train` to the main app."""
-    app.command("train")(train)
+    app.command("train")(needs_extra("train", "train")(train))

@@ -32,11 +32,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import yaml
+
+if TYPE_CHECKING:  # the agent workers import this module in an SDK-only environment (no pyarrow)
+    import pyarrow as pa
 
 REDUCTIONS = ("sum", "mean", "max", "min")
 TRUNCATED_REWARD = "truncated"
@@ -134,6 +135,7 @@ def env_trajectories(
     """The environment's trajectories for ``task_ids`` (rollouts in ``exclude`` left out) after its
     build options and reward settings, and counts (rollouts, failed, truncated, rows, mean reward)."""
     import duckdb
+    import pyarrow.compute as pc
 
     from tinkertrace.builder import BuildOptions, build_trajectories
     from tinkertrace.builder.views import open_views

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import tinkertrace
 from examples.runconfig import RunConfig, group_task_id, load_config
-from tinkertrace.evaluation import load_ref, load_tasks, run_rollouts
+from tinkertrace.rollouts import load_ref, load_tasks, run_rollouts
 
 CONFIG_ENV = "TINKERTRACE_EXAMPLE_CONFIG"
 OVERRIDES_ENV = "TINKERTRACE_EXAMPLE_OVERRIDES"

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from tinkertrace import semconv
-from tinkertrace.spanstore.encoding import pack_ids, pack_logprobs
+from tinkertrace.packing import pack_ids, pack_logprobs
 from tinkertrace.spanstore.samples import llm_request
 
 pytestmark = pytest.mark.slow

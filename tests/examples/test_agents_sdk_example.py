@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tinkertrace.builder import build_trajectories
-from tinkertrace.evaluation import load_ref
 from tinkertrace.netutil import BackgroundServer
+from tinkertrace.rollouts import load_ref
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler

@@ -13,8 +13,8 @@ import pytest
 
 import tinkertrace
 from tinkertrace.builder import BuildOptions, build_trajectories
-from tinkertrace.evaluation import RolloutResult, load_ref, run_rollouts
 from tinkertrace.netutil import BackgroundServer
+from tinkertrace.rollouts import RolloutResult, load_ref, run_rollouts
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.testing.openai_server import ReplyRequest

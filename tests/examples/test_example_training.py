@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from tinkertrace.evaluation import load_ref
+from tinkertrace.rollouts import load_ref
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SHORT: dict[str, Any] = {

@@ -27,15 +27,9 @@ def serve_policy(service: Any, model: str, max_tokens: int) -> tuple[Any, Backgr
     loader opens ``tinker://`` sampler paths, behind the OpenAI-compatible app in a started
     background uvicorn thread. Stop the returned server when done."""
     from tinkertrace.serving.app import create_app
-    from tinkertrace.serving.policy import PolicyHolder
-    from tinkertrace.tokenizer import load_tokenizer
+    from tinkertrace.serving.policy import policy_from_service
 
-    holder = PolicyHolder(
-        service.create_sampling_client(base_model=model),
-        load_tokenizer(model),
-        model,
-        loader=lambda path: service.create_sampling_client(model_path=path),
-    )
+    holder = policy_from_service(service, model)
     server = BackgroundServer(create_app(holder, default_max_tokens=max_tokens)).start()
     return holder, server
 

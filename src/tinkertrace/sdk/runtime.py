@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from tinkertrace.extras import require
 from tinkertrace.sdk import config as cfg
 from tinkertrace.sdk import context
 from tinkertrace.sdk.export import TrainingDataProcessor
@@ -75,6 +76,7 @@ class Runtime:
         """The configured tokenizer (loaded on first use), or None."""
         if self._tokenizer is None and self.config.tokenizer and not self._tokenizer_failed:
             try:
+                require("build", f"re-tokenising with tokenizer {self.config.tokenizer!r}")
                 from tinkertrace.tokenizer import load_tokenizer
 
                 self._tokenizer = load_tokenizer(self.config.tokenizer)
@@ -169,12 +171,15 @@ def init(
 def _own_exporters(config: cfg.TraceConfig, stats: ExportStats) -> list[SpanExporter]:
     exporters: list[SpanExporter] = []
     if config.spans_dir is not None:
+        require("parquet", "init(spans_dir=...), the embedded Parquet sink,")
         from tinkertrace.sdk.parquet_exporter import ParquetSpanExporter
 
         exporters.append(ParquetSpanExporter(config.spans_dir, stats))
     if config.otlp_url is not None:
         from tinkertrace.sdk.otlp import OtlpSpoolingExporter
 
+        if config.protocol == "grpc":
+            require("grpc", "init(protocol='grpc')")
         assert config.spool_dir is not None
         exporters.append(
             OtlpSpoolingExporter(

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from tinkertrace import semconv
+from tinkertrace.packing import pack_ids, pack_logprobs
 from tinkertrace.sdk import responses_api
 from tinkertrace.sdk.response_parse import ResponseRecord
-from tinkertrace.spanstore.encoding import pack_ids, pack_logprobs
 
 
 def _ids(result: Any) -> list[int]:

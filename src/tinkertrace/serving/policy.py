@@ -112,3 +112,41 @@ class PolicyHolder:
                 )
             client = self._loader(model_path)
             return self.swap(client, version, model_path)
+
+
+def model_tokenizer(model: str, sampling_client: Any) -> Any:
+    """``model``'s tokenizer: built in, or a local model's own; for a name only the service knows
+    (a hosted Tinker model), the sampling client's."""
+    from tinkertrace.tokenizer import TokenizerNotFoundError, load_tokenizer
+
+    try:
+        return load_tokenizer(model)
+    except TokenizerNotFoundError:
+        if not hasattr(sampling_client, "get_tokenizer"):
+            raise
+        return sampling_client.get_tokenizer()
+
+
+def policy_from_service(
+    service: Any,
+    model: str,
+    *,
+    model_path: str | None = None,
+    served_name: str | None = None,
+    version: int = 0,
+) -> PolicyHolder:
+    """The one way to serve a model: a :class:`PolicyHolder` over ``service`` (the local engine's or
+    hosted Tinker's ``ServiceClient``) sampling ``model``, or the sampler weights at ``model_path``,
+    whose loader opens further ``tinker://`` sampler paths for weight swaps."""
+    if model_path:
+        sampling_client = resolve_client(service.create_sampling_client(model_path=model_path))
+    else:
+        sampling_client = resolve_client(service.create_sampling_client(base_model=model))
+    return PolicyHolder(
+        sampling_client,
+        model_tokenizer(model, sampling_client),
+        served_name or model,
+        version=version,
+        model_path=model_path,
+        loader=lambda path: service.create_sampling_client(model_path=path),
+    )

@@ -7,7 +7,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from tinkertrace import semconv
-from tinkertrace.spanstore.encoding import pack_ids, pack_logprobs
+from tinkertrace.packing import pack_ids, pack_logprobs
 
 
 def _set(kv: KeyValue, value: str | int | float | bytes | list[int]) -> None:
