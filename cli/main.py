@@ -18,6 +18,7 @@ from tinkertrace.cli import (
     serve_cmd,
     spans_cmd,
     train_cmd,
+    ui_cmd,
 )
 
 app = typer.Typer(
@@ -38,7 +39,7 @@ def version() -> None:
     typer.echo(__version__)
 
 
-for module in (collector_cmd, spans_cmd, build_cmd, train_cmd, serve_cmd, engine_cmd, eval_cmd, demo_cmd):
+for module in (collector_cmd, spans_cmd, build_cmd, train_cmd, serve_cmd, engine_cmd, eval_cmd, demo_cmd, ui_cmd):
     module.register(app)
 
 
