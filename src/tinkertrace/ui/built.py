@@ -1,9 +1,9 @@
 """What the trainer sees of one rollout: its triplets and trajectories, and the advantage each got.
 
-Built tables on disk (a training run's ``build/`` or a ``build-trajectories`` output) are used when
-they hold the rollout and the default reward policy is asked for; otherwise the rollout's task group
-is built from its span files with the public builder (:func:`tinkertrace.builder.build_trajectories`),
-in memory: nothing is written into the run folder. Advantages come from the trainer's own
+The rollout's task group is built from its span files with the public builder
+(:func:`tinkertrace.builder.build_trajectories`, in memory: nothing is written into the run folder),
+under the reward policy asked for: what ``tinkertrace train`` builds from the same spans (the
+builder is deterministic). Advantages come from the trainer's own
 :func:`tinkertrace.training.dataset.prepare` over the group's rows.
 """
 
@@ -84,7 +84,7 @@ def _advantages(group: pa.Table, rollout_id: str, settings: dict[str, Any]) -> t
 
 
 class RolloutBuilds:
-    """Built rollouts, cached by (rollout, policy, files, built tables) — a live run changes the key."""
+    """Built rollouts, cached by (rollout, policy, span files)."""
 
     def __init__(self, index: RunIndex, entries: int = CACHE_ENTRIES) -> None:
         self.index = index
@@ -99,39 +99,15 @@ class RolloutBuilds:
             raise KeyError(rollout_id)
         group = self.index.rollouts_of_task(row["task_id"], rollout_id)
         files = tuple(self.index.files_of(group))
-        on_disk = tuple(self.index.sources.trajectory_files) if policy == DEFAULT_POLICY else ()
-        key = (rollout_id, policy, files, on_disk, self.index.version if on_disk else None)
+        key = (rollout_id, policy, files)  # a live run's new files make a new key
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        built = (on_disk and self._from_disk(rollout_id, on_disk)) or self._build(
-            rollout_id, row["task_id"], policy, files
-        )
+        built = self._build(rollout_id, row["task_id"], policy, files)
         self._cache[key] = built
         while len(self._cache) > self.entries:
             self._cache.popitem(last=False)
         return built
-
-    def _from_disk(self, rollout_id: str, trajectory_files: tuple[Path, ...]) -> BuiltRollout | None:
-        """The rollout's rows from built tables on disk (its group for the advantage), None if absent."""
-        cur = self.index.cursor()
-        for path in trajectory_files:
-            triplet_path = path.with_name("triplets.parquet")
-            group = cur.execute(
-                "SELECT * FROM read_parquet($f) WHERE group_key IN "
-                "(SELECT group_key FROM read_parquet($f) WHERE rollout_id = $r)",
-                {"f": str(path), "r": rollout_id},
-            ).arrow()
-            if group.num_rows == 0:
-                continue
-            triplets = pa.table({})
-            if triplet_path.is_file():
-                triplets = cur.execute(
-                    "SELECT * FROM read_parquet($f) WHERE rollout_id = $r ORDER BY turn",
-                    {"f": str(triplet_path), "r": rollout_id},
-                ).arrow()
-            return self._assemble(rollout_id, DEFAULT_POLICY, str(path.parent), group, triplets, set(), False)
-        return None
 
     def _build(
         self, rollout_id: str, task_id: str | None, policy: str, files: tuple[Path, ...]

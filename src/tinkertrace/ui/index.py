@@ -102,7 +102,8 @@ WITH s AS ({_SPANS_OF_ROLLOUTS}), agg AS (
            max(expected_llm_calls) AS expected_llm_calls, max(expected_rewards) AS expected_rewards,
            count(*) FILTER (WHERE token_source = '{sc.SOURCE_RETOKENIZED}') AS retokenized_calls,
            count(*) FILTER (WHERE {_LLM} AND (COALESCE(prompt_tokens, 0) = 0
-                OR COALESCE(response_tokens, 0) = 0 OR token_source = '{sc.SOURCE_NONE}')) AS calls_without_ids,
+                OR COALESCE(response_tokens, 0) = 0 OR token_source = '{sc.SOURCE_NONE}'))
+                AS calls_without_ids,
            max(task_input) AS task_input,
            count(*) AS spans
     FROM s WHERE rollout_id IS NOT NULL GROUP BY rollout_id
@@ -276,7 +277,8 @@ class RunIndex:
             self.con.executemany("INSERT INTO trained VALUES (?, ?)", rows)
             # a rollout trained in several runs of the folder: its first step
             self.con.execute(
-                "CREATE OR REPLACE TABLE trained AS SELECT rollout_id, min(step) AS step FROM trained GROUP BY 1"
+                "CREATE OR REPLACE TABLE trained AS "
+                "SELECT rollout_id, min(step) AS step FROM trained GROUP BY 1"
             )
         return True
 
@@ -284,10 +286,13 @@ class RunIndex:
     def counts(self) -> dict[str, Any]:
         """Headline figures of the run (and the data version, for live pages)."""
         cur = self.cursor()
-        spans, files = cur.execute("SELECT count(*), count(DISTINCT filename) FROM span_index").fetchone()  # type: ignore[misc]
+        spans, files = cur.execute(  # type: ignore[misc]
+            "SELECT count(*), count(DISTINCT filename) FROM span_index"
+        ).fetchone()
         row = cur.execute(
             "SELECT count(*), count(*) FILTER (WHERE trained_step IS NOT NULL), "
-            "count(*) FILTER (WHERE incomplete IS NOT NULL), avg(reward), sum(turns), sum(tokens) FROM rollouts"
+            "count(*) FILTER (WHERE incomplete IS NOT NULL), avg(reward), sum(turns), sum(tokens) "
+            "FROM rollouts"
         ).fetchone()
         assert row is not None
         rollouts, trained, incomplete, mean_reward, calls, tokens = row
@@ -342,7 +347,7 @@ class RunIndex:
     def spans_of(self, rollout_id: str) -> list[dict[str, Any]]:
         """The rollout's spans (index rows, with the rollout id inherited from the trace), by start time."""
         cur = self.cursor().execute(
-            f"""
+            """
             WITH traces AS (SELECT DISTINCT trace_id FROM span_index WHERE rollout_id = $r)
             SELECT *, start_ns // 1000 AS start_us, end_ns // 1000 AS end_us FROM (
                 SELECT * FROM span_index WHERE trace_id IN (SELECT trace_id FROM traces)

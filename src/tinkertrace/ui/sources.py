@@ -118,8 +118,8 @@ def discover(paths: list[Path]) -> RunSources:
                     _add_file(sources, folder / name)
             if (folder / METRICS_FILE).is_file() or (folder / CONFIG_FILE).is_file():
                 sources.log_dirs.append(folder)
-                if (source := _config_source(folder)) is not None and source not in spans:
-                    spans.append(source)
+    if not spans:  # a training log folder alone: the spans it was trained from, when they still exist
+        spans += [s for d in sources.log_dirs if (s := _config_source(d)) is not None]
     sources.spans_dirs = list(dict.fromkeys(spans))
     return sources
 
