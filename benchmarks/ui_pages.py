@@ -173,9 +173,8 @@ def main() -> None:
         root = Path(tmp)
         started = time.perf_counter()
         spans = write_run(root, args.rollouts)
-        print(
-            f"wrote {args.rollouts:,} rollouts ({spans:,} spans, {FILES} files) in {time.perf_counter() - started:.1f} s"
-        )
+        elapsed = time.perf_counter() - started
+        print(f"wrote {args.rollouts:,} rollouts ({spans:,} spans, {FILES} files) in {elapsed:.1f} s")
         started = time.perf_counter()
         server = UiServer([root], refresh_s=args.refresh_seconds).start()
         print(f"first index (all files read once): {time.perf_counter() - started:.2f} s")
