@@ -3,13 +3,16 @@ command line refusing a non-loopback bind without a token."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import httpx
 from typer.testing import CliRunner
 
 from tinkertrace.cli.main import app
-from tinkertrace.ui.server import UiServer
+from tinkertrace.ui.server import UiServer, serve_beside
 
-from .conftest import Run
+from .conftest import Run, record_rollouts
 
 
 def test_bad_requests_get_400_naming_the_problem(ui: UiServer) -> None:
@@ -52,3 +55,17 @@ def test_command_refuses_a_public_bind_without_a_token(run: Run) -> None:
     )
     assert result.exit_code == 2
     assert "needs --token" in result.output
+
+
+def test_ui_beside_a_run_that_has_not_started_follows_it(run: Run, tmp_path: Path) -> None:
+    """What `demo --ui` does: serve a folder before the run writes anything, then follow it."""
+    folder = tmp_path / "later"
+    with serve_beside(folder, port=0) as url:
+        status = httpx.get(url + "api/status").json()
+        assert status["rollouts"] == 0
+        record_rollouts(folder / "spans", run.server)
+        deadline = time.monotonic() + 30
+        while httpx.get(url + "api/status").json()["rollouts"] != 27 + 5:
+            assert time.monotonic() < deadline, "the new rollouts never appeared"
+            time.sleep(0.1)
+    assert "--ui" in CliRunner().invoke(app, ["demo", "--help"]).output

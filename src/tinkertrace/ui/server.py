@@ -7,12 +7,14 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import uvicorn
 from rich.console import Console
 
+from tinkertrace.cli.ui_cmd import DEFAULT_PORT, ui_url
 from tinkertrace.ui.app import create_app
 from tinkertrace.ui.index import RunIndex
 
@@ -46,8 +48,6 @@ class UiServer:
 
     @property
     def url(self) -> str:
-        from tinkertrace.cli.ui_cmd import ui_url
-
         return ui_url(self.host, self.port, self.token)
 
     def start(self, timeout: float = 30.0) -> UiServer:
@@ -76,6 +76,20 @@ class UiServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextmanager
+def serve_beside(folder: Path, port: int = DEFAULT_PORT) -> Iterator[str]:
+    """The ui over ``folder`` (which may not exist yet) on a background thread, for ``demo --ui``:
+    yields its URL (printed), on ``port`` or a free one when that is taken."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        server = UiServer([folder], port=port, refresh_s=0.5)
+    except OSError:
+        server = UiServer([folder], port=0, refresh_s=0.5)
+    with server:
+        print(f"tinkertrace ui: {server.url}  (follows the run live)", flush=True)
+        yield server.url
 
 
 def serve(
