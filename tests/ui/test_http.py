@@ -7,12 +7,15 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from typer.testing import CliRunner
 
 from tinkertrace.cli.main import app
 from tinkertrace.ui.server import UiServer, serve_beside
 
 from .conftest import Run, record_rollouts
+
+pytestmark = pytest.mark.slow  # the session's run is traced and trained first
 
 
 def test_bad_requests_get_400_naming_the_problem(ui: UiServer) -> None:

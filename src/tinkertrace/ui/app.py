@@ -4,7 +4,8 @@ Pages: run (metrics plots, settings), rollouts (paged, sortable, filtered), one 
 timeline, messages, where each reward landed), one trajectory token by token, and the build report.
 Every page re-checks the run's files (throttled), so a live run's new rollouts and steps appear; the
 browser script polls ``/api/status`` and reloads the live parts when the data version moves.
-Templates autoescape: nothing from a span is ever rendered as HTML.
+Templates autoescape: nothing from a span is ever rendered as HTML. Handlers are plain functions:
+Starlette runs them on its thread pool, so a page that builds a rollout never stalls the others.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def _bad_request(request: Request, message: str) -> HTMLResponse:
 
 
 # --- run -------------------------------------------------------------------------------------------
-async def run_page(request: Request) -> Response:
+def run_page(request: Request) -> Response:
     state = _state(request)
     summaries = [read_json(p) for p in state.index.sources.summary_files]
     return _page(
@@ -144,11 +145,11 @@ async def run_page(request: Request) -> Response:
     )
 
 
-async def api_status(request: Request) -> Response:
+def api_status(request: Request) -> Response:
     return JSONResponse(_state(request).index.counts())
 
 
-async def api_metrics(request: Request) -> Response:
+def api_metrics(request: Request) -> Response:
     return JSONResponse(metric_series(_state(request).index.sources.log_dirs))
 
 
@@ -193,7 +194,7 @@ def _link(request: Request, **changes: Any) -> str:
     return "?" + urlencode(params)
 
 
-async def rollouts_page(request: Request) -> Response:
+def rollouts_page(request: Request) -> Response:
     state = _state(request)
     try:
         query = parse_query(request.query_params)
@@ -213,7 +214,7 @@ async def rollouts_page(request: Request) -> Response:
     )
 
 
-async def api_rollouts(request: Request) -> Response:
+def api_rollouts(request: Request) -> Response:
     state = _state(request)
     try:
         query = parse_query(request.query_params)
@@ -238,7 +239,7 @@ def _built(request: Request, rollout_id: str) -> tuple[dict[str, Any], BuiltRoll
     return row, state.builds.get(rollout_id, policy), policy
 
 
-async def rollout_page(request: Request) -> Response:
+def rollout_page(request: Request) -> Response:
     rollout_id = request.path_params["rollout_id"]
     row, built, policy = _built(request, rollout_id)
     index = _state(request).index
@@ -260,7 +261,7 @@ async def rollout_page(request: Request) -> Response:
     )
 
 
-async def trajectory_page(request: Request) -> Response:
+def trajectory_page(request: Request) -> Response:
     rollout_id = request.path_params["rollout_id"]
     row, built, policy = _built(request, rollout_id)
     agents = agents_of(built)
@@ -280,7 +281,7 @@ async def trajectory_page(request: Request) -> Response:
 
 
 # --- build report ----------------------------------------------------------------------------------
-async def build_page(request: Request) -> Response:
+def build_page(request: Request) -> Response:
     state = _state(request)
     policy = request.query_params.get("policy") or DEFAULT_POLICY
     if policy not in REWARD_POLICIES:
@@ -290,7 +291,7 @@ async def build_page(request: Request) -> Response:
     return _page(
         request,
         "build.html",
-        report=state.reports.get(policy),
+        report=state.reports.get(policy, str(run_settings(state.index).get("group_by", "task"))),
         problems=state.reports.problem_lists(),
         policy=policy,
         policies=REWARD_POLICIES,

@@ -54,32 +54,32 @@ class BuildReport:
 class BuildReports:
     """Starts a build when a policy's report is missing or older than the data, one build at a time."""
 
-    def __init__(self, index: RunIndex, group_by: str = "task") -> None:
+    def __init__(self, index: RunIndex) -> None:
         self.index = index
-        self.group_by = group_by
         self._done: dict[str, BuildReport] = {}
         self._running: BuildReport | None = None
         self._lock = threading.Lock()
 
-    def get(self, policy: str) -> tuple[BuildReport | None, BuildReport | None]:
+    def get(self, policy: str, group_by: str = "task") -> tuple[BuildReport | None, BuildReport | None]:
         """(newest finished report for ``policy``, the build running now if it is for ``policy``);
-        starts a build when the finished one is missing or older than the data."""
+        starts a build (grouping by ``group_by``) when the finished one is missing or older than the
+        data."""
         with self._lock:
             done = self._done.get(policy)
             stale = done is None or done.version != self.index.version
             if stale and self._running is None:
                 self._running = BuildReport(self.index.version, policy)
                 threading.Thread(
-                    target=self._run, args=(self._running,), name="ui-build-report", daemon=True
+                    target=self._run, args=(self._running, group_by), name="ui-build-report", daemon=True
                 ).start()
             running = self._running if self._running is not None and self._running.policy == policy else None
             return done, running
 
-    def _run(self, report: BuildReport) -> None:
+    def _run(self, report: BuildReport, group_by: str) -> None:
         try:
             for spans_dir in list(self.index.sources.spans_dirs):
                 with tempfile.TemporaryDirectory(prefix="tinkertrace-ui-build-") as tmp:
-                    options = BuildOptions(reward_policy=report.policy, group_by=self.group_by)  # type: ignore[arg-type]
+                    options = BuildOptions(reward_policy=report.policy, group_by=group_by)  # type: ignore[arg-type]
                     result = build_trajectories(spans_dir, Path(tmp), options)
                     report.summaries.append((spans_dir, result.summary))
         except Exception as exc:  # shown on the page; the app keeps serving

@@ -10,6 +10,7 @@ builder is deterministic). Advantages come from the trainer's own
 from __future__ import annotations
 
 import functools
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,7 @@ class RolloutBuilds:
         self.index = index
         self.entries = entries
         self._cache: OrderedDict[tuple[Any, ...], BuiltRollout] = OrderedDict()
+        self._lock = threading.Lock()  # pages run on several threads
 
     def get(self, rollout_id: str, policy: str = DEFAULT_POLICY) -> BuiltRollout:
         if policy not in REWARD_POLICIES:
@@ -100,13 +102,15 @@ class RolloutBuilds:
         group = self.index.rollouts_of_task(row["task_id"], rollout_id)
         files = tuple(self.index.files_of(group))
         key = (rollout_id, policy, files)  # a live run's new files make a new key
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
         built = self._build(rollout_id, row["task_id"], policy, files)
-        self._cache[key] = built
-        while len(self._cache) > self.entries:
-            self._cache.popitem(last=False)
+        with self._lock:
+            self._cache[key] = built
+            while len(self._cache) > self.entries:
+                self._cache.popitem(last=False)
         return built
 
     def _build(
