@@ -194,6 +194,16 @@ def main() -> None:
                         response.text.count("<tr data-rollout=") if "api" not in path else response.text[:60]
                     )
                     print(f"{label:<40} {statistics.median(times):>10.1f} {max(times):>8.1f}  {rows}")
+                rid = client.get("/api/rollouts?sort=turns&per_page=25").json()["rows"][0]["rollout_id"]
+                print(
+                    "one rollout (not a list page: builds its task group from its span files with the builder)"
+                )
+                for label, path in (("rollout page, first view", f"/rollouts/{rid}"),
+                                    ("rollout page, again (cached build)", f"/rollouts/{rid}"),
+                                    ("trajectory page", f"/trajectory/{rid}")):  # fmt: skip
+                    t = time.perf_counter()
+                    client.get(path).raise_for_status()
+                    print(f"{label:<40} {(time.perf_counter() - t) * 1000:>10.1f}")
         finally:
             server.stop()
     print(f"load average: {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()})")
