@@ -195,9 +195,7 @@ def main() -> None:
                     )
                     print(f"{label:<40} {statistics.median(times):>10.1f} {max(times):>8.1f}  {rows}")
                 rid = client.get("/api/rollouts?sort=turns&per_page=25").json()["rows"][0]["rollout_id"]
-                print(
-                    "one rollout (not a list page: builds its task group from its span files with the builder)"
-                )
+                print("one rollout (not a list page: its task group is built from its span files)")
                 for label, path in (("rollout page, first view", f"/rollouts/{rid}"),
                                     ("rollout page, again (cached build)", f"/rollouts/{rid}"),
                                     ("trajectory page", f"/trajectory/{rid}")):  # fmt: skip
