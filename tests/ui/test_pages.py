@@ -160,6 +160,13 @@ def test_build_report_links_the_rollouts_concerned(run: Run, ui: UiServer, page:
     page.wait_for_url(re.compile(r"/rollouts/"))
     assert page.locator("#rollout-id").inner_text() == run.retokenized_rollout
     assert page.locator("#calls").inner_text().count("re-tokenised") == 1
+    page.locator("#trajectory-links a").first.click()
+    page.wait_for_url(re.compile(r"/trajectory/"))
+    (call,) = [t for t in built(run, "triplets") if t["rollout_id"] == run.retokenized_rollout]
+    assert call["token_source"] == "retokenized"
+    every_token = str(len(call["prompt_token_ids"]) + len(call["response_token_ids"]))
+    assert page.locator("#token-count").inner_text() == every_token
+    assert page.locator("#retokenized-count").inner_text() == every_token
 
 
 def test_a_live_run_shows_new_rollouts_and_steps(run: Run, tmp_path: Path, page: Any) -> None:

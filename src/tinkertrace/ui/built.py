@@ -37,7 +37,7 @@ class BuiltRollout:
 
     rollout_id: str
     policy: str
-    source: str  # "built from N span files" or the path of the built tables
+    source: str  # which span files it was built from, under which policy
     triplets: list[dict[str, Any]]
     trajectories: list[dict[str, Any]]  # with an "advantage" per row (None when not computable)
     advantage_note: str
@@ -127,7 +127,6 @@ class RolloutBuilds:
             tasks=(task_id,) if task_id is not None else (),
             reward_policy=policy,  # type: ignore[arg-type]
             group_by=str(run_settings(self.index).get("group_by", "task")),  # type: ignore[arg-type]
-            threads=2,
         )
         result = build_trajectories(spans_dir, None, options)
         summary = result.summary
