@@ -140,7 +140,9 @@ class RolloutBuilds:
             if mine.num_rows:
                 group_rows = group_rows.filter(pc.is_in(group_rows["group_key"], value_set=mine["group_key"]))
         incomplete = rollout_id in summary.incomplete_rollout_ids
-        source = f"built now from {len(files)} span files (reward policy {policy})"
+        source = (
+            f"built now from {len(files)} span file{'s' if len(files) != 1 else ''} (reward policy {policy})"
+        )
         return self._assemble(rollout_id, policy, source, group_rows, triplets, unmatched, incomplete)
 
     def _assemble(
