@@ -13,10 +13,12 @@ PANELS: tuple[tuple[str, str], ...] = (
     ("reward", r"reward"),
     ("loss", r"loss"),
     ("sampler vs trainer (KL, ratio, entropy)", r"kl_|ratio|entropy|clip"),
-    ("trained and dropped", r"frac|trained|dropped|episodes"),
-    ("lag and staleness", r"^lag/|stale"),
+    ("groups: mixed, all good, all bad", r"frac"),
+    ("rollouts trained and dropped", r"^follow/|episodes"),
+    ("lag and staleness", r"^lag/"),
     ("data", r"^data/|tokens"),
     ("time", r"^time/"),
+    ("other", r""),  # every numeric metric is plotted somewhere
 )
 
 
