@@ -11,7 +11,11 @@ export TINKERTRACE_CPU_THREADS ?= 1
 AGENTS_VENV := .venv-agents
 AGENTS_STAMP := $(AGENTS_VENV)/.installed
 
-.PHONY: setup demo test lint bench agents-env
+# The ui tests drive Debian's chromium with Playwright (in the dev extra; Playwright's own browser
+# download is never used). apt-get runs only when the browser is missing (CI runs as root).
+BROWSER_STAMP := $(VENV)/.browser
+
+.PHONY: setup demo test lint bench agents-env browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,10 +36,18 @@ $(AGENTS_STAMP): pyproject.toml examples/agents_sdk/requirements.txt
 
 agents-env: $(AGENTS_STAMP)
 
+$(BROWSER_STAMP): $(STAMP)
+	command -v chromium >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+	$(BIN)/python -c "import playwright.sync_api"
+	touch $(BROWSER_STAMP)
+
+browser: $(BROWSER_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/tinkertrace demo
 
-test: $(STAMP) $(AGENTS_STAMP)
+test: $(STAMP) $(AGENTS_STAMP) $(BROWSER_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 

@@ -20,6 +20,14 @@ def demo(
         typer.Option(help="Output folder (default: a new ./tinkertrace-demo-<timestamp>/)."),
     ] = None,
     settings: dict[str, Any] = OptionsOf(DemoSettings),
+    ui: Annotated[
+        bool,
+        typer.Option(
+            "--ui",
+            help="Also serve `tinkertrace ui` over the output folder (loopback; the URL is printed) and keep "
+            "it serving after the demo until Ctrl-C.",
+        ),
+    ] = False,
 ) -> None:
     """Run the online RL loop on this machine (no keys, no network) and show the reward rising.
 
@@ -31,7 +39,25 @@ def demo(
     from tinkertrace.online.demo import run_demo
 
     folder = out or Path(f"tinkertrace-demo-{datetime.now():%Y%m%d-%H%M%S}")
-    run_demo(validated(DemoSettings, out=folder, **settings))
+    checked = validated(DemoSettings, out=folder, **settings)
+    if not ui:
+        run_demo(checked)
+        return
+    from tinkertrace.ui.server import serve_beside
+
+    with serve_beside(folder) as url:
+        run_demo(checked)
+        typer.echo(f"tinkertrace ui still serving the finished run at {url} — Ctrl-C to stop")
+        wait_for_interrupt()
+
+
+def wait_for_interrupt() -> None:
+    """Block until Ctrl-C."""
+    import contextlib
+    import threading
+
+    with contextlib.suppress(KeyboardInterrupt):
+        threading.Event().wait()
 
 
 def register(app: typer.Typer) -> None:

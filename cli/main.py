@@ -18,6 +18,7 @@ from tinkertrace.cli import (
     serve_cmd,
     spans_cmd,
     train_cmd,
+    ui_cmd,
 )
 
 app = typer.Typer(
@@ -40,6 +41,7 @@ def version() -> None:
 
 for module in (collector_cmd, spans_cmd, build_cmd, train_cmd, serve_cmd, engine_cmd, eval_cmd, demo_cmd):
     module.register(app)
+ui_cmd.register(app)
 
 
 if __name__ == "__main__":

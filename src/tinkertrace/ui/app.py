@@ -1,0 +1,332 @@
+"""The Starlette app of ``tinkertrace ui``: read-only pages over a run's files, and their JSON.
+
+Pages: run (metrics plots, settings), rollouts (paged, sortable, filtered), one rollout (span
+timeline, messages, where each reward landed), one trajectory token by token, and the build report.
+Every page re-checks the run's files (throttled), so a live run's new rollouts and steps appear; the
+browser script polls ``/api/status`` and reloads the live parts when the data version moves.
+Templates autoescape: nothing from a span is ever rendered as HTML. Handlers are plain functions:
+Starlette runs them on its thread pool, so a page that builds a rollout never stalls the others.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from tinkertrace import semconv as sc
+from tinkertrace.builder.options import REWARD_POLICIES
+from tinkertrace.ui.build_report import BuildReports
+from tinkertrace.ui.built import (
+    DEFAULT_POLICY,
+    BuiltRollout,
+    RolloutBuilds,
+    agents_of,
+    run_settings,
+    token_view,
+)
+from tinkertrace.ui.index import PAGE_SIZES, SORTABLE, RolloutQuery, RunIndex
+from tinkertrace.ui.run_metrics import metric_series
+from tinkertrace.ui.sources import read_json
+from tinkertrace.ui.timeline import messages_of, reward_landings, span_tree
+
+HERE = Path(__file__).parent
+TOKEN_COOKIE = "tinkertrace_ui_token"
+
+
+@dataclass
+class UiState:
+    index: RunIndex
+    builds: RolloutBuilds
+    reports: BuildReports
+    templates: jinja2.Environment
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,  # every value is HTML-escaped unless a template says otherwise (none does)
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["num"] = _num
+    env.filters["tojson_attr"] = lambda v: json.dumps(v)  # for data-* attributes (then escaped)
+    return env
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+class TokenGate:
+    """Require the token (``Authorization: Bearer``, a ``token`` query parameter, or the cookie the
+    latter sets) on every request when one is configured."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app, self.token = app, token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.token is None or scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        given = [
+            bearer.strip() if scheme.lower() == "bearer" else "",
+            request.query_params.get("token", ""),
+            request.cookies.get(TOKEN_COOKIE, ""),
+        ]
+        if not any(g and hmac.compare_digest(g.encode(), self.token.encode()) for g in given):
+            response: Response = Response(
+                "This tinkertrace ui needs its token: open the URL it printed (…?token=…) or send "
+                "'Authorization: Bearer <token>'.\n",
+                status_code=401,
+                media_type="text/plain",
+            )
+            await response(scope, receive, send)
+            return
+
+        async def send_with_cookie(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start" and request.query_params.get("token"):
+                cookie = f"{TOKEN_COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
+                message["headers"] = [*message.get("headers", []), (b"set-cookie", cookie.encode())]
+            await send(message)
+
+        await self.app(scope, receive, send_with_cookie)
+
+
+def _state(request: Request) -> UiState:
+    state: UiState = request.app.state.ui
+    state.index.refresh()
+    return state
+
+
+def _page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    state: UiState = request.app.state.ui
+    html = state.templates.get_template(template).render(
+        request=request, version=state.index.version, nav=template.split(".")[0], **context
+    )
+    return HTMLResponse(html, status_code=status_code)
+
+
+def _bad_request(request: Request, message: str) -> HTMLResponse:
+    return _page(request, "error.html", status_code=400, title="bad request", message=message)
+
+
+# --- run -------------------------------------------------------------------------------------------
+def run_page(request: Request) -> Response:
+    state = _state(request)
+    summaries = [read_json(p) for p in state.index.sources.summary_files]
+    return _page(
+        request,
+        "run.html",
+        counts=state.index.counts(),
+        settings=run_settings(state.index),
+        summary=summaries[0] if summaries else {},
+        sources=state.index.sources.describe(),
+    )
+
+
+def api_status(request: Request) -> Response:
+    return JSONResponse(_state(request).index.counts())
+
+
+def api_metrics(request: Request) -> Response:
+    return JSONResponse(metric_series(_state(request).index.sources.log_dirs))
+
+
+# --- rollouts --------------------------------------------------------------------------------------
+def _flag(value: str | None) -> bool | None:
+    return None if value in (None, "") else value in ("1", "true", "yes")
+
+
+def parse_query(params: Any) -> RolloutQuery:
+    """A :class:`RolloutQuery` from URL parameters; ValueError naming the bad one."""
+
+    def integer(name: str, default: int) -> int:
+        raw = params.get(name) or str(default)
+        if not raw.isdigit():
+            raise ValueError(f"{name} must be a positive whole number, got {raw!r}")
+        return int(raw)
+
+    return RolloutQuery(
+        sort=params.get("sort") or "start_ms",
+        desc=params.get("order", "desc") != "asc",
+        page=integer("page", 1),
+        per_page=integer("per_page", 50),
+        status=params.get("status") or None,
+        split=params.get("split") or None,
+        task=params.get("task") or None,
+        agent=params.get("agent") or None,
+        text=params.get("q") or None,
+        incomplete=_flag(params.get("incomplete")),
+        trained=_flag(params.get("trained")),
+    )
+
+
+def _link(request: Request, **changes: Any) -> str:
+    """The current URL with some query parameters changed (None removes one)."""
+    params = dict(request.query_params)
+    params.pop("partial", None)
+    for key, value in changes.items():
+        if value is None:
+            params.pop(key, None)
+        else:
+            params[key] = str(value)
+    return "?" + urlencode(params)
+
+
+def rollouts_page(request: Request) -> Response:
+    state = _state(request)
+    try:
+        query = parse_query(request.query_params)
+    except ValueError as exc:
+        return _bad_request(request, str(exc))
+    page = state.index.list_rollouts(query)
+    template = "rollouts_table.html" if request.query_params.get("partial") else "rollouts.html"
+    return _page(
+        request,
+        template,
+        page=page,
+        facets=state.index.facets(),
+        sortable=SORTABLE,
+        page_sizes=PAGE_SIZES,
+        params=request.query_params,
+        link=lambda **kw: _link(request, **kw),
+    )
+
+
+def api_rollouts(request: Request) -> Response:
+    state = _state(request)
+    try:
+        query = parse_query(request.query_params)
+    except ValueError as exc:
+        return JSONResponse({"error": str(exc)}, status_code=400)
+    page = state.index.list_rollouts(query)
+    body = {"total": page.total, "page": query.page, "pages": page.pages, "rows": page.rows}
+    return Response(json.dumps(body, default=str), media_type="application/json")
+
+
+# --- one rollout -----------------------------------------------------------------------------------
+def _built(request: Request, rollout_id: str) -> tuple[dict[str, Any], BuiltRollout, str]:
+    state = _state(request)
+    row = state.index.rollout(rollout_id)
+    if row is None:
+        raise HTTPException(404, f"no rollout {rollout_id!r} in this run")
+    policy = request.query_params.get("policy") or DEFAULT_POLICY
+    if policy not in REWARD_POLICIES:
+        raise HTTPException(
+            400, f"unknown reward policy {policy!r}; choose one of {', '.join(REWARD_POLICIES)}"
+        )
+    return row, state.builds.get(rollout_id, policy), policy
+
+
+def rollout_page(request: Request) -> Response:
+    rollout_id = request.path_params["rollout_id"]
+    row, built, policy = _built(request, rollout_id)
+    index = _state(request).index
+    spans = index.spans_of(rollout_id)
+    details = index.span_details(rollout_id, index.files_of([rollout_id]))
+    tree = span_tree(spans)
+    return _page(
+        request,
+        "rollout.html",
+        rollout=row,
+        built=built,
+        policy=policy,
+        policies=REWARD_POLICIES,
+        tree=tree,
+        messages=messages_of(spans, details),
+        rewards=reward_landings(spans, built),
+        agents=agents_of(built),
+        types=sc,
+    )
+
+
+def trajectory_page(request: Request) -> Response:
+    rollout_id = request.path_params["rollout_id"]
+    row, built, policy = _built(request, rollout_id)
+    agents = agents_of(built)
+    wanted = request.query_params.get("agent")
+    agent = next((a for a in agents if (a or "") == (wanted or "")), agents[0] if agents else None)
+    view = token_view(built, agent) if agents else None
+    return _page(
+        request,
+        "trajectory.html",
+        rollout=row,
+        built=built,
+        policy=policy,
+        agents=agents,
+        agent=agent,
+        view=view,
+    )
+
+
+# --- build report ----------------------------------------------------------------------------------
+def build_page(request: Request) -> Response:
+    state = _state(request)
+    policy = request.query_params.get("policy") or DEFAULT_POLICY
+    if policy not in REWARD_POLICIES:
+        return _bad_request(
+            request, f"unknown reward policy {policy!r}; choose one of {', '.join(REWARD_POLICIES)}"
+        )
+    return _page(
+        request,
+        "build.html",
+        report=state.reports.get(policy, str(run_settings(state.index).get("group_by", "task"))),
+        problems=state.reports.problem_lists(),
+        policy=policy,
+        policies=REWARD_POLICIES,
+        index=state.index,
+    )
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if request.url.path.startswith("/api/"):
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+    return _page(
+        request, "error.html", status_code=exc.status_code, title=str(exc.status_code), message=exc.detail
+    )
+
+
+def create_app(index: RunIndex, *, token: str | None = None) -> Starlette:
+    """The app over ``index`` (refreshed as pages are asked for); ``token`` guards every request."""
+    index.refresh(force=True)
+    routes = [
+        Route("/", run_page),
+        Route("/rollouts", rollouts_page),
+        Route("/rollouts/{rollout_id:path}", rollout_page),
+        Route("/trajectory/{rollout_id:path}", trajectory_page),
+        Route("/build", build_page),
+        Route("/favicon.ico", lambda request: Response(status_code=204)),
+        Route("/api/status", api_status),
+        Route("/api/metrics", api_metrics),
+        Route("/api/rollouts", api_rollouts),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(TokenGate, token=token)],
+        exception_handlers={HTTPException: _http_error},
+    )
+    app.state.ui = UiState(index, RolloutBuilds(index), BuildReports(index), _environment())
+    return app

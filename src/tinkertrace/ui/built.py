@@ -1,0 +1,263 @@
+"""What the trainer sees of one rollout: its triplets and trajectories, and the advantage each got.
+
+The rollout's task group is built from its span files with the public builder
+(:func:`tinkertrace.builder.build_trajectories`, in memory: nothing is written into the run folder),
+under the reward policy asked for: what ``tinkertrace train`` builds from the same spans (the
+builder is deterministic). Advantages come from the trainer's own
+:func:`tinkertrace.training.dataset.prepare` over the group's rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tinkertrace import schemas
+from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.builder.options import REWARD_POLICIES
+from tinkertrace.training.dataset import prepare
+from tinkertrace.training.errors import DataError
+from tinkertrace.ui.index import RunIndex
+from tinkertrace.ui.sources import CONFIG_FILE, read_json
+
+DEFAULT_POLICY = "nearest"  # what `tinkertrace train` and follow mode build with
+CACHE_ENTRIES = 32
+
+
+@dataclass
+class BuiltRollout:
+    """One rollout as built: its calls (triplets), its trajectory rows, and where they came from."""
+
+    rollout_id: str
+    policy: str
+    source: str  # which span files it was built from, under which policy
+    triplets: list[dict[str, Any]]
+    trajectories: list[dict[str, Any]]  # with an "advantage" per row (None when not computable)
+    advantage_note: str
+    unmatched_reward_spans: set[str] = field(default_factory=set)
+    incomplete: bool = False  # the builder left the rollout out as incomplete
+
+
+def run_settings(index: RunIndex) -> dict[str, Any]:
+    """The training settings of the run (the first log folder's config.json), {} when none."""
+    for log_dir in index.sources.log_dirs:
+        if config := read_json(log_dir / CONFIG_FILE):
+            return config
+    return {}
+
+
+def _rows(table: pa.Table) -> list[dict[str, Any]]:
+    return table.drop_columns([c for c in ("end_time",) if c in table.column_names]).to_pylist()
+
+
+def _advantages(group: pa.Table, rollout_id: str, settings: dict[str, Any]) -> tuple[dict[Any, float], str]:
+    """(agent, segment) -> advantage of ``rollout_id``'s rows, as the trainer computes it over the group."""
+    mode = str(settings.get("advantage", "group"))
+    group_by = str(settings.get("group_by", "task"))
+    try:
+        data = prepare(group, group_by=group_by, advantage=mode, remove_constant_reward_groups=False)
+    except DataError as exc:
+        return {}, f"no advantage: {exc}"
+    table = data.table
+    keys = zip(
+        table["rollout_id"].to_pylist(),
+        table["agent_name"].to_pylist(),
+        table["segment"].to_pylist(),
+        strict=True,
+    )
+    values = {
+        (agent, seg): float(a)
+        for (rid, agent, seg), a in zip(keys, data.advantage_of_row, strict=True)
+        if rid == rollout_id
+    }
+    size = len(set(group["rollout_id"].to_pylist()))
+    note = f"advantage '{mode}' within the group of {size} rollouts (group key: {group_by})"
+    if len(set(group["reward"].to_pylist())) <= 1 and settings.get("remove_constant_reward_groups", True):
+        note += "; every reward in the group is equal, so the trainer leaves this group out"
+    return values, note
+
+
+class RolloutBuilds:
+    """Built rollouts, cached by (rollout, policy, span files)."""
+
+    def __init__(self, index: RunIndex, entries: int = CACHE_ENTRIES) -> None:
+        self.index = index
+        self.entries = entries
+        self._cache: OrderedDict[tuple[Any, ...], BuiltRollout] = OrderedDict()
+        self._lock = threading.Lock()  # pages run on several threads
+
+    def get(self, rollout_id: str, policy: str = DEFAULT_POLICY) -> BuiltRollout:
+        if policy not in REWARD_POLICIES:
+            raise ValueError(f"unknown reward policy {policy!r}; choose one of {', '.join(REWARD_POLICIES)}")
+        row = self.index.rollout(rollout_id)
+        if row is None:
+            raise KeyError(rollout_id)
+        group = self.index.rollouts_of_task(row["task_id"], rollout_id)
+        files = tuple(self.index.files_of(group))
+        key = (rollout_id, policy, files)  # a live run's new files make a new key
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        built = self._build(rollout_id, row["task_id"], policy, files)
+        with self._lock:
+            self._cache[key] = built
+            while len(self._cache) > self.entries:
+                self._cache.popitem(last=False)
+        return built
+
+    def _build(
+        self, rollout_id: str, task_id: str | None, policy: str, files: tuple[Path, ...]
+    ) -> BuiltRollout:
+        spans_dir = next(
+            (d for d in self.index.sources.spans_dirs if files and files[0].is_relative_to(d)), None
+        )
+        if spans_dir is None:
+            empty = schemas.trajectories().empty_table()
+            return self._assemble(rollout_id, policy, "no span files", empty, pa.table({}), set(), True)
+        options = BuildOptions(
+            files=files,
+            tasks=(task_id,) if task_id is not None else (),
+            reward_policy=policy,  # type: ignore[arg-type]
+            group_by=str(run_settings(self.index).get("group_by", "task")),  # type: ignore[arg-type]
+        )
+        result = build_trajectories(spans_dir, None, options)
+        summary = result.summary
+        unmatched = {span for rid, span in summary.unmatched_rewards if rid == rollout_id}
+        triplets = result.triplets.filter(pc.equal(result.triplets["rollout_id"], rollout_id))
+        group_rows = result.trajectories
+        if task_id is None:
+            group_rows = group_rows.filter(pc.equal(group_rows["rollout_id"], rollout_id))
+        else:
+            mine = group_rows.filter(pc.equal(group_rows["rollout_id"], rollout_id))
+            if mine.num_rows:
+                group_rows = group_rows.filter(pc.is_in(group_rows["group_key"], value_set=mine["group_key"]))
+        incomplete = rollout_id in summary.incomplete_rollout_ids
+        source = (
+            f"built now from {len(files)} span file{'s' if len(files) != 1 else ''} (reward policy {policy})"
+        )
+        return self._assemble(rollout_id, policy, source, group_rows, triplets, unmatched, incomplete)
+
+    def _assemble(
+        self, rollout_id: str, policy: str, source: str, group: pa.Table, triplets: pa.Table,
+        unmatched: set[str], incomplete: bool,
+    ) -> BuiltRollout:  # fmt: skip
+        mine = group.filter(pc.equal(group["rollout_id"], rollout_id)) if group.num_rows else group
+        mine = (
+            mine.sort_by([("agent_name", "ascending"), ("segment", "ascending")]) if mine.num_rows else mine
+        )
+        rows = _rows(mine)
+        note = "no trajectory"
+        if rows:
+            values, note = _advantages(group, rollout_id, run_settings(self.index))
+            for row in rows:
+                row["advantage"] = values.get((row["agent_name"], row["segment"]))
+        trips = _rows(triplets) if triplets.num_columns else []
+        return BuiltRollout(rollout_id, policy, source, trips, rows, note, unmatched, incomplete)
+
+
+@functools.lru_cache(maxsize=8)
+def _decoder(model: str) -> Any:
+    from tinkertrace.tokenizer import load_tokenizer
+
+    return load_tokenizer(model)
+
+
+def token_texts(model: str | None, ids: list[int]) -> tuple[list[str] | None, str]:
+    """Each token's text (decoded alone), or None with the reason when the model's tokenizer is not here."""
+    if not model:
+        return None, "no model name on the calls"
+    try:
+        tokenizer = _decoder(model)
+    except Exception as exc:  # a hosted model name, a folder that moved: show ids only
+        return None, f"tokenizer of {model!r} not available here ({exc.__class__.__name__})"
+    texts = tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False)
+    return [_visible(t) for t in texts], ""
+
+
+def _visible(text: str) -> str:
+    """Control characters as ``\\xNN`` (a sampled byte may be one); newlines and tabs kept."""
+    return "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in text)
+
+
+@dataclass
+class TokenView:
+    """A trajectory (one agent of one rollout, all its segments) token by token."""
+
+    agent: str | None
+    segments: list[dict[str, Any]]  # per segment: split_reason, reward, advantage, tokens (list of dicts)
+    total_tokens: int
+    trained_tokens: int
+    retokenized_tokens: int
+    text_note: str
+
+
+def token_view(built: BuiltRollout, agent: str | None) -> TokenView:
+    """Per-token rows of ``agent``'s trajectory: text, id, trained mask, sampler logprob, advantage on
+    trained tokens, the turn it came from and whether that call's ids were re-tokenised."""
+    rows = [r for r in built.trajectories if r["agent_name"] == agent]
+    calls = [t for t in built.triplets if t["agent_name"] == agent]
+    model = next((t["model"] for t in calls if t.get("model")), None)
+    turn_of = _turn_positions(rows, calls)
+    segments, total, trained, retok = [], 0, 0, 0
+    text_note = ""
+    for row, turn_positions in zip(rows, turn_of, strict=True):
+        texts, text_note = token_texts(model, row["tokens"])
+        tokens = []
+        for i, (tid, lp, mask) in enumerate(
+            zip(row["tokens"], row["logprobs"], row["action_mask"], strict=True)
+        ):
+            call = turn_positions[i] if turn_positions else None
+            source = call["token_source"] if call else None
+            tokens.append(
+                {
+                    "i": i,
+                    "id": tid,
+                    "text": texts[i] if texts else None,
+                    "trained": bool(mask),
+                    "logprob": float(lp) if mask else None,
+                    "advantage": row.get("advantage") if mask and row.get("advantage") is not None else None,
+                    "turn": call["turn"] if call else None,
+                    "retokenized": source == "retokenized",
+                }
+            )
+        total += len(tokens)
+        trained += sum(t["trained"] for t in tokens)
+        retok += sum(t["retokenized"] for t in tokens)
+        segments.append(
+            {
+                **{k: v for k, v in row.items() if k not in ("tokens", "logprobs", "action_mask")},
+                "tokens": tokens,
+            }
+        )
+    return TokenView(agent, segments, total, trained, retok, text_note)
+
+
+def _turn_positions(
+    rows: list[dict[str, Any]], calls: list[dict[str, Any]]
+) -> list[list[dict[str, Any]] | None]:
+    """For each segment, the call each token position came from (segments take ``num_turns`` calls in
+    turn order; a turn adds its new prompt tokens and its response). None where the lengths disagree."""
+    out: list[list[dict[str, Any]] | None] = []
+    k = 0
+    for row in rows:
+        taken = calls[k : k + int(row["num_turns"])]
+        k += int(row["num_turns"])
+        owner: list[dict[str, Any]] = []
+        for call in taken:
+            end = len(call["prompt_token_ids"]) + len(call["response_token_ids"])
+            owner += [call] * max(0, end - len(owner))
+        out.append(owner if len(owner) == len(row["tokens"]) else None)
+    return out
+
+
+def agents_of(built: BuiltRollout) -> list[str | None]:
+    """The agents that have a trajectory in the rollout, in order."""
+    return list(dict.fromkeys(r["agent_name"] for r in built.trajectories))

@@ -1,0 +1,112 @@
+// tinkertrace ui: local times, metric plots (uPlot), live refresh, token details. No network but this app.
+"use strict";
+(function () {
+  const POLL_MS = 2000;
+  const COLORS = ["#5b3cc4", "#3b82f6", "#1f8a4c", "#e0a030", "#c0392b", "#d64fa0", "#0d9488", "#6b7385"];
+  const $ = (sel, root) => (root || document).querySelector(sel);
+
+  function localTimes(root) {
+    for (const el of (root || document).querySelectorAll(".time[data-ms]")) {
+      const ms = Number(el.dataset.ms);
+      if (ms) el.textContent = new Date(ms).toLocaleString();
+    }
+  }
+
+  // --- plots --------------------------------------------------------------------------------------
+  let plottedSteps = -1;
+  async function drawPlots() {
+    const box = $("#plots");
+    if (!box) return;
+    const res = await fetch("/api/metrics", { credentials: "same-origin" });
+    if (!res.ok) return;
+    const data = await res.json();
+    if (data.steps.length === plottedSteps) return;
+    plottedSteps = data.steps.length;
+    $("#metrics-steps").textContent = `${data.steps.length} steps` + (data.log_dir ? ` · ${data.log_dir}` : "");
+    if (!data.steps.length) return;
+    box.replaceChildren();
+    for (const panel of data.panels) {
+      const div = document.createElement("div");
+      div.className = "plot";
+      div.dataset.title = panel.title;
+      div.dataset.points = String(data.steps.length);
+      const h = document.createElement("h3");
+      h.textContent = panel.title;
+      div.appendChild(h);
+      box.appendChild(div);
+      const series = [{ label: "step" }].concat(
+        panel.names.map((name, i) => ({ label: name, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true }))
+      );
+      new uPlot({ width: Math.max(400, div.clientWidth - 12), height: 220, series: series,
+                  scales: { x: { time: false } }, axes: [{ label: "step" }, {}], legend: { live: true } },
+                [data.steps].concat(panel.values), div);
+    }
+  }
+
+  // --- live ---------------------------------------------------------------------------------------
+  let version = Number(document.body.dataset.version);
+  async function poll() {
+    try {
+      const res = await fetch("/api/status", { credentials: "same-origin" });
+      if (res.ok) {
+        const status = await res.json();
+        if (status.version !== version) {
+          version = status.version;
+          $("#live-version").textContent = String(version);
+          $("#live").classList.add("changed");
+          await onNewData(status);
+        }
+      }
+      await drawPlots();
+    } finally {
+      setTimeout(poll, POLL_MS);
+    }
+  }
+
+  async function onNewData(status) {
+    const counts = { rollouts: status.rollouts, trained: status.rollouts_trained, incomplete: status.rollouts_incomplete,
+                     calls: status.llm_calls, tokens: status.tokens_sampled, spans: status.spans, files: status.files };
+    for (const [key, value] of Object.entries(counts)) {
+      const el = $("#count-" + key);
+      if (el) el.textContent = String(value);
+    }
+    const reward = $("#count-reward");
+    if (reward && status.mean_reward !== null) reward.textContent = status.mean_reward.toFixed(3);
+    const part = $("[data-live-fragment]");
+    if (part) {
+      const res = await fetch(part.dataset.liveFragment, { credentials: "same-origin" });
+      if (res.ok) {
+        part.innerHTML = await res.text();  // our own server-rendered, escaped fragment
+        localTimes(part);
+      }
+    }
+  }
+
+  // --- tokens -------------------------------------------------------------------------------------
+  function tokenClicks() {
+    const detail = $("#token-detail");
+    if (!detail) return;
+    document.addEventListener("click", (ev) => {
+      const tok = ev.target.closest(".tok[data-i]");
+      if (!tok) return;
+      for (const el of document.querySelectorAll(".tok.picked")) el.classList.remove("picked");
+      tok.classList.add("picked");
+      const d = tok.dataset;
+      detail.classList.remove("muted");
+      detail.textContent = `token ${d.i} · id ${d.id} · ${tok.classList.contains("trained") ? "trained" : "not trained"}` +
+        ` · sampler logprob ${d.lp} · advantage ${d.adv} · turn ${d.turn}` +
+        (tok.classList.contains("retok") ? " · re-tokenised call" : "") + ` · text ${JSON.stringify(tok.textContent)}`;
+    });
+  }
+
+  function buildReload() {
+    if ($("#build-running") || ($("h1") && $("h1").textContent === "build report" && !$("#summary-rows") && !$("#build-error"))) {
+      setTimeout(() => location.reload(), 1500);
+    }
+  }
+
+  localTimes();
+  tokenClicks();
+  buildReload();
+  poll();
+})();

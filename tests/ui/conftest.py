@@ -1,0 +1,180 @@
+"""A real run for the ui tests, built in the session: traced rollouts (SDK, real OpenAI client, the
+test server) into a spans folder, a batch training run on them (metrics, checkpoints, built tables),
+the ui serving that folder, and Debian's chromium driven by Playwright."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+import tinkertrace
+from tinkertrace.builtin import BUILTIN_MODEL
+from tinkertrace.testing.openai_server import RunningServer
+from tinkertrace.training.config import make_config
+from tinkertrace.training.loop import run_training
+from tinkertrace.ui.server import UiServer
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SCRIPT_TEXT = "<script>window.__pwned = 1</script><b>not bold</b>"
+TASKS = 9  # x 3 attempts: 27 single-turn rollouts, more than one page of 25
+
+
+@dataclass
+class Run:
+    root: Path
+    spans: Path
+    log_dir: Path
+    split_rollout: str  # its prompt history changed mid-conversation: two segments
+    script_rollout: str  # a user message holding HTML
+    unmatched_rollout: str  # a reward emitted before any call
+    retokenized_rollout: str  # the server returned no ids: the SDK re-tokenised
+    server: RunningServer
+
+    def agent(self) -> Agent:
+        return Agent(openai.OpenAI(base_url=self.server.base_url, api_key="test"))
+
+
+@dataclass
+class Agent:
+    client: openai.OpenAI
+
+    def chat(self, messages: list[dict[str, Any]]) -> str:
+        reply = self.client.chat.completions.create(model=BUILTIN_MODEL, messages=messages)
+        return reply.choices[0].message.content or ""
+
+
+def rollout_id() -> str:
+    from tinkertrace.sdk.context import current_rollout
+
+    return current_rollout().rollout_id  # type: ignore[union-attr]
+
+
+def record_rollouts(spans: Path, server: RunningServer) -> dict[str, str]:
+    """Trace the fixture's rollouts into ``spans``; the ids of the special ones."""
+    tinkertrace.init(spans_dir=spans, tokenizer=BUILTIN_MODEL)
+    agent = Agent(openai.OpenAI(base_url=server.base_url, api_key="test"))
+    special: dict[str, str] = {}
+
+    @tinkertrace.traced_rollout
+    def simple(task: dict[str, Any]) -> float:
+        agent.chat([{"role": "user", "content": task["q"]}])
+        return float(task["reward"])
+
+    @tinkertrace.traced_rollout
+    def edits_history(task: dict[str, Any]) -> None:
+        special["split"] = rollout_id()
+        msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "x"}]
+        reply = agent.chat(msgs)
+        msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": "y"}]
+        reply = agent.chat(msgs)
+        msgs[0] = {"role": "system", "content": "be verbose"}  # the history changed: a new segment
+        msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": "z"}]
+        agent.chat(msgs)
+        tinkertrace.emit_reward(float(task["reward"]))
+
+    @tinkertrace.traced_rollout
+    def html(task: dict[str, Any]) -> float:
+        special["script"] = rollout_id()
+        agent.chat([{"role": "user", "content": SCRIPT_TEXT}])
+        return 0.5
+
+    @tinkertrace.traced_rollout
+    def early_reward(task: dict[str, Any]) -> None:
+        special["unmatched"] = rollout_id()
+        tinkertrace.emit_reward(0.25)  # before any call: nothing to land on
+        agent.chat([{"role": "user", "content": "late"}])
+        tinkertrace.emit_reward(0.75)
+
+    @tinkertrace.traced_rollout
+    def no_server_ids(task: dict[str, Any]) -> float:
+        special["retokenized"] = rollout_id()
+        server.server.options.token_ids = False
+        try:
+            agent.chat([{"role": "user", "content": "ids please"}])
+        finally:
+            server.server.options.token_ids = True
+        return 1.0
+
+    try:
+        for t in range(TASKS):
+            for k in range(3):
+                simple({"id": f"task-{t}", "q": f"question {t}", "reward": (t + k) % 2})
+        edits_history({"id": "split-task", "reward": 1.0})
+        edits_history({"id": "split-task", "reward": 0.0})  # the last one's id is kept: reward 0
+        html({"id": "html-task"})
+        early_reward({"id": "early-task"})
+        no_server_ids({"id": "retok-task"})
+        tinkertrace.flush()
+    finally:
+        tinkertrace.shutdown()
+    return special
+
+
+@pytest.fixture(scope="session")
+def run(tmp_path_factory: pytest.TempPathFactory, _openai_server_session: RunningServer) -> Run:
+    root = tmp_path_factory.mktemp("ui-run")
+    spans, log_dir = root / "spans", root / "train"
+    special = record_rollouts(spans, _openai_server_session)
+    config = make_config(
+        None,
+        {
+            "source": spans,
+            "model": f"{BUILTIN_MODEL}:nano",
+            "groups_per_batch": 2,
+            "lora_rank": 4,
+            "log_dir": log_dir,
+            "engine_dir": root / "engine",
+            "save_every": 1,
+        },
+    )
+    run_training(config, progress=False)
+    return Run(
+        root, spans, log_dir, special["split"], special["script"], special["unmatched"],
+        special["retokenized"], _openai_server_session,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def ui(run: Run) -> Iterator[UiServer]:
+    with UiServer([run.root], refresh_s=0.2) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None:
+        pytest.skip("Debian's chromium is not installed (make browser installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh page; JavaScript errors on it fail the test."""
+    context = browser.new_context(viewport={"width": 1300, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.set_default_timeout(15_000)
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors: {errors}"
