@@ -39,9 +39,9 @@ def version() -> None:
     typer.echo(__version__)
 
 
-for module in (collector_cmd, spans_cmd, build_cmd, train_cmd, serve_cmd, engine_cmd, eval_cmd, demo_cmd):
+COMMANDS = (collector_cmd, spans_cmd, build_cmd, train_cmd, serve_cmd, engine_cmd, eval_cmd, demo_cmd, ui_cmd)
+for module in COMMANDS:
     module.register(app)
-ui_cmd.register(app)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from tinkertrace.cli.extras import needs_extra
+
 TOKEN_ENV = "TINKERTRACE_UI_TOKEN"
 DEFAULT_PORT = 8400
 
@@ -85,4 +87,4 @@ def ui(
 
 def register(app: typer.Typer) -> None:
     """Add `tinkertrace ui` to the main app."""
-    app.command("ui")(ui)
+    app.command("ui")(needs_extra("ui", "ui")(ui))
