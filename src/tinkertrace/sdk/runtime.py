@@ -11,7 +11,6 @@ installs them at ``init()`` and removes them at ``shutdown()``.
 from __future__ import annotations
 
 import atexit
-import importlib.metadata
 import logging
 import threading
 import time
@@ -196,11 +195,9 @@ def _own_exporters(config: cfg.TraceConfig, stats: ExportStats) -> list[SpanExpo
 
 
 def _scope() -> InstrumentationScope:
-    try:
-        version = importlib.metadata.version("tinkertrace")
-    except importlib.metadata.PackageNotFoundError:
-        version = "0+unknown"
-    return InstrumentationScope(SCOPE_NAME, version)
+    from tinkertrace import __version__  # not importlib.metadata: scanning sys.path costs ~20 ms at init
+
+    return InstrumentationScope(SCOPE_NAME, __version__)
 
 
 def _build(config: cfg.TraceConfig) -> Runtime:
