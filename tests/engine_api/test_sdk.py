@@ -238,7 +238,7 @@ def test_errors_come_back_in_tinkers_format(engine: RunningEngine, sdk: tinker.S
         headers={"X-API-Key": KEY},
     )
     assert unknown.status_code == 404 and "unknown model_id" in unknown.json()["detail"]
-    missing = httpx.post(engine.url + "/api/v1/save_weights_external", json={}, headers={"X-API-Key": KEY})
+    missing = httpx.post(engine.url + "/api/v1/copy_weights", json={}, headers={"X-API-Key": KEY})
     assert missing.status_code == 404 and "not served by tinkertrace engine" in missing.json()["detail"]
 
 

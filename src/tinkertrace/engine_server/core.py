@@ -99,7 +99,7 @@ class EngineCore:
         """Track ``future`` and answer its request id (``UntypedAPIFuture``) at once; a call that
         fails is logged with its route when it fails."""
         request_id = self.state.track(future, encoding)
-        route = request.url.path
+        route = f"{request.method} {request.url.path}"
         future.add_done_callback(lambda done: _log_failure(route, request_id, done))
         return JSONResponse(dump(types.UntypedAPIFuture(request_id=request_id, model_id=model_id, **extra)))
 
