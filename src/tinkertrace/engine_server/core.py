@@ -7,7 +7,6 @@ lists the URLs.
 
 from __future__ import annotations
 
-import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from tinker import types
 
 from tinkertrace.engine import ServiceClient
 from tinkertrace.engine_server.downloads import DownloadSigner
-from tinkertrace.engine_server.http import ApiError
+from tinkertrace.engine_server.http import ApiError, log
 from tinkertrace.engine_server.state import Encoding, ServerState
 from tinkertrace.engine_server.wire import decode_json_model
 
@@ -30,9 +29,6 @@ gives each call 45 s)."""
 SESSION_TIMEOUT_S = 600.0
 CHECKPOINT_SWEEP_S = 60.0
 """How often expired checkpoints (saved with a TTL) are deleted."""
-
-log = logging.getLogger("tinkertrace.engine")
-"""The request log: one line per refused or failed call (route, status, reason); see :mod:`.http`."""
 
 
 @dataclass

@@ -16,6 +16,7 @@ from tinkertrace.training.backends import HEALTH_PATH
 
 API_KEY_PREFIX = "tml-"
 log = logging.getLogger("tinkertrace.engine")
+"""The request log: one line per refused request or failed call (route, status, reason)."""
 
 USER_ERRORS = (ValueError, TypeError, LookupError, OSError, NotImplementedError)
 """Exceptions that are the caller's to fix (category ``user``); anything else is ``server``."""

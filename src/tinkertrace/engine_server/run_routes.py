@@ -15,9 +15,9 @@ from tinker import types
 from tinkertrace.engine import CheckpointError
 from tinkertrace.engine.storage import EXTERNAL_WEIGHTS, make_path
 from tinkertrace.engine_server import runs
-from tinkertrace.engine_server.core import EngineCore, dump, log
+from tinkertrace.engine_server.core import EngineCore, dump
 from tinkertrace.engine_server.downloads import export_files
-from tinkertrace.engine_server.http import ApiError
+from tinkertrace.engine_server.http import ApiError, log
 from tinkertrace.engine_server.state import UnknownResourceError
 
 
