@@ -125,7 +125,7 @@ def run_sl(model_name: str, log_path: Path, data_file: Path) -> None:
         recipe_name="tinkertrace_engine_test",
         renderer_name=RENDERER,
         dataset_builder=FromConversationFileBuilder(file_path=str(data_file), common_config=common),
-        learning_rate=1e-3,
+        learning_rate=1e-2,
         lora_rank=4,
         save_every=0,
         eval_every=0,

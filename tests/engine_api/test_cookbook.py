@@ -68,9 +68,10 @@ def test_cookbook_rl_and_supervised_loops_run_unchanged(tmp_path: Path) -> None:
     assert len(rolling) == 2 and not rolling & set(out["rl_listed"])
     assert kept <= set(out["rl_listed"])
 
-    # supervised: two epochs over four conversations in batches of two, the loss going down
+    # supervised: two epochs over four conversations in batches of two; the second epoch (the same
+    # conversations) has a lower loss than the first
     losses = [m["train_mean_nll"] for m in out["sl_metrics"] if "train_mean_nll" in m]
-    assert len(losses) == 4 and losses[-1] < losses[0]
+    assert len(losses) == 4 and sum(losses[2:]) < sum(losses[:2])
     assert any(c["name"] == "final" for c in out["sl_checkpoints"])
 
     # weights.download of a training state: an age-encrypted export, downloaded and decrypted
