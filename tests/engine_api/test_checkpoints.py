@@ -83,18 +83,19 @@ def test_expired_checkpoints_vanish_and_a_ttl_can_be_lifted(tmp_path: Path) -> N
         service = tinker.ServiceClient(base_url=server.url, api_key=KEY)
         rest = tinker.RestClient(base_url=server.url, api_key=KEY)
         trainer = service.create_lora_training_client(NANO, rank=4, seed=0).result()
-        short = trainer.save_state("short", ttl_seconds=1).result().path
-        lifted = trainer.save_state("lifted", ttl_seconds=1).result().path
-        kept = trainer.save_state("kept").result().path
-        listed = {c.tinker_path: c for c in rest.list_checkpoints(trainer.model_id).result().checkpoints}
-        assert listed[short].expires_at is not None and listed[kept].expires_at is None
+        lifted = trainer.save_state("lifted", ttl_seconds=60).result().path
         rest.set_checkpoint_ttl_from_tinker_path(lifted, None).result()
+        kept = trainer.save_state("kept").result().path
+        short = trainer.save_state("short", ttl_seconds=3).result().path
+        listed = {c.tinker_path: c for c in rest.list_checkpoints(trainer.model_id).result().checkpoints}
+        assert listed[short].expires_at is not None
+        assert listed[kept].expires_at is None and listed[lifted].expires_at is None
 
         run_dir = tmp_path / "engine" / trainer.model_id / "weights"
-        _wait_until(lambda: not (run_dir / "short").exists())  # swept once its second had passed
-        assert (run_dir / "lifted").is_dir() and (run_dir / "kept").is_dir()  # same expiry, but lifted
+        _wait_until(lambda: not (run_dir / "short").exists())  # swept once its 3 s had passed
+        assert (run_dir / "lifted").is_dir() and (run_dir / "kept").is_dir()
         paths = [c.tinker_path for c in rest.list_checkpoints(trainer.model_id).result().checkpoints]
-        assert paths == [lifted, kept]
+        assert paths == [lifted, kept]  # oldest first
         with pytest.raises(tinker.RequestFailedError, match="not found"):
             service.create_training_client_from_state(short).result()
         with pytest.raises(tinker.BadRequestError, match="ttl_seconds"):
