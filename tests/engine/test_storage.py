@@ -31,7 +31,7 @@ def _save(store: CheckpointStore, name: str, ttl_seconds: int | None = None, kin
 
 def test_expired_checkpoints_resolve_as_missing_and_are_swept(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
-    expiring, lifted, kept = _save(store, "a", 1), _save(store, "b", 1), _save(store, "c")
+    lifted, kept, expiring = _save(store, "b", 60), _save(store, "c"), _save(store, "a", 1)
     store.set_ttl(lifted, None)
     _, meta = store.resolve(expiring)
     assert meta["expires_at"] == pytest.approx(time.time() + 1, abs=2)
