@@ -143,7 +143,9 @@ def main() -> None:
     first_rl = _jsonl(work / "rl" / "checkpoints.jsonl")
     run_rl(model_name, work / "rl", max_steps=3)  # resumes from the last checkpoint
     rl_checkpoints = _jsonl(work / "rl" / "checkpoints.jsonl")
-    final_state = rl_checkpoints[-1]["state_path"]
+    final_state = [c for c in rl_checkpoints if c["name"] == "final"][-1][
+        "state_path"
+    ]  # rolling ones may log later
     rl_run = rest.get_training_run_by_tinker_path(final_state).result()
 
     run_sl(model_name, work / "sl", work / "conversations.jsonl")
