@@ -15,7 +15,13 @@ AGENTS_STAMP := $(AGENTS_VENV)/.installed
 # download is never used). apt-get runs only when the browser is missing (CI runs as root).
 BROWSER_STAMP := $(VENV)/.browser
 
-.PHONY: setup demo test lint bench agents-env browser
+# tinker-cookbook 0.5.8 (the newest that installs: 0.6 needs a tml-renderers the registry lacks) runs in
+# its own environment: it pins transformers<=5.5.4. It shares .venv's torch and tinker SDK (a .pth line),
+# so only the cookbook and its own pins install there.
+COOKBOOK_VENV := .venv-cookbook
+COOKBOOK_STAMP := $(COOKBOOK_VENV)/.installed
+
+.PHONY: setup demo test lint bench agents-env browser cookbook-env
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,10 +50,19 @@ $(BROWSER_STAMP): $(STAMP)
 
 browser: $(BROWSER_STAMP)
 
+$(COOKBOOK_STAMP): $(STAMP)
+	$(PYTHON) -m venv $(COOKBOOK_VENV)
+	$(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+		"$$($(COOKBOOK_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/tinkertrace-venv.pth"
+	$(COOKBOOK_VENV)/bin/pip install --quiet "tinker-cookbook==0.5.8"
+	touch $(COOKBOOK_STAMP)
+
+cookbook-env: $(COOKBOOK_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/tinkertrace demo
 
-test: $(STAMP) $(AGENTS_STAMP) $(BROWSER_STAMP)
+test: $(STAMP) $(AGENTS_STAMP) $(BROWSER_STAMP) $(COOKBOOK_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 

@@ -15,8 +15,48 @@ HELP = (
     "(or tinker.ServiceClient(base_url=..., api_key=...)); `tinkertrace train --backend tinker` and "
     "`tinkertrace serve --backend tinker` then run against this machine. Serves the built-in model "
     "(tinkertrace/tiny-chat[:nano|:small|:base]) and any local Hugging Face folder, LoRA and full "
-    "fine-tuning; checkpoints are tinker:// paths under --dir. See docs/engine.md."
+    "fine-tuning; checkpoints are tinker:// paths under --dir. --model-alias lets recipes' model names "
+    "(e.g. Qwen/Qwen3-8B-Base) run on a local model. Refused and failed calls are logged, one line each "
+    "(route, status, reason). See docs/engine.md."
 )
+
+
+def parse_aliases(pairs: list[str]) -> dict[str, str]:
+    """``NAME=MODEL`` options → ``{NAME: MODEL}``; ValueError naming a malformed one."""
+    aliases = {}
+    for pair in pairs:
+        name, sep, target = pair.partition("=")
+        if not sep or not name.strip() or not target.strip():
+            raise ValueError(
+                f"--model-alias {pair!r} must look like NAME=MODEL (e.g. Qwen/Qwen3-8B=tinkertrace/tiny-chat)"
+            )
+        aliases[name.strip()] = target.strip()
+    return aliases
+
+
+def _check_model(name: str) -> None:
+    """ModelNotFoundError unless ``name`` is a built-in model or a Hugging Face model folder."""
+    from tinkertrace.engine.model import ModelNotFoundError, builtin_size
+
+    if builtin_size(name) is None and not (Path(name) / "config.json").is_file():
+        raise ModelNotFoundError(f"{name!r} is neither a built-in model nor a Hugging Face model folder")
+
+
+def _configure_logging() -> None:
+    """The request log on stderr (one line per refused or failed call), no Hugging Face progress bars."""
+    import logging
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s tinkertrace engine %(levelname)s: %(message)s"))
+    logger = logging.getLogger("tinkertrace.engine")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def engine(
@@ -36,6 +76,13 @@ def engine(
         typer.Option(
             help="A local Hugging Face model folder (or built-in name) to list in get_server_capabilities; "
             "repeat for several. Checked at start. Any built-in size or local folder can be trained anyway."
+        ),
+    ] = None,
+    model_alias: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=MODEL: serve requests for model NAME (e.g. a recipe's Qwen/Qwen3-8B-Base) with MODEL "
+            "(a built-in name or a local folder); repeat for several. Runs keep the name they were asked for."
         ),
     ] = None,
     api_key: Annotated[
@@ -65,27 +112,28 @@ def engine(
     from rich.console import Console
 
     from tinkertrace.engine import ServiceClient
-    from tinkertrace.engine.model import ModelNotFoundError, builtin_size
+    from tinkertrace.engine.model import ModelNotFoundError
     from tinkertrace.engine_server import EngineSettings, create_app
 
     console = Console(stderr=True, soft_wrap=True)
     models = list(model or [])
-    for name in models:
-        try:
-            if builtin_size(name) is None and not (Path(name) / "config.json").is_file():
-                raise ModelNotFoundError(
-                    f"{name!r} is neither a built-in model nor a Hugging Face model folder"
-                )
-        except ModelNotFoundError as exc:
-            console.print(f"[red]tinkertrace engine: cannot start[/]: {exc}")
-            raise typer.Exit(1) from None
+    try:
+        aliases = parse_aliases(list(model_alias or []))
+        for name in [*models, *aliases.values()]:
+            _check_model(name)
+    except (ModelNotFoundError, ValueError) as exc:
+        console.print(f"[red]tinkertrace engine: cannot start[/]: {exc}")
+        raise typer.Exit(1) from None
     if api_key is not None and not api_key.startswith("tml-"):
         console.print(
             "[red]tinkertrace engine: cannot start[/]: --api-key must start with 'tml-' (the SDK's rule)"
         )
         raise typer.Exit(1)
+    _configure_logging()
     service = ServiceClient(base_dir=engine_dir, device=device, cpu_threads=cpu_threads)
-    settings = EngineSettings(api_key=api_key, models=models, session_timeout_s=session_timeout)
+    settings = EngineSettings(
+        api_key=api_key, models=models, session_timeout_s=session_timeout, model_aliases=aliases
+    )
     app = create_app(service, settings)
     key_hint = "<the --api-key value>" if api_key else "tml-local"
     console.print(
@@ -94,6 +142,8 @@ def engine(
         f"API key {'as given' if api_key else 'any tml-...'}). Use it with "
         f"TINKER_BASE_URL=http://{host}:{port} TINKER_API_KEY={key_hint}. Ctrl-C stops."
     )
+    for name, target in aliases.items():
+        console.print(f"  model alias: {name} → {target}")
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 

@@ -1,4 +1,5 @@
-"""SamplingClient: logprobs agree with forward, stop sequences, max_tokens, seeds, saved weights."""
+"""SamplingClient: sampled, prompt, top-k and target logprobs agree with forward; stop sequences,
+max_tokens, seeds, saved weights."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from tinker import types
 
 from tinkertrace.engine import CheckpointError, SamplingClient, ServiceClient, TrainingClient
@@ -46,6 +48,90 @@ def test_sampled_logprobs_equal_forward_logprobs(service: ServiceClient, kit: An
     scored = sampler.compute_logprobs(types.ModelInput.from_ints(full)).result()
     assert scored[0] is None and len(scored) == len(full)
     np.testing.assert_allclose(scored[len(prompt(kit)) :], response.sequences[0].logprobs, atol=1e-4)
+
+
+def _forward_of_targets(client: TrainingClient, tokens: list[int], targets: np.ndarray) -> np.ndarray:
+    """``[len(tokens) - 1, K]``: the trainer's forward logprob of ``targets[i, j]`` after ``tokens[:i + 1]``
+    (one Datum per column)."""
+    data = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={
+                "target_tokens": np.maximum(column, 0).astype(np.int64),
+                "weights": np.ones(len(column), np.float32),
+            },
+        )
+        for column in targets.T
+    ]
+    outputs = client.forward(data, "cross_entropy").result().loss_fn_outputs
+    return np.stack([out["logprobs"].to_numpy() for out in outputs], axis=1)
+
+
+def test_top_k_and_target_prompt_logprobs_equal_a_forward_pass(service: ServiceClient, kit: Any) -> None:
+    client = trained(service, kit, rank=4)
+    sampler = client.save_weights_and_get_sampling_client().result()
+    tokens = kit.sequences()[0]
+    n, k = len(tokens), 5
+    rng = np.random.default_rng(0)
+    targets = rng.integers(0, 256, size=(n - 1, 3))
+    targets[::4, 1] = -1  # "nothing asked here"
+    targets[:, 0] = tokens[1:]  # the prompt's own next tokens
+    response = sampler.sample(
+        types.ModelInput.from_ints(tokens),
+        1,
+        types.SamplingParams(max_tokens=1),
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=k,
+        target_prompt_logprobs=types.TensorData.from_numpy(targets.astype(np.int64)),
+    ).result()
+
+    top = response.topk_prompt_logprobs_np
+    assert top is not None and top.token_ids.shape == (n, k)
+    assert response.topk_prompt_logprobs[0] is None  # nothing before the first token
+    forward_top = _forward_of_targets(client, tokens, top.token_ids[1:])
+    np.testing.assert_allclose(top.logprobs[1:], forward_top, atol=1e-4)
+    assert (np.diff(top.logprobs[1:], axis=1) <= 0).all()  # most likely first
+    own = _forward_of_targets(client, tokens, targets[:, :1])[:, 0]
+    assert (top.logprobs[1:, 0] >= own - 1e-5).all()  # nothing beats the top-1
+    np.testing.assert_allclose(response.prompt_logprobs[1:], own, atol=1e-4)
+
+    got = response.target_prompt_logprobs.to_numpy()
+    assert got.shape == targets.shape
+    want = np.where(targets >= 0, _forward_of_targets(client, tokens, targets), 0.0)
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+    # sparse request → sparse answer in the same layout; last_n limits the scored positions
+    sparse = types.TensorData.from_torch_sparse(torch.from_numpy(targets.astype(np.int64)), pad_value=-1)
+    last = sampler.sample(
+        types.ModelInput.from_ints(tokens),
+        1,
+        types.SamplingParams(max_tokens=1),
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=2,
+        target_prompt_logprobs=sparse,
+        prompt_logprobs_last_n=3,
+    ).result()
+    assert last.target_prompt_logprobs.sparse_col_indices == sparse.sparse_col_indices
+    np.testing.assert_allclose(last.target_prompt_logprobs.to_numpy(), want, atol=1e-4)
+    assert all(v is None for v in last.prompt_logprobs[:-3]) and None not in last.prompt_logprobs[-3:]
+    assert last.topk_prompt_logprobs[: n - 3] == [None] * (n - 3)
+    np.testing.assert_allclose(last.topk_prompt_logprobs_np.logprobs[-3:], top.logprobs[-3:, :2], atol=1e-5)
+
+
+def test_bad_prompt_logprob_requests(service: ServiceClient, kit: Any) -> None:
+    sampler = service.create_sampling_client(base_model=kit.NANO).result()
+    tokens = prompt(kit)
+    model_input, params = types.ModelInput.from_ints(tokens), types.SamplingParams(max_tokens=1)
+    wrong_rows = types.TensorData.from_numpy(np.zeros((len(tokens), 2), np.int64))
+    with pytest.raises(ValueError, match=rf"shape \[{len(tokens) - 1}, K\]"):
+        sampler.sample(model_input, 1, params, target_prompt_logprobs=wrong_rows)
+    too_big = types.TensorData.from_numpy(np.full((len(tokens) - 1, 1), 10**6, np.int64))
+    with pytest.raises(ValueError, match="ids must be -1"):
+        sampler.sample(model_input, 1, params, target_prompt_logprobs=too_big)
+    with pytest.raises(ValueError, match="topk_prompt_logprobs"):
+        sampler.sample(model_input, 1, params, topk_prompt_logprobs=10**6)
+    with pytest.raises(ValueError, match="prompt_alt_tokens_k"):
+        sampler.sample(model_input, 1, params, prompt_alt_tokens_k=2)
 
 
 def test_max_tokens_seed_and_stop_tokens(service: ServiceClient, kit: Any) -> None:

@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 import tinker
+import torch
 from tinker import types
 
 from tinkertrace.engine import ServiceClient as LocalServiceClient
@@ -159,6 +160,44 @@ def test_sampling_clients_sample_and_compute_logprobs(sdk: tinker.ServiceClient)
     )
 
 
+def test_top_k_and_target_prompt_logprobs_over_http_match_the_in_process_engine(
+    engine: RunningEngine, sdk: tinker.ServiceClient
+) -> None:
+    """What the cookbook's distillation recipes (top-k) and ``decisions`` (sparse targets) ask for."""
+    ids = datum(TEXTS[1]).model_input.to_ints()
+    targets = np.full((len(ids) - 1, 2), -1, dtype=np.int64)
+    targets[:, 0] = ids[1:]
+    targets[-1, 1] = 104  # one candidate at the last position, as decisions does
+    sparse = types.TensorData.from_torch_sparse(torch.from_numpy(targets), pad_value=-1)
+    answers = []
+    for client in (
+        sdk.create_sampling_client(base_model=NANO).result(),
+        engine.local.create_sampling_client(base_model=NANO).result(),
+    ):
+        answers.append(
+            client.sample(
+                types.ModelInput.from_ints(ids),
+                1,
+                types.SamplingParams(max_tokens=1),
+                include_prompt_logprobs=True,
+                topk_prompt_logprobs=4,
+                target_prompt_logprobs=sparse,
+            ).result()
+        )
+    remote, local = answers
+    assert remote.topk_prompt_logprobs[0] is None and len(remote.topk_prompt_logprobs[1]) == 4
+    np.testing.assert_array_equal(
+        remote.topk_prompt_logprobs_np.token_ids, local.topk_prompt_logprobs_np.token_ids
+    )
+    np.testing.assert_allclose(
+        remote.topk_prompt_logprobs_np.logprobs, local.topk_prompt_logprobs_np.logprobs, atol=1e-6
+    )
+    got, want = remote.target_prompt_logprobs, local.target_prompt_logprobs
+    assert got.sparse_crow_indices == sparse.sparse_crow_indices
+    np.testing.assert_allclose(got.to_numpy(), want.to_numpy(), atol=1e-6)
+    np.testing.assert_allclose(got.to_numpy()[:, 0], remote.prompt_logprobs[1:], atol=1e-6)
+
+
 def test_calls_of_one_model_run_in_submission_order_across_chunks(
     engine: RunningEngine, sdk: tinker.ServiceClient
 ) -> None:
@@ -238,7 +277,7 @@ def test_errors_come_back_in_tinkers_format(engine: RunningEngine, sdk: tinker.S
         headers={"X-API-Key": KEY},
     )
     assert unknown.status_code == 404 and "unknown model_id" in unknown.json()["detail"]
-    missing = httpx.post(engine.url + "/api/v1/save_weights_external", json={}, headers={"X-API-Key": KEY})
+    missing = httpx.post(engine.url + "/api/v1/copy_weights", json={}, headers={"X-API-Key": KEY})
     assert missing.status_code == 404 and "not served by tinkertrace engine" in missing.json()["detail"]
 
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 import numbers
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from tinker import types
 from tinker.lib.public_interfaces.api_future import APIFuture
-from tinker.types.topk_logprobs import TopkLogprobs
+from tinker.types.topk_logprobs import MASK_LOGPROB, TopkLogprobs
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tinkertrace.engine.futures import OrderedWorker
@@ -88,14 +89,92 @@ def _new_sequence_id() -> str:
     return uuid.uuid4().hex
 
 
+@dataclass(frozen=True)
+class PromptScoreRequest:
+    """Which scores of the prompt a request wants (``SamplingClient.sample``'s prompt arguments)."""
+
+    include_logprobs: bool = False
+    topk: int = 0
+    target: types.TensorData | None = None
+    last_n: int | None = None
+
+    @property
+    def wanted(self) -> bool:
+        return self.include_logprobs or self.topk > 0 or self.target is not None
+
+    def check(self, prompt_length: int, vocab_size: int) -> None:
+        """ValueError naming what the server refuses, before any work is queued."""
+        if self.last_n is not None and not 1 <= self.last_n <= prompt_length - 1:
+            raise ValueError(f"prompt_logprobs_last_n must be in [1, {prompt_length - 1}], got {self.last_n}")
+        if not 0 <= self.topk <= vocab_size:
+            raise ValueError(f"topk_prompt_logprobs must be in [0, {vocab_size}], got {self.topk}")
+        if self.target is None:
+            return
+        shape = self.target.shape or []
+        if self.target.dtype != "int64" or len(shape) != 2 or shape[0] != prompt_length - 1:
+            raise ValueError(
+                f"target_prompt_logprobs must be an int64 tensor of shape [{prompt_length - 1}, K] "
+                f"(len(prompt) - 1 rows), got {self.target.dtype} {shape}"
+            )
+        ids = self.target.to_numpy(pad_value=-1)
+        if ids.size and (ids.min() < -1 or ids.max() >= vocab_size):
+            raise ValueError(f"target_prompt_logprobs ids must be -1 (none) or in [0, {vocab_size})")
+
+
+@dataclass
+class PromptScores:
+    """One forward pass's scores of a prompt: ``logprobs`` of each token (NaN for the first, and before
+    the last ``last_n``), the ``topk`` most likely tokens at each position (sentinel rows where not
+    scored), and the ``target`` ids' log-probabilities in the request's layout."""
+
+    logprobs: np.ndarray
+    topk: TopkLogprobs | None = None
+    target: types.TensorData | None = None
+
+
 @torch.inference_mode()
-def token_logprobs(model: PreTrainedModel, tokens: list[int]) -> np.ndarray:
-    """Log-probability of each token given the ones before it (length len(tokens) - 1)."""
+def prompt_scores(model: PreTrainedModel, tokens: list[int], request: PromptScoreRequest) -> PromptScores:
+    """Score ``tokens`` with one forward pass: position ``i`` is scored from ``log_softmax`` of the
+    logits after tokens ``[:i]`` — the same numbers ``TrainingClient.forward`` reports."""
     device = next(model.parameters()).device
+    n = len(tokens)
+    first_scored = 1 if request.last_n is None else n - request.last_n
+    logprobs = np.full(n, np.nan, dtype=np.float32)
+    if n < 2:
+        return PromptScores(logprobs)
     ids = torch.tensor([tokens], dtype=torch.long, device=device)
-    logits = model(input_ids=ids[:, :-1]).logits.float()
-    lp = -torch.nn.functional.cross_entropy(logits[0], ids[0, 1:], reduction="none")
-    return lp.cpu().numpy()
+    rows = torch.log_softmax(model(input_ids=ids[:, :-1]).logits[0].float(), dim=-1)  # row i scores i + 1
+    logprobs[1:] = rows.gather(-1, ids[0, 1:, None])[:, 0].cpu().numpy()
+    logprobs[:first_scored] = np.nan
+    scores = PromptScores(logprobs)
+    if request.topk:
+        values, top_ids = torch.topk(rows, request.topk, dim=-1)
+        token_ids = np.zeros((n, request.topk), dtype=np.int32)
+        top_lp = np.full((n, request.topk), MASK_LOGPROB, dtype=np.float32)
+        token_ids[first_scored:] = top_ids[first_scored - 1 :].cpu().numpy()
+        top_lp[first_scored:] = values[first_scored - 1 :].cpu().numpy()
+        scores.topk = TopkLogprobs(token_ids=token_ids, logprobs=top_lp)
+    if request.target is not None:
+        target_ids = torch.as_tensor(request.target.to_numpy(pad_value=-1), device=device)
+        picked = rows.gather(-1, target_ids.clamp(min=0)).masked_fill(target_ids < 0, 0.0).cpu().numpy()
+        scores.target = _in_layout_of(request.target, picked)
+    return scores
+
+
+def _in_layout_of(target: types.TensorData, values: np.ndarray) -> types.TensorData:
+    """``values`` (dense ``[rows, K]``) as float32 TensorData laid out like ``target`` (dense or CSR)."""
+    if target.sparse_crow_indices is None or target.sparse_col_indices is None:
+        return types.TensorData(data=values, dtype="float32", shape=list(values.shape))
+    crow = np.asarray(target.sparse_crow_indices, dtype=np.int64)
+    row_of_entry = np.repeat(np.arange(len(crow) - 1), np.diff(crow))
+    picked = values[row_of_entry, np.asarray(target.sparse_col_indices, dtype=np.int64)]
+    return types.TensorData(
+        data=picked,
+        dtype="float32",
+        shape=list(values.shape),
+        sparse_crow_indices=list(target.sparse_crow_indices),
+        sparse_col_indices=list(target.sparse_col_indices),
+    )
 
 
 @torch.inference_mode()
@@ -221,20 +300,22 @@ class SamplingClient:
         prompt_alt_tokens_k: int = 0,
         prompt_logprobs_last_n: int | None = None,
     ) -> APIFuture[types.SampleResponse]:
-        """Generate ``num_samples`` completions of ``prompt``; a future of a `SampleResponse`."""
-        if topk_prompt_logprobs or target_prompt_logprobs is not None:
-            raise ValueError("top-k and target prompt logprobs are not supported by the local engine")
+        """Generate ``num_samples`` completions of ``prompt``; a future of a `SampleResponse`.
+
+        Prompt scores come from one forward pass over the prompt (see :func:`prompt_scores`):
+        ``include_prompt_logprobs``, ``topk_prompt_logprobs`` (the k most likely tokens at each
+        position; both limited to the last ``prompt_logprobs_last_n`` positions when set) and
+        ``target_prompt_logprobs`` (the log-probabilities of chosen token ids, ``[len(prompt) - 1, K]``,
+        ``-1`` = none; dense or sparse CSR, answered in the same layout)."""
         if prompt_alt_tokens_k:
             raise ValueError("prompt_alt_tokens_k is not supported by the local engine")
         tokens = prompt_tokens(prompt)
+        request = PromptScoreRequest(
+            include_prompt_logprobs, topk_prompt_logprobs, target_prompt_logprobs, prompt_logprobs_last_n
+        )
+        request.check(len(tokens), int(self._model.config.vocab_size))
         return self._worker.submit(
-            self._sample,
-            tokens,
-            num_samples,
-            sampling_params,
-            include_prompt_logprobs,
-            prompt_logprobs_last_n,
-            topk_sample_logprobs,
+            self._sample, tokens, num_samples, sampling_params, request, topk_sample_logprobs
         )
 
     def _sample(
@@ -242,32 +323,30 @@ class SamplingClient:
         tokens: list[int],
         num_samples: int,
         params: types.SamplingParams,
-        include_prompt_logprobs: bool,
-        last_n: int | None,
+        scores: PromptScoreRequest,
         topk: int = 0,
     ) -> types.SampleResponse:
         sequences = generate(self._model, self._tokenizer, tokens, num_samples, params, topk)
-        prompt_lp = self._prompt_logprobs(tokens, last_n) if include_prompt_logprobs else None
-        return types.SampleResponse(sequences=sequences, prompt_logprobs_np=prompt_lp)
-
-    def _prompt_logprobs(self, tokens: list[int], last_n: int | None) -> np.ndarray:
-        if last_n is not None and not 1 <= last_n <= len(tokens) - 1:
-            raise ValueError(f"prompt_logprobs_last_n must be in [1, {len(tokens) - 1}], got {last_n}")
-        out = np.full(len(tokens), np.nan, dtype=np.float32)
-        if len(tokens) > 1:
-            out[1:] = token_logprobs(self._model, tokens)
-        if last_n is not None:
-            out[: len(tokens) - last_n] = np.nan
-        return out
+        if not scores.wanted:
+            return types.SampleResponse(sequences=sequences)
+        scored = prompt_scores(self._model, tokens, scores)
+        return types.SampleResponse(
+            sequences=sequences,
+            prompt_logprobs_np=scored.logprobs if scores.include_logprobs else None,
+            topk_prompt_logprobs_np=scored.topk,
+            target_prompt_logprobs=scored.target,
+        )
 
     def compute_logprobs(
         self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
     ) -> APIFuture[list[float | None]]:
         """Log-probability of each prompt token given those before it; None for the first."""
         tokens = prompt_tokens(prompt)
+        request = PromptScoreRequest(True, last_n=prompt_logprobs_last_n)
+        request.check(len(tokens), int(self._model.config.vocab_size))
 
         def run() -> list[float | None]:
-            arr = self._prompt_logprobs(tokens, prompt_logprobs_last_n)
+            arr = prompt_scores(self._model, tokens, request).logprobs
             return [None if np.isnan(x) else float(x) for x in arr]
 
         return self._worker.submit(run)

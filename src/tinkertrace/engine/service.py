@@ -64,10 +64,13 @@ class ServiceClient:
         optimizer: types.OptimizerConfig | None = None,
         *,
         run_id: str | None = None,
+        model_name: str | None = None,
     ) -> ClientFuture[TrainingClient]:
         """A TrainingClient with LoRA adapters of ``rank`` (seeded); ``rank=0`` trains all weights.
 
-        ``run_id`` (an extension, used by ``tinkertrace engine``) names the run instead of a fresh id.
+        ``user_metadata`` is recorded with the run (``run.json``). Extensions, used by ``tinkertrace
+        engine``: ``run_id`` names the run instead of a fresh id; ``model_name`` is the name the run
+        answers to when ``base_model`` was reached through an alias.
         """
         if not isinstance(rank, int) or rank < 0:
             raise ValueError(f"rank must be a non-negative integer (0 = full fine-tuning), got {rank!r}")
@@ -80,16 +83,34 @@ class ServiceClient:
             train_attn=train_attn,
             train_unembed=train_unembed,
         )
-        return ClientFuture(TrainingClient(spec, self.store, self.device, run_id=run_id))
+        client = TrainingClient(
+            spec, self.store, self.device, run_id=run_id, user_metadata=user_metadata, model_name=model_name
+        )
+        return ClientFuture(client)
 
     def _from_state(
-        self, path: str, base_model: str | None, with_optimizer: bool, run_id: str | None = None
+        self,
+        path: str,
+        base_model: str | None,
+        with_optimizer: bool,
+        run_id: str | None,
+        user_metadata: dict[str, str] | None,
     ) -> ClientFuture[TrainingClient]:
+        """A new run from a training state; it keeps the source run's model name and ``user_metadata``
+        (updated with ``user_metadata``)."""
         _, meta = self.store.resolve(path, expected_kind=WEIGHTS)
         spec = ModelSpec(**meta["spec"])
         if base_model is not None and base_model != spec.base_model:
             raise ValueError(f"{path!r} was trained from {spec.base_model!r}, not {base_model!r}")
-        client = TrainingClient(spec, self.store, self.device, run_id=run_id)
+        source = self.store.read_run(str(meta.get("run_id", ""))) or {}
+        client = TrainingClient(
+            spec,
+            self.store,
+            self.device,
+            run_id=run_id,
+            user_metadata={**(source.get("user_metadata") or {}), **(user_metadata or {})},
+            model_name=source.get("model_name"),
+        )
         future = client.load_state_with_optimizer(path) if with_optimizer else client.load_state(path)
         future.result()
         return ClientFuture(client)
@@ -106,7 +127,7 @@ class ServiceClient:
     ) -> ClientFuture[TrainingClient]:
         """A new training run starting from saved weights (fresh optimizer state)."""
         _check_optimizer(optimizer)
-        return self._from_state(path, base_model, with_optimizer=False, run_id=run_id)
+        return self._from_state(path, base_model, False, run_id, user_metadata)
 
     def create_training_client_from_state_with_optimizer(
         self,
@@ -118,7 +139,7 @@ class ServiceClient:
         run_id: str | None = None,
     ) -> ClientFuture[TrainingClient]:
         """A new training run resuming saved weights and optimizer state exactly."""
-        return self._from_state(path, base_model, with_optimizer=True, run_id=run_id)
+        return self._from_state(path, base_model, True, run_id, user_metadata)
 
     def create_sampling_client(
         self,

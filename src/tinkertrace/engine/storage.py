@@ -1,9 +1,14 @@
 """Where the local engine keeps checkpoints: ``tinker://<run_id>/<kind>/<name>`` under a base folder.
 
-``tinker://<run_id>/weights/<name>`` (training state: trainable weights, optimizer, spec) and
+``tinker://<run_id>/weights/<name>`` (training state: trainable weights, optimizer, spec),
 ``tinker://<run_id>/sampler_weights/<name>`` (a complete Hugging Face model folder with the
-tokenizer) resolve to ``<base_dir>/<run_id>/<kind>/<name>``. The default base folder is
-``$TINKERTRACE_HOME/engine``, with ``TINKERTRACE_HOME`` defaulting to ``~/.cache/tinkertrace``.
+tokenizer) and ``tinker://<run_id>/external_weights/<name>`` (the same folder exported for download,
+optionally age-encrypted) resolve to ``<base_dir>/<run_id>/<kind>/<name>``; each holds a
+``checkpoint.json``. A run's own record (model spec, the name it was asked for, ``user_metadata``)
+is ``<base_dir>/<run_id>/run.json``. A checkpoint saved with a TTL carries ``expires_at`` (Unix
+seconds): once past it, it resolves as missing and :meth:`CheckpointStore.sweep_expired` deletes it.
+The default base folder is ``$TINKERTRACE_HOME/engine``, with ``TINKERTRACE_HOME`` defaulting to
+``~/.cache/tinkertrace``.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -20,8 +26,11 @@ from typing import Any, Literal
 SCHEME = "tinker://"
 WEIGHTS = "weights"
 SAMPLER_WEIGHTS = "sampler_weights"
-Kind = Literal["weights", "sampler_weights"]
+EXTERNAL_WEIGHTS = "external_weights"
+Kind = Literal["weights", "sampler_weights", "external_weights"]
+KINDS: tuple[Kind, ...] = (WEIGHTS, SAMPLER_WEIGHTS, EXTERNAL_WEIGHTS)
 META_FILE = "checkpoint.json"
+RUN_FILE = "run.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 """Run ids may also hold ':' (Tinker's model ids look like ``<session>:train:<n>``)."""
@@ -29,6 +38,10 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 
 class CheckpointError(ValueError):
     """A checkpoint path is malformed, missing, or of the wrong kind."""
+
+
+class CheckpointNotFoundError(CheckpointError, LookupError):
+    """A well-formed checkpoint path with nothing there (never saved, deleted, or expired)."""
 
 
 def default_base_dir() -> Path:
@@ -52,6 +65,8 @@ def check_name(name: str, what: str = "checkpoint name") -> str:
 
 def make_path(run_id: str, kind: Kind, name: str) -> str:
     """The ``tinker://`` path of a checkpoint."""
+    if kind not in KINDS:
+        raise CheckpointError(f"unknown checkpoint kind {kind!r}: use one of {', '.join(KINDS)}")
     return f"{SCHEME}{check_name(run_id, 'run id')}/{kind}/{check_name(name)}"
 
 
@@ -62,9 +77,9 @@ def parse_path(path: str) -> tuple[str, Kind, str]:
             f"checkpoint path must look like tinker://<run_id>/weights/<name>, got {path!r}"
         )
     parts = path[len(SCHEME) :].split("/")
-    if len(parts) != 3 or parts[1] not in (WEIGHTS, SAMPLER_WEIGHTS):
+    if len(parts) != 3 or parts[1] not in KINDS:
         raise CheckpointError(
-            f"checkpoint path must look like tinker://<run_id>/(weights|sampler_weights)/<name>, got {path!r}"
+            f"checkpoint path must look like tinker://<run_id>/({'|'.join(KINDS)})/<name>, got {path!r}"
         )
     run_id, kind, name = parts
     check_name(run_id, "run id")
@@ -89,11 +104,14 @@ class CheckpointStore:
         folder = self.folder(run_id, kind, name)
         meta_file = folder / META_FILE
         if not meta_file.is_file():
-            raise CheckpointError(f"checkpoint {path!r} not found (looked in {folder})")
+            raise CheckpointNotFoundError(f"checkpoint {path!r} not found (looked in {folder})")
         try:
-            return folder, json.loads(meta_file.read_text())
+            meta = json.loads(meta_file.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"checkpoint {path!r} is unreadable: {exc}") from exc
+        if is_expired(meta):
+            raise CheckpointNotFoundError(f"checkpoint {path!r} not found: it expired (its TTL has passed)")
+        return folder, meta
 
     def write(
         self,
@@ -103,8 +121,11 @@ class CheckpointStore:
         meta: dict[str, Any],
         fill: Callable[[Path], None],
         overwrite: bool = False,
+        ttl_seconds: int | None = None,
     ) -> str:
-        """Write a checkpoint atomically: ``fill(tmp_folder)`` then metadata, then rename into place."""
+        """Write a checkpoint atomically: ``fill(tmp_folder)`` then metadata, then rename into place.
+
+        ``ttl_seconds`` (None: never) sets when it expires."""
         folder = self.folder(run_id, kind, name)
         path = make_path(run_id, kind, name)
         if folder.exists() and not overwrite:
@@ -114,11 +135,81 @@ class CheckpointStore:
         tmp.mkdir()
         try:
             fill(tmp)
-            (tmp / META_FILE).write_text(json.dumps({**meta, "path": path}, indent=2, sort_keys=True))
+            meta = {**meta, "path": path, "created": time.time(), "expires_at": expiry(ttl_seconds)}
+            (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
             if folder.exists():
-                shutil.rmtree(folder)
+                _remove(folder)
             tmp.rename(folder)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return path
+
+    def delete(self, path: str) -> None:
+        """Delete a checkpoint (it vanishes at once for readers: renamed away, then removed)."""
+        folder, _ = self.resolve(path)
+        _remove(folder)
+
+    def set_ttl(self, path: str, ttl_seconds: int | None) -> None:
+        """Make a checkpoint expire ``ttl_seconds`` from now (None: never)."""
+        folder, meta = self.resolve(path)
+        _write_json(folder / META_FILE, {**meta, "expires_at": expiry(ttl_seconds)})
+
+    def sweep_expired(self) -> list[str]:
+        """Delete every checkpoint whose TTL has passed; their paths."""
+        swept = []
+        for meta_file in self.base_dir.glob(f"*/*/*/{META_FILE}"):
+            if meta_file.parent.name.startswith("."):
+                continue  # being written or deleted
+            try:
+                meta = json.loads(meta_file.read_text())
+                if is_expired(meta):
+                    _remove(meta_file.parent)
+                    swept.append(str(meta.get("path", meta_file.parent)))
+            except (OSError, json.JSONDecodeError):
+                continue  # unreadable, or deleted meanwhile
+        return swept
+
+    # -- runs ------------------------------------------------------------------------------------
+
+    def write_run(self, run_id: str, record: dict[str, Any]) -> None:
+        """Record a run (spec, requested model name, ``user_metadata``) in ``<run>/run.json``."""
+        folder = self.base_dir / check_name(run_id, "run id")
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_json(folder / RUN_FILE, record)
+
+    def read_run(self, run_id: str) -> dict[str, Any] | None:
+        """A run's record, or None (no record: a run from before records, or an unknown one)."""
+        try:
+            return dict(json.loads((self.base_dir / check_name(run_id, "run id") / RUN_FILE).read_text()))
+        except (OSError, json.JSONDecodeError, TypeError, ValueError):
+            return None
+
+
+def expiry(ttl_seconds: int | None) -> float | None:
+    """The Unix time ``ttl_seconds`` from now (None: never); ValueError unless positive."""
+    if ttl_seconds is None:
+        return None
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or ttl_seconds < 1:
+        raise ValueError(f"ttl_seconds must be a positive number of seconds or None, got {ttl_seconds!r}")
+    return time.time() + ttl_seconds
+
+
+def is_expired(meta: dict[str, Any]) -> bool:
+    """Whether a checkpoint's ``expires_at`` has passed."""
+    expires_at = meta.get("expires_at")
+    return isinstance(expires_at, int | float) and expires_at <= time.time()
+
+
+def _write_json(file: Path, data: dict[str, Any]) -> None:
+    """Replace ``file`` atomically with ``data`` as JSON."""
+    tmp = file.with_name(f".{file.name}.{uuid.uuid4().hex[:8]}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, file)
+
+
+def _remove(folder: Path) -> None:
+    """Rename ``folder`` to a hidden name (atomic for readers), then delete it."""
+    doomed = folder.with_name(f".deleted-{folder.name}-{uuid.uuid4().hex[:8]}")
+    folder.rename(doomed)
+    shutil.rmtree(doomed, ignore_errors=True)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,14 @@ from tinkertrace.engine.model import (
     trainable_state,
 )
 from tinkertrace.engine.sampling import SamplingClient, load_sampling_client, prompt_tokens
-from tinkertrace.engine.storage import SAMPLER_WEIGHTS, WEIGHTS, CheckpointStore, new_run_id
+from tinkertrace.engine.storage import (
+    EXTERNAL_WEIGHTS,
+    SAMPLER_WEIGHTS,
+    WEIGHTS,
+    CheckpointStore,
+    Kind,
+    new_run_id,
+)
 from tinkertrace.tokenizer import load_tokenizer
 
 TRAINABLE_FILE = "trainable.safetensors"
@@ -121,13 +129,25 @@ class TrainingClient:
     Every call is queued on this client's worker thread and returns a future at once, so
     ``forward_backward`` and ``optim_step`` can be submitted back to back. Gradients from
     several ``forward_backward`` calls add up until the next ``optim_step``.
+
+    The run is recorded in the store (``run.json``: spec, ``model_name`` — the name the run was
+    asked for, which may be an alias of ``spec.base_model`` — and ``user_metadata``).
     """
 
     def __init__(
-        self, spec: ModelSpec, store: CheckpointStore, device: torch.device, run_id: str | None = None
+        self,
+        spec: ModelSpec,
+        store: CheckpointStore,
+        device: torch.device,
+        run_id: str | None = None,
+        *,
+        user_metadata: Mapping[str, Any] | None = None,
+        model_name: str | None = None,
     ) -> None:
         self.spec = spec
         self.model_id = run_id or new_run_id()
+        self.model_name = model_name or spec.base_model
+        self.user_metadata = {str(k): str(v) for k, v in (user_metadata or {}).items()}
         self._store = store
         self._device = device
         with warnings.catch_warnings():
@@ -140,6 +160,16 @@ class TrainingClient:
         self._step = 0
         self.microbatch_tokens = MICROBATCH_TOKENS
         self._worker = OrderedWorker(f"tinkertrace-train-{self.model_id}")
+        store.write_run(
+            self.model_id,
+            {
+                "run_id": self.model_id,
+                "model_name": self.model_name,
+                "spec": spec.to_dict(),
+                "user_metadata": self.user_metadata,
+                "created": time.time(),
+            },
+        )
 
     # -- forward / backward ------------------------------------------------------------------
 
@@ -246,6 +276,7 @@ class TrainingClient:
             "step": self._step,
             "spec": self.spec.to_dict(),
             "base_model": self.spec.base_model,
+            "model_name": self.model_name,
         }
 
     def save_state(
@@ -267,7 +298,9 @@ class TrainingClient:
                     torch.save(self._optimizer.state_dict(), folder / OPTIMIZER_FILE)
 
             meta = {**self._meta(), "kind": WEIGHTS, "user_metadata": user_metadata or {}}
-            path = self._store.write(self.model_id, WEIGHTS, name, meta, fill, overwrite=overwrite)
+            path = self._store.write(
+                self.model_id, WEIGHTS, name, meta, fill, overwrite=overwrite, ttl_seconds=ttl_seconds
+            )
             return types.SaveWeightsResponse(path=path)
 
         return self._worker.submit(run)
@@ -309,18 +342,49 @@ class TrainingClient:
         self, name: str, ttl_seconds: int | None = None, user_metadata: dict[str, str] | None = None
     ) -> APIFuture[types.SaveWeightsForSamplerResponse]:
         """Save merged weights + tokenizer as a Hugging Face folder: ``tinker://<run>/sampler_weights/<name>``."""
+        return self._worker.submit(
+            lambda: types.SaveWeightsForSamplerResponse(
+                path=self._save_hf_folder(SAMPLER_WEIGHTS, name, ttl_seconds, user_metadata)
+            )
+        )
 
-        def run() -> types.SaveWeightsForSamplerResponse:
-            def fill(folder: Path) -> None:
-                with quiet_progress():
-                    inference_copy(self._model).save_pretrained(str(folder))
-                self._tokenizer.save_pretrained(str(folder))
+    def save_weights_external(
+        self, name: str, ttl_seconds: int | None = None, age_encryption_recipients: list[str] | None = None
+    ) -> APIFuture[types.SaveWeightsExternalResponse]:
+        """Export the weights for download: ``tinker://<run>/external_weights/<name>``, the same Hugging
+        Face folder as ``save_weights_for_sampler`` (LoRA merged in, tokenizer included). With
+        ``age_encryption_recipients`` every file is age-encrypted to them and named ``<file>.age``."""
+        recipients = list(age_encryption_recipients or [])
+        encrypt = age_encrypter(recipients) if recipients else None  # bad recipients fail here, at once
 
-            meta = {**self._meta(), "kind": SAMPLER_WEIGHTS, "user_metadata": user_metadata or {}}
-            path = self._store.write(self.model_id, SAMPLER_WEIGHTS, name, meta, fill, overwrite=True)
-            return types.SaveWeightsForSamplerResponse(path=path)
+        def run() -> types.SaveWeightsExternalResponse:
+            path = self._save_hf_folder(EXTERNAL_WEIGHTS, name, ttl_seconds, None, encrypt)
+            return types.SaveWeightsExternalResponse(path=path)
 
         return self._worker.submit(run)
+
+    def _save_hf_folder(
+        self,
+        kind: Kind,
+        name: str,
+        ttl_seconds: int | None,
+        user_metadata: dict[str, str] | None,
+        encrypt: Callable[[Path], None] | None = None,
+    ) -> str:
+        """Write the merged model + tokenizer as a Hugging Face folder checkpoint of ``kind``; its path."""
+
+        def fill(folder: Path) -> None:
+            with quiet_progress():
+                inference_copy(self._model).save_pretrained(str(folder))
+            self._tokenizer.save_pretrained(str(folder))
+            if encrypt is not None:
+                for file in [f for f in folder.rglob("*") if f.is_file()]:
+                    encrypt(file)
+
+        meta = {**self._meta(), "kind": kind, "user_metadata": user_metadata or {}}
+        return self._store.write(
+            self.model_id, kind, name, meta, fill, overwrite=True, ttl_seconds=ttl_seconds
+        )
 
     def save_weights_and_get_sampling_client(
         self,
@@ -349,13 +413,13 @@ class TrainingClient:
         return types.GetInfoResponse(
             model_data=types.ModelData(
                 arch=str(base.config.model_type),
-                model_name=self.spec.base_model,
+                model_name=self.model_name,
                 tokenizer_id=self.spec.base_model,
             ),
             model_id=self.model_id,
             is_lora=self.spec.is_lora,
             lora_rank=self.spec.lora_rank if self.spec.is_lora else None,
-            model_name=self.spec.base_model,
+            model_name=self.model_name,
         )
 
     def get_tokenizer(self) -> PreTrainedTokenizerBase:
@@ -369,3 +433,23 @@ class TrainingClient:
     def close(self) -> None:
         """Finish queued calls and stop the worker thread."""
         self._worker.shutdown(wait=True)
+
+
+def age_encrypter(recipients: list[str]) -> Callable[[Path], None]:
+    """A function that replaces a file with its age encryption to ``recipients`` (``age1...`` keys or
+    SSH public keys), named ``<file>.age``; ValueError naming a recipient that does not parse."""
+    import pyrage
+
+    parsed = []
+    for text in recipients:
+        kind = pyrage.ssh if text.startswith("ssh-") else pyrage.x25519
+        try:
+            parsed.append(kind.Recipient.from_str(text))
+        except Exception as exc:  # pyrage raises its own error types
+            raise ValueError(f"age_encryption_recipients: cannot parse {text!r}: {exc}") from None
+
+    def encrypt(file: Path) -> None:
+        pyrage.encrypt_file(str(file), str(file.with_name(file.name + ".age")), parsed)
+        file.unlink()
+
+    return encrypt

@@ -57,6 +57,7 @@ def _routes(api: EngineApi) -> list[tuple[str, Callable[[Request], Awaitable[Res
         ("/optim_step", api.optim_step, ["POST"]),
         ("/save_weights", api.save_weights, ["POST"]),
         ("/save_weights_for_sampler", api.save_weights_for_sampler, ["POST"]),
+        ("/save_weights_external", api.save_weights_external, ["POST"]),
         ("/load_weights", api.load_weights, ["POST"]),
         ("/create_sampling_session", api.create_sampling_session, ["POST"]),
         ("/join_sampling_session", api.join_sampling_session, ["POST"]),
@@ -67,6 +68,14 @@ def _routes(api: EngineApi) -> list[tuple[str, Callable[[Request], Awaitable[Res
         ("/training_runs", api.list_training_runs, ["GET"]),
         ("/training_runs/{run_id}", api.get_training_run, ["GET"]),
         ("/training_runs/{run_id}/checkpoints", api.list_checkpoints, ["GET"]),
+        ("/training_runs/{run_id}/checkpoints/{kind}/{name}", api.delete_checkpoint, ["DELETE"]),
+        ("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl", api.set_checkpoint_ttl, ["PUT"]),
+        (
+            "/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls",
+            api.external_weights_urls,
+            ["GET"],
+        ),
+        ("/downloads/{run_id}/{name}/{file:path}", api.download, ["GET"]),
         ("/weights_info", api.weights_info, ["POST"]),
         ("/billing/usage/events", api.billing_usage, ["GET"]),
         ("/billing/usage/checkpoints/current", api.checkpoint_storage, ["GET"]),
@@ -83,9 +92,10 @@ def create_app(service: ServiceClient, settings: EngineSettings | None = None) -
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        reaper = asyncio.create_task(api.expire_sessions())
+        tasks = [asyncio.create_task(api.expire_sessions()), asyncio.create_task(api.sweep_checkpoints())]
         yield
-        reaper.cancel()
+        for task in tasks:
+            task.cancel()
         api.executor.shutdown(wait=False, cancel_futures=True)
 
     app = Starlette(routes=routes, lifespan=lifespan)

@@ -17,7 +17,8 @@ from starlette.responses import JSONResponse
 from tinker import types
 
 from tinkertrace.engine import ServiceClient
-from tinkertrace.engine_server.http import ApiError
+from tinkertrace.engine_server.downloads import DownloadSigner
+from tinkertrace.engine_server.http import ApiError, log
 from tinkertrace.engine_server.state import Encoding, ServerState
 from tinkertrace.engine_server.wire import decode_json_model
 
@@ -26,6 +27,8 @@ RETRIEVE_POLL_S = 20.0
 gives each call 45 s)."""
 
 SESSION_TIMEOUT_S = 600.0
+CHECKPOINT_SWEEP_S = 60.0
+"""How often expired checkpoints (saved with a TTL) are deleted."""
 
 
 @dataclass
@@ -40,6 +43,10 @@ class EngineSettings:
     session_timeout_s: float = SESSION_TIMEOUT_S
     """A session without a heartbeat for this long is finished and its models released (the SDK
     sends one every 10 s while its ServiceClient lives)."""
+    model_aliases: dict[str, str] = field(default_factory=dict)
+    """Model names a client may ask for (e.g. a recipe's ``Qwen/Qwen3-8B-Base``) → the local model
+    (built-in name or folder) that serves them."""
+    checkpoint_sweep_s: float = CHECKPOINT_SWEEP_S
 
 
 def dump(model: Any) -> Any:
@@ -56,6 +63,7 @@ class EngineCore:
         self.state = ServerState()
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tinkertrace-engine-api")
         self.started = time.time()
+        self.downloads = DownloadSigner()
         self.try_again_answers = 0
         """How many ``retrieve_future`` calls were answered ``try_again`` (results not ready yet)."""
         self._tokenizer_dirs: dict[str, str] = {}
@@ -71,14 +79,33 @@ class EngineCore:
         """The body as a validated ``model_cls`` (a ``tinker.types`` request)."""
         return decode_json_model(model_cls, await self._body(request, model_cls))
 
+    def resolve_model(self, name: str) -> str:
+        """The local model behind a model name a client asked for (``--model-alias``), else the name."""
+        return self.settings.model_aliases.get(name, name)
+
     def _future_response(
-        self, future: Future[Any], *, encoding: Encoding = "json", model_id: str | None = None, **extra: Any
+        self,
+        request: Request,
+        future: Future[Any],
+        *,
+        encoding: Encoding = "json",
+        model_id: str | None = None,
+        **extra: Any,
     ) -> JSONResponse:
-        """Track ``future`` and answer its request id (``UntypedAPIFuture``) at once."""
+        """Track ``future`` and answer its request id (``UntypedAPIFuture``) at once; a call that
+        fails is logged with its route when it fails."""
         request_id = self.state.track(future, encoding)
+        route = f"{request.method} {request.url.path}"
+        future.add_done_callback(lambda done: _log_failure(route, request_id, done))
         return JSONResponse(dump(types.UntypedAPIFuture(request_id=request_id, model_id=model_id, **extra)))
 
     def _release(self, session_id: str) -> None:
         """Finish a session: its models and samplers are closed (finishing queued work) off the loop."""
         for client in self.state.finish_session(session_id):
             self.executor.submit(client.close)
+
+
+def _log_failure(route: str, request_id: str, future: Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        exc = future.exception()
+        log.warning("%s failed (%s): %s: %s", route, request_id, type(exc).__name__, exc)

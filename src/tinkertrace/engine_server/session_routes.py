@@ -21,11 +21,10 @@ class SessionRoutes(EngineCore):
 
     async def capabilities(self, request: Request) -> Response:
         caps = self.service.get_server_capabilities()
-        extra = [
-            types.SupportedModel(model_name=name, trainable=True, sampleable=True)
-            for name in self.settings.models
-            if not is_builtin(name)
-        ]
+        names = [name for name in self.settings.models if not is_builtin(name)] + list(
+            self.settings.model_aliases
+        )
+        extra = [types.SupportedModel(model_name=name, trainable=True, sampleable=True) for name in names]
         return JSONResponse(
             dump(types.GetServerCapabilitiesResponse(supported_models=[*caps.supported_models, *extra]))
         )
@@ -50,7 +49,7 @@ class SessionRoutes(EngineCore):
         req = await self._json(request, types.SessionHeartbeatRequest)
         session = self.state.session(req.session_id)
         if session.get("finished"):
-            return error_response(410, f"session {req.session_id} has finished")
+            return error_response(410, f"session {req.session_id} has finished", "POST " + request.url.path)
         session["heartbeat"] = time.time()
         return JSONResponse(dump(types.SessionHeartbeatResponse()))
 

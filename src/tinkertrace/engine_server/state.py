@@ -89,7 +89,6 @@ class TrainingModel:
     session_id: str
     client: TrainingClient
     sequencer: ModelSequencer
-    user_metadata: dict[str, Any]
     created: float = field(default_factory=time.time)
     last_request: float = field(default_factory=time.time)
 

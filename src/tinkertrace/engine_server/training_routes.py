@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from tinker import types
 
+from tinkertrace.engine.training import TrainingClient
 from tinkertrace.engine_server.core import EngineCore, dump
 from tinkertrace.engine_server.http import ApiError
 from tinkertrace.engine_server.state import (
@@ -30,13 +31,9 @@ from tinkertrace.tokenizer import is_builtin, load_tokenizer
 
 
 class TrainingRoutes(EngineCore):
-    def _register(
-        self, model_id: str, session_id: str, client: Any, user_metadata: dict[str, Any] | None
-    ) -> None:
+    def _register(self, model_id: str, session_id: str, client: TrainingClient) -> None:
         sequencer = ModelSequencer(next_seq_id=1)
-        self.state.add_model(
-            TrainingModel(model_id, session_id, client, sequencer, dict(user_metadata or {}))
-        )
+        self.state.add_model(TrainingModel(model_id, session_id, client, sequencer))
 
     async def create_model(self, request: Request) -> Response:
         req = await self._json(request, types.CreateModelRequest)
@@ -46,19 +43,21 @@ class TrainingRoutes(EngineCore):
 
         def create() -> types.CreateModelResponse:
             client = self.service.create_lora_training_client(
-                req.base_model,
+                self.resolve_model(req.base_model),
                 rank=lora.rank if lora is not None else 0,  # no LoRA config: full fine-tuning
                 seed=lora.seed if lora is not None else None,
                 train_mlp=lora.train_mlp if lora is not None else True,
                 train_attn=lora.train_attn if lora is not None else True,
                 train_unembed=lora.train_unembed if lora is not None else True,
+                user_metadata=req.user_metadata,
                 optimizer=req.optimizer_config,
                 run_id=model_id,
+                model_name=req.base_model,
             ).result()
-            self._register(model_id, req.session_id, client, req.user_metadata)
+            self._register(model_id, req.session_id, client)
             return types.CreateModelResponse(model_id=model_id)
 
-        return self._future_response(self.executor.submit(create), model_id=model_id)
+        return self._future_response(request, self.executor.submit(create), model_id=model_id)
 
     def _tokenizer_id(self, base_model: str) -> str:
         """A tokenizer the SDK's ``get_tokenizer`` can load here: the built-in one saved as a folder."""
@@ -75,19 +74,25 @@ class TrainingRoutes(EngineCore):
 
     async def get_info(self, request: Request) -> Response:
         req = await self._json(request, types.GetInfoRequest)
-        info = self.state.model(req.model_id).client.get_info()
+        client = self.state.model(req.model_id).client
+        info = client.get_info()
         model_data = info.model_data.model_copy(
-            update={"tokenizer_id": self._tokenizer_id(info.model_data.model_name)}
+            update={"tokenizer_id": self._tokenizer_id(client.spec.base_model)}
         )
         return JSONResponse(dump(info.model_copy(update={"model_data": model_data})))
 
     def _sequenced(
-        self, model: TrainingModel, seq_id: int, start: PendingCall, encoding: Encoding = "json"
+        self,
+        request: Request,
+        model: TrainingModel,
+        seq_id: int,
+        start: PendingCall,
+        encoding: Encoding = "json",
     ) -> JSONResponse:
         """Queue a call of ``model`` at ``seq_id``. A refused body starts as a failed future but still
         takes its place, so the model's later calls are not held back."""
         return self._future_response(
-            model.sequencer.submit(seq_id, start), encoding=encoding, model_id=model.model_id
+            request, model.sequencer.submit(seq_id, start), encoding=encoding, model_id=model.model_id
         )
 
     async def _model_call(
@@ -105,7 +110,7 @@ class TrainingRoutes(EngineCore):
             start = build(decode_json_model(model_cls, payload), model)
         except (WireError, ApiError) as exc:
             start = functools.partial(failed, exc)
-        return self._sequenced(model, seq_id, start)
+        return self._sequenced(request, model, seq_id, start)
 
     async def forward_backward(self, request: Request) -> Response:
         body = decompress(await request.body(), request.headers.get("content-encoding"))
@@ -116,7 +121,7 @@ class TrainingRoutes(EngineCore):
             start: PendingCall = functools.partial(failed, call.error)
         else:
             start = lambda: method(call.data, call.loss_fn, call.loss_fn_config).future()  # noqa: E731
-        return self._sequenced(model, call.seq_id, start, encoding="proto")
+        return self._sequenced(request, model, call.seq_id, start, encoding="proto")
 
     async def optim_step(self, request: Request) -> Response:
         return await self._model_call(
@@ -129,7 +134,7 @@ class TrainingRoutes(EngineCore):
         def build(req: types.SaveWeightsRequest, model: TrainingModel) -> PendingCall:
             name = req.path or f"state-{req.seq_id:06d}"
             return lambda: model.client.save_state(
-                name, overwrite=req.overwrite, user_metadata=req.user_metadata
+                name, ttl_seconds=req.ttl_seconds, overwrite=req.overwrite, user_metadata=req.user_metadata
             ).future()
 
         return await self._model_call(request, types.SaveWeightsRequest, build)
@@ -139,7 +144,9 @@ class TrainingRoutes(EngineCore):
             client = model.client
             if req.path is not None:
                 return lambda: map_future(
-                    client.save_weights_for_sampler(req.path, user_metadata=req.user_metadata).future(),
+                    client.save_weights_for_sampler(
+                        req.path, ttl_seconds=req.ttl_seconds, user_metadata=req.user_metadata
+                    ).future(),
                     lambda saved: types.SaveWeightsForSamplerResponseInternal(path=saved.path),
                 )
             if req.sampling_session_seq_id is None:
@@ -147,7 +154,7 @@ class TrainingRoutes(EngineCore):
             sampler_id = f"{model.session_id}:sample:{req.sampling_session_seq_id}"
 
             def register(sampling_client: Any) -> types.SaveWeightsForSamplerResponseInternal:
-                self.state.add_sampler(Sampler(sampler_id, client.spec.base_model, None, sampling_client))
+                self.state.add_sampler(Sampler(sampler_id, client.model_name, None, sampling_client))
                 return types.SaveWeightsForSamplerResponseInternal(sampling_session_id=sampler_id)
 
             return lambda: map_future(
@@ -155,6 +162,27 @@ class TrainingRoutes(EngineCore):
             )
 
         return await self._model_call(request, types.SaveWeightsForSamplerRequest, build)
+
+    async def save_weights_external(self, request: Request) -> Response:
+        """Export the weights as a Hugging Face folder (``tinker://<run>/external_weights/<name>``),
+        downloadable through ``external_weights_urls``."""
+
+        def build(req: types.SaveWeightsExternalRequest, model: TrainingModel) -> PendingCall:
+            def saved(done: types.SaveWeightsExternalResponse) -> types.SaveWeightsExternalResponseInternal:
+                folder, _ = self.service.store.resolve(done.path)
+                size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+                return types.SaveWeightsExternalResponseInternal(path=done.path, size_bytes=size)
+
+            return lambda: map_future(
+                model.client.save_weights_external(
+                    req.path,
+                    ttl_seconds=req.ttl_seconds,
+                    age_encryption_recipients=req.age_encryption_recipients,
+                ).future(),
+                saved,
+            )
+
+        return await self._model_call(request, types.SaveWeightsExternalRequest, build)
 
     async def load_weights(self, request: Request) -> Response:
         """Weights into an existing model (a sequenced call), or, with ``session_id``, a new model
@@ -169,6 +197,8 @@ class TrainingRoutes(EngineCore):
             return await self._model_call(request, types.LoadWeightsRequest, build)
         req = decode_json_model(types.LoadWeightsRequest, payload)
         self.state.session(req.session_id)
+        base_model = self.resolve_model(req.base_model) if req.base_model is not None else None
+        user_metadata = {str(k): str(v) for k, v in (req.user_metadata or {}).items()}
         if req.model_seq_id is None:
             raise ApiError(400, "load_weights with session_id needs model_seq_id")
         model_id = f"{req.session_id}:train:{req.model_seq_id}"
@@ -176,13 +206,13 @@ class TrainingRoutes(EngineCore):
         def create() -> types.LoadWeightsResponse:
             if req.optimizer:
                 made = self.service.create_training_client_from_state_with_optimizer(
-                    req.path, req.base_model, run_id=model_id
+                    req.path, base_model, user_metadata, run_id=model_id
                 )
             else:
                 made = self.service.create_training_client_from_state(
-                    req.path, req.base_model, optimizer=req.optimizer_config, run_id=model_id
+                    req.path, base_model, user_metadata, optimizer=req.optimizer_config, run_id=model_id
                 )
-            self._register(model_id, req.session_id, made.result(), req.user_metadata)
+            self._register(model_id, req.session_id, made.result())
             return types.LoadWeightsResponse(path=req.path, model_id=model_id)
 
-        return self._future_response(self.executor.submit(create), model_id=model_id)
+        return self._future_response(request, self.executor.submit(create), model_id=model_id)

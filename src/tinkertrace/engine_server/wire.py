@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from tinker import types
 from tinker.proto import tinker_public_pb2 as public_pb
+from tinker.types.topk_logprobs import TopkLogprobs
 
 PROTO_CONTENT_TYPE = "application/x-protobuf"
 
@@ -173,18 +174,52 @@ def encode_sample_response(response: types.SampleResponse) -> bytes:
         if logprobs is not None:
             out.logprobs = np.asarray(logprobs, dtype=np.float32).tobytes()
         if seq.topk_logprobs_np is not None:
-            ids, values = seq.topk_logprobs_np.token_ids, seq.topk_logprobs_np.logprobs
-            out.topk_sampled_logprobs.CopyFrom(
-                public_pb.TopkLogprobs(
-                    token_ids=np.asarray(ids, dtype=np.int32).tobytes(),
-                    logprobs=np.asarray(values, dtype=np.float32).tobytes(),
-                    length=int(ids.shape[0]),
-                    k=int(ids.shape[1]) if ids.ndim == 2 else 0,
-                )
-            )
+            out.topk_sampled_logprobs.CopyFrom(_topk(seq.topk_logprobs_np))
     if response.prompt_logprobs_np is not None:
         msg.prompt_logprobs = np.asarray(response.prompt_logprobs_np, dtype=np.float32).tobytes()
     elif response.prompt_logprobs is not None:
         values = [np.nan if v is None else v for v in response.prompt_logprobs]
         msg.prompt_logprobs = np.asarray(values, dtype=np.float32).tobytes()
+    if response.topk_prompt_logprobs_np is not None:
+        msg.topk_prompt_logprobs.CopyFrom(_topk(response.topk_prompt_logprobs_np))
+    if response.target_prompt_logprobs is not None:
+        msg.target_prompt_logprobs.CopyFrom(_float_tensor(response.target_prompt_logprobs))
     return msg.SerializeToString()
+
+
+def _topk(topk: TopkLogprobs) -> public_pb.TopkLogprobs:
+    ids, values = topk.token_ids, topk.logprobs
+    return public_pb.TopkLogprobs(
+        token_ids=np.asarray(ids, dtype=np.int32).tobytes(),
+        logprobs=np.asarray(values, dtype=np.float32).tobytes(),
+        length=int(ids.shape[0]),
+        k=int(ids.shape[1]) if ids.ndim == 2 else 0,
+    )
+
+
+def _float_tensor(tensor: types.TensorData) -> public_pb.Tensor:
+    """A float32 ``TensorData`` (dense or sparse CSR) as a ``tinker_public.Tensor``."""
+    msg = public_pb.Tensor(dtype=public_pb.DTYPE_FLOAT32, shape=list(tensor.shape or []))
+    values = np.asarray(
+        tensor.to_numpy() if tensor.sparse_crow_indices is None else tensor.data, dtype=np.float32
+    )
+    if tensor.sparse_crow_indices is None or tensor.sparse_col_indices is None:
+        msg.dense = values.tobytes()
+    else:
+        msg.sparse_csr.values = values.tobytes()
+        msg.sparse_csr.crow_indices = np.asarray(tensor.sparse_crow_indices, dtype=np.int64).tobytes()
+        msg.sparse_csr.col_indices = np.asarray(tensor.sparse_col_indices, dtype=np.int64).tobytes()
+    return msg
+
+
+def tensor_from_model(model: Any) -> types.TensorData | None:
+    """A request's ``TensorData`` JSON model (``tinker.types``' pydantic form) as ``types.TensorData``."""
+    if model is None:
+        return None
+    return types.TensorData(
+        data=model.data,
+        dtype=model.dtype,
+        shape=model.shape,
+        sparse_crow_indices=model.sparse_crow_indices,
+        sparse_col_indices=model.sparse_col_indices,
+    )
