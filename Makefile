@@ -11,7 +11,13 @@ export TINKERTRACE_CPU_THREADS ?= 1
 AGENTS_VENV := .venv-agents
 AGENTS_STAMP := $(AGENTS_VENV)/.installed
 
-.PHONY: setup demo test lint bench agents-env
+# The TypeScript agent example (examples/ts_agent): Node from Debian's packages when `node` is missing (CI
+# runs as root), its npm packages (the official `openai`, TypeScript) in its own node_modules, compiled once.
+TS_AGENT := examples/ts_agent
+TS_STAMP := $(TS_AGENT)/node_modules/.installed
+TS_AGENT_JS := $(TS_AGENT)/dist/agent.js
+
+.PHONY: setup demo test lint bench agents-env ts-agent
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,10 +38,21 @@ $(AGENTS_STAMP): pyproject.toml examples/agents_sdk/requirements.txt
 
 agents-env: $(AGENTS_STAMP)
 
+$(TS_STAMP): $(TS_AGENT)/package.json $(TS_AGENT)/package-lock.json
+	command -v node >/dev/null && command -v npm >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm)
+	cd $(TS_AGENT) && npm ci --no-audit --no-fund --loglevel=error
+	touch $(TS_STAMP)
+
+$(TS_AGENT_JS): $(TS_STAMP) $(TS_AGENT)/tsconfig.json $(wildcard $(TS_AGENT)/src/*.ts)
+	cd $(TS_AGENT) && npx tsc -p .
+
+ts-agent: $(TS_AGENT_JS)
+
 demo: $(STAMP)
 	$(BIN)/tinkertrace demo
 
-test: $(STAMP) $(AGENTS_STAMP)
+test: $(STAMP) $(AGENTS_STAMP) $(TS_AGENT_JS)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 

@@ -77,6 +77,25 @@ def serve(
         Path | None,
         typer.Option(help="Local engine storage folder (default: $TINKERTRACE_HOME/engine)."),
     ] = None,
+    collector: Annotated[
+        str | None,
+        typer.Option(
+            envvar="TINKERTRACE_ENDPOINT",
+            help="Record every call served (and the rollout routes' rewards and ends) as spans sent to "
+            "this collector (http://host:4318). Spans wait in a spool while it is down.",
+        ),
+    ] = None,
+    spans_dir: Annotated[
+        Path | None,
+        typer.Option(help="Record every call served as spans written to this folder (Parquet)."),
+    ] = None,
+    spool_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where spans wait while the collector is down (default under $TINKERTRACE_HOME)."),
+    ] = None,
+    record_content: Annotated[
+        bool, typer.Option(help="Record the messages of each call (token ids are always recorded).")
+    ] = True,
     tool_parser: Annotated[
         str,
         typer.Option(
@@ -92,6 +111,7 @@ def serve(
 
     Every answer carries prompt_token_ids, choices[].token_ids, logprobs when asked, and the policy
     version that sampled it. New weights are picked up from --watch-checkpoints or POST /admin/policy.
+    With --collector or --spans-dir every call served is recorded as an LLM span (see docs/serving.md).
     """
     if backend not in BACKENDS:
         raise typer.BadParameter(f"must be one of {', '.join(BACKENDS)}", param_hint="--backend")
@@ -104,6 +124,7 @@ def serve(
 
     from tinkertrace.serving.app import create_app
     from tinkertrace.serving.policy import PolicyHolder, resolve_client
+    from tinkertrace.serving.recording import CallRecorder
     from tinkertrace.training.backends import make_service_client
     from tinkertrace.training.errors import TrainingError
 
@@ -126,8 +147,14 @@ def serve(
         model_path=model_path,
         loader=lambda path: service.create_sampling_client(model_path=path),
     )
+    recorder = None
+    if collector or spans_dir:
+        recorder = CallRecorder(
+            collector=collector, spans_dir=spans_dir, spool_dir=spool_dir, capture_content=record_content
+        )
     app = create_app(
         holder,
+        recorder=recorder,
         api_key=api_key,
         admin_token=admin_token,
         default_max_tokens=max_tokens,
@@ -143,6 +170,8 @@ def serve(
     ]
     if watch_checkpoints:
         extras.append(f"following {watch_checkpoints}")
+    if recorder is not None:
+        extras.append(f"recording calls to {' and '.join(str(t) for t in (collector, spans_dir) if t)}")
     console.print(
         f"[bold]tinkertrace serve[/]: [cyan]{holder.model_name}[/] (backend {backend}, policy "
         f"v{holder.version}) at [green]http://{host}:{port}/v1[/] — {', '.join(extras)}. Ctrl-C stops."
@@ -160,6 +189,10 @@ def register(app: typer.Typer) -> None:
             "choices[].token_ids (output_token_ids on /v1/responses), logprobs when asked, and the "
             "policy version that sampled it. Tool calls in replies come back as structured tool_calls "
             "(function_call items on /v1/responses), read by --tool-parser. New weights are picked "
-            "up from --watch-checkpoints or POST /admin/policy (with --admin-token)."
+            "up from --watch-checkpoints or POST /admin/policy (with --admin-token).\n\n"
+            "With --collector or --spans-dir the endpoint records every call it serves as a token-exact "
+            "LLM span: rollouts are named by a URL prefix (base URL http://HOST:PORT/rollouts/ID/v1), "
+            "x-tinkertrace-* headers or a W3C traceparent, and POST /v1/rollouts/ID/reward and "
+            "/v1/rollouts/ID/finish record rewards and rollout ends (they need --api-key when one is set)."
         ),
     )(serve)

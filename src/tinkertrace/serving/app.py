@@ -1,7 +1,9 @@
 """The OpenAI-compatible sampling endpoint as a Starlette ASGI app.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/responses``, ``POST /v1/completions``,
-``GET /v1/models[/{id}]``, ``GET /health``, and the admin routes ``GET|POST /admin/policy``
+``GET /v1/models[/{id}]``, ``GET /health``, ``POST /v1/rollouts/{id}/reward|finish`` (with a
+:class:`~tinkertrace.serving.recording.CallRecorder`, which records every call answered as a span),
+and the admin routes ``GET|POST /admin/policy``
 (enabled by an admin token) that show or swap the served weights from another process, and
 ``POST /admin/admission`` through which the trainer states its demand and consumption
 (:mod:`tinkertrace.serving.admission`). Every answer names the policy version that produced it
@@ -21,6 +23,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -37,6 +40,8 @@ from tinkertrace.serving.openai_wire.responses import new_item_id, parse_respons
 from tinkertrace.serving.openai_wire.responses_stream import stream_events
 from tinkertrace.serving.openai_wire.sse import sse_response
 from tinkertrace.serving.policy import PolicyHolder, StalePolicyError
+from tinkertrace.serving.recording import CallRecorder, call_kind
+from tinkertrace.serving.rollout_routing import RolloutPrefix
 from tinkertrace.serving.tool_parsers import make_tool_parser
 from tinkertrace.serving.tool_use import plan_tools
 
@@ -76,6 +81,7 @@ class SamplingEndpoint:
         default_max_tokens: int,
         batcher: SampleBatcher,
         tool_parser: str = "auto",
+        recorder: CallRecorder | None = None,
     ) -> None:
         self.policy = policy
         self.tool_parser = make_tool_parser(tool_parser, getattr(policy.tokenizer, "chat_template", None))
@@ -86,32 +92,47 @@ class SamplingEndpoint:
         self.requests_served = 0
         self.watcher: CheckpointWatcher | None = None
         self.conversations = ConversationStore()
+        self.recorder = recorder
 
     # --- plumbing ----------------------------------------------------------------------------------
-    def guarded(self, handler: Handler, *, admin: bool = False) -> Handler:
-        """Wrap a handler: authenticate, and answer every failure in OpenAI's error format."""
+    def _authenticate(self, request: Request, admin: bool) -> None:
+        if admin:
+            if self.admin_token is None:
+                raise ApiError(
+                    403,
+                    "The admin API is disabled: start the server with an admin token.",
+                    type="permission_error",
+                    code="admin_disabled",
+                )
+            _check_token(request, self.admin_token, "an admin token")
+        elif self.api_key is not None:
+            _check_token(request, self.api_key, "an API key")
+
+    def guarded(self, handler: Handler, *, admin: bool = False, recorded: bool = False) -> Handler:
+        """Wrap a handler: authenticate, answer every failure in OpenAI's error format, and (``recorded``,
+        with a recorder) record the call and its answer as an LLM span."""
 
         async def run(request: Request) -> Response:
+            call = None
             try:
-                if admin:
-                    if self.admin_token is None:
-                        raise ApiError(
-                            403,
-                            "The admin API is disabled: start the server with an admin token.",
-                            type="permission_error",
-                            code="admin_disabled",
-                        )
-                    _check_token(request, self.admin_token, "an admin token")
-                elif self.api_key is not None:
-                    _check_token(request, self.api_key, "an API key")
-                return await handler(request)
+                self._authenticate(request, admin)
+                if recorded and self.recorder is not None:
+                    kind = call_kind(request.url.path)
+                    call = await self.recorder.open_call(request, kind) if kind else None
+                response = await handler(request)
             except ApiError as err:
-                return err.response()
+                response = err.response()
             except ValueError as exc:  # the sampler refused the request (e.g. a prompt beyond the context)
-                return ApiError(400, f"The sampler rejected the request: {exc}").response()
+                response = ApiError(400, f"The sampler rejected the request: {exc}").response()
             except Exception as exc:
                 log.exception("request to %s failed", request.url.path)
-                return ApiError(500, f"The server failed to answer: {exc}", type="server_error").response()
+                response = ApiError(
+                    500, f"The server failed to answer: {exc}", type="server_error"
+                ).response()
+            if call is not None:
+                assert self.recorder is not None
+                return self.recorder.close_call(call, response)
+            return response
 
         return run
 
@@ -213,13 +234,38 @@ class SamplingEndpoint:
 
     # --- health and admin ----------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
-        return JSONResponse(
-            {
-                "status": "ok",
-                semconv.RESPONSE_POLICY_VERSION: self.policy.version,
-                "admission": self.policy.admission.stats(),
-            }
-        )
+        body: dict[str, Any] = {
+            "status": "ok",
+            semconv.RESPONSE_POLICY_VERSION: self.policy.version,
+            "admission": self.policy.admission.stats(),
+        }
+        if self.recorder is not None:
+            body["recording"] = self.recorder.stats()
+        return JSONResponse(body)
+
+    # --- rollouts over HTTP (rewards and ends of rollouts whose calls were recorded) ------------------
+    def _recorder(self) -> CallRecorder:
+        if self.recorder is None:
+            raise ApiError(
+                404,
+                "Recording is off: start the endpoint with --collector URL or --spans-dir DIR to record "
+                "calls, rewards and rollouts.",
+                code="recording_disabled",
+            )
+        return self.recorder
+
+    async def post_reward(self, request: Request) -> Response:
+        """``{"value": 1.0 | {"name": value, ...}, "name"?, "primary"?, "response_id"?}`` → a reward span."""
+        recorder = self._recorder()
+        body = require_object(await read_json(request))
+        return JSONResponse(recorder.reward(request.path_params["rollout_id"], body))
+
+    async def post_finish(self, request: Request) -> Response:
+        """``{"status": "succeeded" | "failed"}`` (default succeeded) → the rollout's span ends."""
+        recorder = self._recorder()
+        raw = await request.body()
+        body = require_object(await read_json(request)) if raw.strip() else {}
+        return JSONResponse(recorder.finish(request.path_params["rollout_id"], body))
 
     def _policy_info(self) -> dict[str, Any]:
         current = self.policy.current()
@@ -309,6 +355,7 @@ def create_app(
     watch_checkpoints: Path | str | None = None,
     watch_poll_s: float = 0.5,
     tool_parser: str = "auto",
+    recorder: CallRecorder | None = None,
 ) -> Starlette:
     """The OpenAI-compatible ASGI app serving ``policy``.
 
@@ -318,6 +365,8 @@ def create_app(
     ``batch_window_s``: how long identical requests wait to share one sample call (0: never).
     ``watch_checkpoints``: a checkpoint record (JSON lines) to follow; each new record is served.
     ``tool_parser``: how tool calls are read from replies (see :mod:`tinkertrace.serving.tool_parsers`).
+    ``recorder``: records every call answered, and the rollout routes' rewards and ends, as spans
+    (:mod:`tinkertrace.serving.recording`); flushed and closed when the app shuts down.
     """
     endpoint = SamplingEndpoint(
         policy,
@@ -326,6 +375,7 @@ def create_app(
         default_max_tokens=default_max_tokens,
         batcher=SampleBatcher(window_s=batch_window_s),
         tool_parser=tool_parser,
+        recorder=recorder,
     )
     if watch_checkpoints is not None:
         endpoint.watcher = CheckpointWatcher(Path(watch_checkpoints), policy, poll_s=watch_poll_s)
@@ -340,12 +390,16 @@ def create_app(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if recorder is not None:
+                await asyncio.to_thread(recorder.close)
 
     g = endpoint.guarded
     routes = [
-        Route("/v1/chat/completions", g(endpoint.chat), methods=["POST"]),
-        Route("/v1/responses", g(endpoint.responses), methods=["POST"]),
-        Route("/v1/completions", g(endpoint.completions), methods=["POST"]),
+        Route("/v1/chat/completions", g(endpoint.chat, recorded=True), methods=["POST"]),
+        Route("/v1/responses", g(endpoint.responses, recorded=True), methods=["POST"]),
+        Route("/v1/completions", g(endpoint.completions, recorded=True), methods=["POST"]),
+        Route("/v1/rollouts/{rollout_id}/reward", g(endpoint.post_reward), methods=["POST"]),
+        Route("/v1/rollouts/{rollout_id}/finish", g(endpoint.post_finish), methods=["POST"]),
         Route("/v1/models", g(endpoint.models), methods=["GET"]),
         Route("/v1/models/{model:path}", g(endpoint.model), methods=["GET"]),
         Route("/health", endpoint.health, methods=["GET"]),
@@ -353,6 +407,11 @@ def create_app(
         Route("/admin/policy", g(endpoint.set_policy, admin=True), methods=["POST"]),
         Route("/admin/admission", g(endpoint.set_admission, admin=True), methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error},
+        middleware=[Middleware(RolloutPrefix)],
+    )
     app.state.endpoint = endpoint
     return app
