@@ -15,6 +15,7 @@ from tinkertrace.cli import (
     demo_cmd,
     engine_cmd,
     eval_cmd,
+    proxy_cmd,
     serve_cmd,
     spans_cmd,
     train_cmd,
@@ -40,6 +41,7 @@ def version() -> None:
 
 for module in (collector_cmd, spans_cmd, build_cmd, train_cmd, serve_cmd, engine_cmd, eval_cmd, demo_cmd):
     module.register(app)
+proxy_cmd.register(app)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,45 @@ from tinkertrace.builtin import BUILTIN_MODEL
 BACKENDS = ("local", "tinker")  # as tinkertrace.training.backends.BACKENDS (imported lazily)
 
 
+# Recording options, shared with `tinkertrace proxy`.
+CollectorOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Record every call served (and the rollout routes' rewards and ends) as spans sent to this "
+        "collector (http://host:4318). Spans wait in a spool while it is down.",
+    ),
+]
+SpansDirOption = Annotated[
+    Path | None, typer.Option(help="Record every call served as spans written to this folder (Parquet).")
+]
+SpoolDirOption = Annotated[
+    Path | None,
+    typer.Option(help="Where spans wait while the collector is down (default under $TINKERTRACE_HOME)."),
+]
+RecordContentOption = Annotated[
+    bool, typer.Option(help="Record the messages of each call (token ids are always recorded).")
+]
+
+
+def make_recorder(
+    collector: str | None, spans_dir: Path | None, spool_dir: Path | None, record_content: bool
+) -> Any:
+    """A :class:`~tinkertrace.serving.recording.CallRecorder` when --collector or --spans-dir is given."""
+    if not collector and not spans_dir:
+        return None
+    from tinkertrace.serving.recording import CallRecorder
+
+    return CallRecorder(
+        collector=collector, spans_dir=spans_dir, spool_dir=spool_dir, capture_content=record_content
+    )
+
+
+def recording_note(collector: str | None, spans_dir: Path | None) -> str:
+    """What the start-up line says about recording."""
+    targets = " and ".join(str(t) for t in (collector, spans_dir) if t)
+    return f"recording calls to {targets}" if targets else "not recording"
+
+
 def _tokenizer(backend: str, model: str, sampling_client: Any) -> Any:
     """The model's tokenizer: built in or a local folder; Tinker's own for hosted model names."""
     from tinkertrace.tokenizer import TokenizerNotFoundError, load_tokenizer
@@ -77,25 +116,10 @@ def serve(
         Path | None,
         typer.Option(help="Local engine storage folder (default: $TINKERTRACE_HOME/engine)."),
     ] = None,
-    collector: Annotated[
-        str | None,
-        typer.Option(
-            envvar="TINKERTRACE_ENDPOINT",
-            help="Record every call served (and the rollout routes' rewards and ends) as spans sent to "
-            "this collector (http://host:4318). Spans wait in a spool while it is down.",
-        ),
-    ] = None,
-    spans_dir: Annotated[
-        Path | None,
-        typer.Option(help="Record every call served as spans written to this folder (Parquet)."),
-    ] = None,
-    spool_dir: Annotated[
-        Path | None,
-        typer.Option(help="Where spans wait while the collector is down (default under $TINKERTRACE_HOME)."),
-    ] = None,
-    record_content: Annotated[
-        bool, typer.Option(help="Record the messages of each call (token ids are always recorded).")
-    ] = True,
+    collector: CollectorOption = None,
+    spans_dir: SpansDirOption = None,
+    spool_dir: SpoolDirOption = None,
+    record_content: RecordContentOption = True,
     tool_parser: Annotated[
         str,
         typer.Option(
@@ -124,7 +148,6 @@ def serve(
 
     from tinkertrace.serving.app import create_app
     from tinkertrace.serving.policy import PolicyHolder, resolve_client
-    from tinkertrace.serving.recording import CallRecorder
     from tinkertrace.training.backends import make_service_client
     from tinkertrace.training.errors import TrainingError
 
@@ -147,11 +170,7 @@ def serve(
         model_path=model_path,
         loader=lambda path: service.create_sampling_client(model_path=path),
     )
-    recorder = None
-    if collector or spans_dir:
-        recorder = CallRecorder(
-            collector=collector, spans_dir=spans_dir, spool_dir=spool_dir, capture_content=record_content
-        )
+    recorder = make_recorder(collector, spans_dir, spool_dir, record_content)
     app = create_app(
         holder,
         recorder=recorder,
@@ -170,8 +189,7 @@ def serve(
     ]
     if watch_checkpoints:
         extras.append(f"following {watch_checkpoints}")
-    if recorder is not None:
-        extras.append(f"recording calls to {' and '.join(str(t) for t in (collector, spans_dir) if t)}")
+    extras.append(recording_note(collector, spans_dir))
     console.print(
         f"[bold]tinkertrace serve[/]: [cyan]{holder.model_name}[/] (backend {backend}, policy "
         f"v{holder.version}) at [green]http://{host}:{port}/v1[/] — {', '.join(extras)}. Ctrl-C stops."

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ from tinkertrace.serving.batching import SampleBatcher
 from tinkertrace.serving.checkpoint_watch import CheckpointWatcher
 from tinkertrace.serving.conversations import ConversationStore, assistant_message
 from tinkertrace.serving.generation import Generator
+from tinkertrace.serving.guard import Handler, check_token, guarded
 from tinkertrace.serving.openai_wire import completions as wire
 from tinkertrace.serving.openai_wire.errors import ApiError, read_json, require_object
 from tinkertrace.serving.openai_wire.requests import parse_chat_request, parse_completion_request
@@ -40,33 +39,10 @@ from tinkertrace.serving.openai_wire.responses import new_item_id, parse_respons
 from tinkertrace.serving.openai_wire.responses_stream import stream_events
 from tinkertrace.serving.openai_wire.sse import sse_response
 from tinkertrace.serving.policy import PolicyHolder, StalePolicyError
-from tinkertrace.serving.recording import CallRecorder, call_kind
+from tinkertrace.serving.recording import CallRecorder
 from tinkertrace.serving.rollout_routing import RolloutPrefix
 from tinkertrace.serving.tool_parsers import make_tool_parser
 from tinkertrace.serving.tool_use import plan_tools
-
-log = logging.getLogger(__name__)
-
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def _bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
-def _check_token(request: Request, expected: str, what: str) -> None:
-    token = _bearer(request)
-    if token is None:
-        raise ApiError(
-            401,
-            f"You didn't provide {what}. Send it in an 'Authorization: Bearer ...' header.",
-            code="invalid_api_key",
-        )
-    if not hmac.compare_digest(token.encode(), expected.encode()):
-        shown = token[:3] + "*" * max(0, len(token) - 7) + token[-4:] if len(token) > 8 else "***"
-        raise ApiError(401, f"Incorrect {what} provided: {shown}.", code="invalid_api_key")
 
 
 class SamplingEndpoint:
@@ -104,37 +80,15 @@ class SamplingEndpoint:
                     type="permission_error",
                     code="admin_disabled",
                 )
-            _check_token(request, self.admin_token, "an admin token")
+            check_token(request, self.admin_token, "an admin token")
         elif self.api_key is not None:
-            _check_token(request, self.api_key, "an API key")
+            check_token(request, self.api_key, "an API key")
 
     def guarded(self, handler: Handler, *, admin: bool = False, recorded: bool = False) -> Handler:
         """Wrap a handler: authenticate, answer every failure in OpenAI's error format, and (``recorded``,
         with a recorder) record the call and its answer as an LLM span."""
-
-        async def run(request: Request) -> Response:
-            call = None
-            try:
-                self._authenticate(request, admin)
-                if recorded and self.recorder is not None:
-                    kind = call_kind(request.url.path)
-                    call = await self.recorder.open_call(request, kind) if kind else None
-                response = await handler(request)
-            except ApiError as err:
-                response = err.response()
-            except ValueError as exc:  # the sampler refused the request (e.g. a prompt beyond the context)
-                response = ApiError(400, f"The sampler rejected the request: {exc}").response()
-            except Exception as exc:
-                log.exception("request to %s failed", request.url.path)
-                response = ApiError(
-                    500, f"The server failed to answer: {exc}", type="server_error"
-                ).response()
-            if call is not None:
-                assert self.recorder is not None
-                return self.recorder.close_call(call, response)
-            return response
-
-        return run
+        recorder = self.recorder if recorded else None
+        return guarded(handler, lambda request: self._authenticate(request, admin), recorder)
 
     def _check_model(self, model: str) -> None:
         if model != self.policy.model_name:

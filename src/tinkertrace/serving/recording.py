@@ -148,6 +148,7 @@ class CallRecorder:
         agent = identity.agent_name or (rollout.agent_name if rollout else None)
         if agent:
             call.span.context_attributes[semconv.AGENT_NAME] = agent
+        request.state.llm_call = call  # for a handler that must know it (the proxy retries refusals)
         return call
 
     def close_call(self, call: LlmCall, response: Response) -> Response:
