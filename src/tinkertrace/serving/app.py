@@ -1,6 +1,7 @@
 """The OpenAI-compatible sampling endpoint as a Starlette ASGI app.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/responses``, ``POST /v1/completions``,
+``POST /v1/messages`` (Anthropic's Messages API, text only),
 ``GET /v1/models[/{id}]``, ``GET /health``, ``POST /v1/rollouts/{id}/reward|finish`` (with a
 :class:`~tinkertrace.serving.recording.CallRecorder`, which records every call answered as a span),
 and the admin routes ``GET|POST /admin/policy``
@@ -27,18 +28,20 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tinkertrace import semconv
+from tinkertrace.serving import anthropic_wire
 from tinkertrace.serving.batching import SampleBatcher
 from tinkertrace.serving.checkpoint_watch import CheckpointWatcher
 from tinkertrace.serving.conversations import ConversationStore, assistant_message
 from tinkertrace.serving.generation import Generator
 from tinkertrace.serving.guard import Handler, check_token, guarded
 from tinkertrace.serving.openai_wire import completions as wire
+from tinkertrace.serving.openai_wire.completions import Choice
 from tinkertrace.serving.openai_wire.errors import ApiError, read_json, require_object
-from tinkertrace.serving.openai_wire.requests import parse_chat_request, parse_completion_request
+from tinkertrace.serving.openai_wire.requests import ChatRequest, parse_chat_request, parse_completion_request
 from tinkertrace.serving.openai_wire.responses import new_item_id, parse_responses_request, response_body
 from tinkertrace.serving.openai_wire.responses_stream import stream_events
 from tinkertrace.serving.openai_wire.sse import sse_response
-from tinkertrace.serving.policy import PolicyHolder, StalePolicyError
+from tinkertrace.serving.policy import Policy, PolicyHolder, StalePolicyError
 from tinkertrace.serving.recording import CallRecorder
 from tinkertrace.serving.rollout_routing import RolloutPrefix
 from tinkertrace.serving.tool_parsers import make_tool_parser
@@ -110,16 +113,20 @@ class SamplingEndpoint:
         """What every chat/completions object names: the policy version that produced it."""
         return {"system_fingerprint": f"policy-v{version}", semconv.RESPONSE_POLICY_VERSION: version}
 
-    async def chat(self, request: Request) -> Response:
-        req = parse_chat_request(await read_json(request))
+    async def _sample_chat(self, request: Request, req: ChatRequest) -> tuple[list[Choice], Policy]:
+        """Admit, then sample a chat request with the policy current now (kept to the end)."""
         self._check_model(req.model)
         await self._admit(request)
         policy = self.policy.current()  # this request samples with this snapshot to the end
         plan = plan_tools(self.tool_parser, req.tools, req.tool_choice)
         prompt_ids = self.generator.chat_prompt(req.messages, req.tools, plan.prefix)
         sampled = await self.generator.generate(policy.sampling_client, prompt_ids, plan.options(req.options))
-        choices = [plan.apply(c) for c in sampled]
         self.requests_served += 1
+        return [plan.apply(c) for c in sampled], policy
+
+    async def chat(self, request: Request) -> Response:
+        req = parse_chat_request(await read_json(request))
+        choices, policy = await self._sample_chat(request, req)
         rid, headers = wire.new_id("chatcmpl"), {semconv.HEADER_POLICY_VERSION: str(policy.version)}
         extra = self._version_fields(policy.version)
         if req.options.stream:
@@ -128,6 +135,17 @@ class SamplingEndpoint:
             )
             return sse_response(chunks, headers)
         return JSONResponse(wire.chat_response(rid, req.model, choices, extra=extra), headers=headers)
+
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API over the chat path (:mod:`tinkertrace.serving.anthropic_wire`)."""
+        req = parse_chat_request(anthropic_wire.chat_body(await read_json(request)))
+        [choice], policy = await self._sample_chat(request, req)
+        rid = anthropic_wire.message_id(wire.new_id("chatcmpl"))
+        body = anthropic_wire.message_body(rid, req.model, choice, policy.version)
+        headers = {semconv.HEADER_POLICY_VERSION: str(policy.version)}
+        if req.options.stream:
+            return sse_response(anthropic_wire.stream_events(body), headers, named=True)
+        return JSONResponse(body, headers=headers)
 
     async def responses(self, request: Request) -> Response:
         req = parse_responses_request(await read_json(request))
@@ -352,6 +370,7 @@ def create_app(
         Route("/v1/chat/completions", g(endpoint.chat, recorded=True), methods=["POST"]),
         Route("/v1/responses", g(endpoint.responses, recorded=True), methods=["POST"]),
         Route("/v1/completions", g(endpoint.completions, recorded=True), methods=["POST"]),
+        Route("/v1/messages", g(endpoint.messages, recorded=True), methods=["POST"]),
         Route("/v1/rollouts/{rollout_id}/reward", g(endpoint.post_reward), methods=["POST"]),
         Route("/v1/rollouts/{rollout_id}/finish", g(endpoint.post_finish), methods=["POST"]),
         Route("/v1/models", g(endpoint.models), methods=["GET"]),

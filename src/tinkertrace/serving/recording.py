@@ -50,7 +50,10 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 
 
 def call_kind(path: str) -> str | None:
-    """The SDK's name for the API a request path speaks (``chat``, ``responses``, ``completion``)."""
+    """The SDK's name for the API a request path speaks (``chat``, ``responses``, ``completion``,
+    ``messages``: Anthropic's)."""
+    if path.endswith("/messages"):
+        return "messages"
     if path.endswith("/chat/completions"):
         return "chat"
     if path.endswith("/responses"):
