@@ -81,7 +81,15 @@ def test_the_agents_calls_rewards_and_ends_are_recorded_by_the_endpoint(tmp_path
 
 @pytest.mark.slow
 def test_the_typescript_agent_trains_end_to_end(tmp_path: Path) -> None:
-    summary = train(tmp_path / "run", steps=2, workers=1, group_size=4, groups_per_batch=1, max_seconds=300)
+    summary = train(
+        tmp_path / "run",
+        steps=2,
+        workers=1,
+        group_size=4,
+        groups_per_batch=1,
+        model=BUILTIN_MODEL,
+        max_seconds=300,
+    )
     assert summary["steps"] == 2 and summary["policy_version"] == 2
     assert summary["rollouts_trained"] >= 8 and summary["rollouts_failed"] == 0
     versions = _spans(

@@ -200,3 +200,38 @@ def _json(value: Any) -> bytes:
     import json
 
     return json.dumps(value).encode()
+
+
+def test_a_call_seen_by_the_sdk_and_the_endpoint_carries_one_identity(
+    recorded_server: Callable[..., tuple[BackgroundServer, CallRecorder]],
+    collector: tuple[str, Path],
+    tmp_path: Path,
+) -> None:
+    """The SDK sends the task, attempt and agent beside the rollout id: the endpoint's span of a call
+    and the SDK's span of the same call name the same rollout, task, attempt, agent and response."""
+    import tinkertrace
+
+    server, recorder = recorded_server(["client and server"])
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+    @tinkertrace.traced_rollout
+    def solve(task: dict, attempt: int) -> float:
+        with tinkertrace.agent_span("solver"):
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": task["q"]}])
+        return 1.0
+
+    tinkertrace.init(spans_dir=tmp_path / "client", schedule_delay_s=0.05)
+    try:
+        solve({"id": "task-9", "q": "hi"}, attempt=3)
+        assert tinkertrace.flush(30)
+    finally:
+        tinkertrace.shutdown()
+    assert recorder.flush(30)
+    columns = (
+        "rollout_id, task_id, attempt, agent_name, response_id, response_token_ids, response_logprobs, "
+        f"json_extract_string(attributes, '$.\"{semconv.LLM_CAPTURE_SIDE}\"')"
+    )
+    [sdk] = _query(tmp_path / "client", f"SELECT {columns} FROM spans WHERE span_type = 'llm'")
+    [served] = _wait_rows(collector[1], f"SELECT {columns} FROM spans WHERE span_type = 'llm'", 1)
+    assert sdk[:7] == served[:7] and sdk[1:4] == ("task-9", 3, "solver")
+    assert served[7] == semconv.CAPTURE_SERVER and sdk[7] != semconv.CAPTURE_SERVER

@@ -24,16 +24,12 @@ from typing import Any
 from tinkertrace import semconv
 from tinkertrace.serving.openai_wire.errors import ApiError
 
-HEADER_TASK_ID = "x-tinkertrace-task-id"
-HEADER_ATTEMPT = "x-tinkertrace-attempt"
-HEADER_SPLIT = "x-tinkertrace-split"
-HEADER_AGENT_NAME = "x-tinkertrace-agent-name"
 # URL prefix segment name -> the header it sets
 PREFIX_SEGMENTS = {
-    "task": HEADER_TASK_ID,
-    "attempt": HEADER_ATTEMPT,
-    "split": HEADER_SPLIT,
-    "agent": HEADER_AGENT_NAME,
+    "task": semconv.HEADER_TASK_ID,
+    "attempt": semconv.HEADER_ATTEMPT,
+    "split": semconv.HEADER_SPLIT,
+    "agent": semconv.HEADER_AGENT_NAME,
 }
 _PREFIX = re.compile(
     r"^/rollouts/(?P<rollout>[^/]+)(?P<pairs>(?:/(?:task|attempt|split|agent)/[^/]+)*)(?P<rest>/.*)$"
@@ -53,16 +49,16 @@ class CallIdentity:
     @classmethod
     def from_headers(cls, headers: Mapping[str, str]) -> CallIdentity:
         """Read the identity headers; a 400 :class:`ApiError` names one that is malformed."""
-        attempt = headers.get(HEADER_ATTEMPT)
+        attempt = headers.get(semconv.HEADER_ATTEMPT)
         if attempt is not None and not attempt.strip().isdigit():
-            message = f"Invalid {HEADER_ATTEMPT} {attempt!r}: expected a non-negative integer."
+            message = f"Invalid {semconv.HEADER_ATTEMPT} {attempt!r}: expected a non-negative integer."
             raise ApiError(400, message, code="invalid_value")
         return cls(
             rollout_id=headers.get(semconv.HEADER_ROLLOUT_ID) or None,
-            task_id=headers.get(HEADER_TASK_ID) or None,
+            task_id=headers.get(semconv.HEADER_TASK_ID) or None,
             attempt=int(attempt) if attempt is not None else 0,
-            split=headers.get(HEADER_SPLIT) or "train",
-            agent_name=headers.get(HEADER_AGENT_NAME) or None,
+            split=headers.get(semconv.HEADER_SPLIT) or "train",
+            agent_name=headers.get(semconv.HEADER_AGENT_NAME) or None,
         )
 
 
