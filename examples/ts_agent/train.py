@@ -82,7 +82,7 @@ def train(
         model,
         loader=lambda path: service.create_sampling_client(model_path=path),
     )
-    recorder = CallRecorder(collector=collector, spans_dir=out / "spans", schedule_delay_s=0.05)
+    recorder = CallRecorder(collector=collector, spans_dir=out / "spans", schedule_delay_s=0.05, roll_s=0.25)
     server = BackgroundServer(create_app(holder, recorder=recorder, default_max_tokens=max_tokens)).start()
     config = TrainConfig(
         source=out / "spans",

@@ -14,7 +14,8 @@ caller's span. The first call of a rollout id starts its rollout span (held open
 posted over HTTP become reward spans of the SDK's form, and ``finish`` ends the rollout span with its
 status and the counts of LLM and reward spans, as ``@traced_rollout`` does. A rollout driven by the
 SDK in the agent (which writes its own rollout span) is never finished here: its open state is
-forgotten after ``rollout_idle_s`` without calls.
+forgotten after ``rollout_idle_s`` without calls. Files in a spans folder are closed (made readable)
+every ``roll_s`` seconds, as a collector rolls its files.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class CallRecorder:
         capture_content: bool = True,
         request_token_ids: bool = True,
         rollout_idle_s: float = 3600.0,
+        roll_s: float = 5.0,
         **options: Any,
     ) -> None:
         if collector is None and spans_dir is None:
@@ -126,6 +128,13 @@ class CallRecorder:
         self._finished: dict[str, str] = {}  # rollout id -> status, newest last (bounded)
         self._lock = threading.Lock()
         self.calls_recorded = 0
+        self._closed = threading.Event()
+        if spans_dir is not None:  # the spans folder's open files are closed (readable) this often
+            threading.Thread(target=self._roll, args=(roll_s,), name="tinkertrace-roll", daemon=True).start()
+
+    def _roll(self, every_s: float) -> None:
+        while not self._closed.wait(every_s):
+            sdk_runtime.flush_runtime(self.rt, 30.0)
 
     # --- calls ---------------------------------------------------------------------------------------
     async def open_call(self, request: Request, kind: str) -> LlmCall | None:
@@ -290,6 +299,7 @@ class CallRecorder:
 
     def close(self, timeout_s: float = 30.0) -> bool:
         """Flush and shut the exporters down (what could not be sent stays in the spool)."""
+        self._closed.set()
         return sdk_runtime.close_runtime(self.rt, timeout_s)
 
 
