@@ -5,6 +5,9 @@ or our own endpoint), every call recorded as a server-side span, the answer pass
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,9 +18,11 @@ import duckdb
 import httpx
 import openai
 import pytest
+from typer.testing import CliRunner
 
 from tinkertrace import semconv
-from tinkertrace.netutil import BackgroundServer
+from tinkertrace.cli.main import app
+from tinkertrace.netutil import BackgroundServer, free_port, wait_for_port
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.serving.proxy import create_proxy_app
 from tinkertrace.serving.recording import CallRecorder
@@ -144,3 +149,39 @@ def test_admission_works_through_the_proxy_in_front_of_the_endpoint(
     assert recorder.flush(30)
     rows = _llm_spans(tmp_path, "rollout_id, policy_version, len(response_token_ids)")
     assert [(r[0], r[1]) for r in rows] == [("a", 2), ("b", 2)] and all(r[2] > 0 for r in rows)
+
+
+def test_proxy_command_records_and_flushes_at_shutdown(openai_server, tmp_path: Path) -> None:
+    port, spans = free_port(), tmp_path / "cli-spans"
+    cmd = [sys.executable, "-m", "tinkertrace.cli.main", "proxy", "--upstream", openai_server.base_url]
+    cmd += ["--port", str(port), "--spans-dir", str(spans), "--api-key", "pk"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_port(port, timeout=60)
+        base = f"http://127.0.0.1:{port}/rollouts/r-cli/v1"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
+        client = openai.OpenAI(base_url=base, api_key="pk", max_retries=0)
+        reply = client.chat.completions.create(
+            model="test-model", messages=[{"role": "user", "content": "x"}]
+        )
+        finish = httpx.post(
+            f"http://127.0.0.1:{port}/v1/rollouts/r-cli/finish", headers={"Authorization": "Bearer pk"}
+        )
+        assert finish.json()["llm_calls"] == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode in (0, -signal.SIGTERM), stderr  # uvicorn re-raises the signal it handled
+    assert f"http://127.0.0.1:{port}/v1" in stderr and "recording calls to" in stderr
+    con = duckdb.connect()
+    open_spans(con, spans)  # written at shutdown (the roll is 5 s): nothing left behind
+    rows = con.execute("SELECT span_type, rollout_id, response_id FROM spans ORDER BY span_type").fetchall()
+    assert rows == [("llm", "r-cli", reply.id), ("rollout", "r-cli", None)]
+
+
+def test_proxy_command_refuses_to_run_without_a_recording_target() -> None:
+    result = CliRunner().invoke(app, ["proxy", "--upstream", "http://127.0.0.1:9/v1"])
+    assert result.exit_code != 0 and "--spans-dir" in result.output
+    result = CliRunner().invoke(app, ["proxy", "--upstream", "localhost:9", "--spans-dir", "x"])
+    assert result.exit_code != 0 and "http(s) URL" in result.output

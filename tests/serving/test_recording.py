@@ -235,3 +235,35 @@ def test_a_call_seen_by_the_sdk_and_the_endpoint_carries_one_identity(
     [served] = _wait_rows(collector[1], f"SELECT {columns} FROM spans WHERE span_type = 'llm'", 1)
     assert sdk[:7] == served[:7] and sdk[1:4] == ("task-9", 3, "solver")
     assert served[7] == semconv.CAPTURE_SERVER and sdk[7] != semconv.CAPTURE_SERVER
+
+
+def test_calls_recorded_while_the_collector_is_down_arrive_once_it_is_back(
+    tokenizer: Any, scripted: Any, start_server: Callable[..., BackgroundServer], tmp_path: Path
+) -> None:
+    """The SDK's durability: spooled while nothing listens, kept across an endpoint restart, re-sent."""
+    port, spool, out = free_port(), tmp_path / "spool", tmp_path / "spans"
+    url = f"http://127.0.0.1:{port}"
+    recorder = CallRecorder(collector=url, spool_dir=spool, retry_interval_s=0.2, export_timeout_s=1.0)
+    server = start_server(PolicyHolder(scripted(["while down"]), tokenizer, MODEL), recorder=recorder)
+    client = openai.OpenAI(base_url=f"{server.url}/rollouts/r-down/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert httpx.post(f"{server.url}/v1/rollouts/r-down/finish", timeout=10).status_code == 200
+    assert not recorder.close(timeout_s=2.0)  # nothing listens: the spans wait in the spool
+    assert recorder.stats()["spans_spooled"] == 2
+    server.stop()  # the endpoint goes away; its spool stays on disk
+
+    proc = subprocess.Popen(
+        collector_command(out, port, "--no-grpc", "--roll-seconds", "0.2"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_until_healthy(proc, port, timeout=60)
+        restarted = CallRecorder(collector=url, spool_dir=spool, retry_interval_s=0.2)
+        assert restarted.flush(30)  # the next endpoint on this spool re-sends it
+        restarted.close()
+        rows = _wait_rows(out, "SELECT span_type, response_id FROM spans ORDER BY span_type", 2)
+        assert rows == [("llm", reply.id), ("rollout", None)]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -298,8 +298,11 @@ class CallRecorder:
         return sdk_runtime.flush_runtime(self.rt, timeout_s)
 
     def close(self, timeout_s: float = 30.0) -> bool:
-        """Flush and shut the exporters down (what could not be sent stays in the spool)."""
-        self._closed.set()
+        """Flush and shut the exporters down (what could not be sent stays in the spool); once."""
+        with self._lock:
+            if self._closed.is_set():
+                return True
+            self._closed.set()
         return sdk_runtime.close_runtime(self.rt, timeout_s)
 
 
