@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,9 @@ from tinkertrace.spanstore.reader import open_spans
 MODEL = "scripted-model"
 
 
-@pytest.fixture
-def collector(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A real collector writing to ``tmp_path/spans``: ``(OTLP URL, spans folder)``."""
-    out, port = tmp_path / "spans", free_port()
+@contextmanager
+def _collector_on(out: Path, port: int) -> Iterator[str]:
+    """A real collector process on ``port`` writing to ``out``, stopped on exit: its URL."""
     proc = subprocess.Popen(
         collector_command(out, port, "--no-grpc", "--roll-seconds", "0.2"),
         stdout=subprocess.DEVNULL,
@@ -40,10 +40,17 @@ def collector(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     )
     try:
         wait_until_healthy(proc, port, timeout=60)
-        yield f"http://127.0.0.1:{port}", out
+        yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A real collector writing to ``tmp_path/spans``: ``(OTLP URL, spans folder)``."""
+    with _collector_on(tmp_path / "spans", free_port()) as url:
+        yield url, tmp_path / "spans"
 
 
 def _query(spans: Path, sql: str) -> list[tuple]:
@@ -252,18 +259,9 @@ def test_calls_recorded_while_the_collector_is_down_arrive_once_it_is_back(
     assert recorder.stats()["spans_spooled"] == 2
     server.stop()  # the endpoint goes away; its spool stays on disk
 
-    proc = subprocess.Popen(
-        collector_command(out, port, "--no-grpc", "--roll-seconds", "0.2"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_until_healthy(proc, port, timeout=60)
+    with _collector_on(out, port):
         restarted = CallRecorder(collector=url, spool_dir=spool, retry_interval_s=0.2)
         assert restarted.flush(30)  # the next endpoint on this spool re-sends it
         restarted.close()
         rows = _wait_rows(out, "SELECT span_type, response_id FROM spans ORDER BY span_type", 2)
-        assert rows == [("llm", reply.id), ("rollout", None)]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    assert rows == [("llm", reply.id), ("rollout", None)]

@@ -14,17 +14,8 @@ from typing import Any
 
 import orjson
 
-from tinkertrace import semconv
 from tinkertrace.sdk.response_parse import ChoiceRecord, ResponseRecord
-
-
-def text_of(content: Any) -> str:
-    """The text of a content value: a string, or a list of blocks (their ``text``)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
-    return ""
+from tinkertrace.sdk.responses_api import apply_token_extension, text_of
 
 
 def input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -36,18 +27,6 @@ def input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if isinstance(message, dict):
             messages.append({"role": message.get("role", "user"), "content": text_of(message.get("content"))})
     return messages
-
-
-def _extension(record: ResponseRecord, choice: ChoiceRecord, payload: dict[str, Any]) -> None:
-    """The token-id extension and policy version, wherever they ride (Message or stream event)."""
-    if payload.get(semconv.RESPONSES_PROMPT_TOKEN_IDS) is not None:
-        record.prompt_token_ids = list(payload[semconv.RESPONSES_PROMPT_TOKEN_IDS])
-    if payload.get(semconv.RESPONSES_OUTPUT_TOKEN_IDS) is not None:
-        choice.token_ids = list(payload[semconv.RESPONSES_OUTPUT_TOKEN_IDS])
-    if payload.get(semconv.RESPONSES_OUTPUT_LOGPROBS) is not None:
-        choice.logprobs = [float(lp) for lp in payload[semconv.RESPONSES_OUTPUT_LOGPROBS]]
-    if payload.get(semconv.RESPONSE_POLICY_VERSION) is not None:
-        record.policy_version = int(payload[semconv.RESPONSE_POLICY_VERSION])
 
 
 def _usage(record: ResponseRecord, usage: Any) -> None:
@@ -68,7 +47,7 @@ def apply_message(record: ResponseRecord, message: dict[str, Any]) -> ChoiceReco
     if message.get("stop_reason"):
         choice.finish_reason = str(message["stop_reason"])
     _usage(record, message.get("usage"))
-    _extension(record, choice, message)
+    apply_token_extension(record, choice, message)
     return choice
 
 
@@ -95,5 +74,5 @@ def parse_sse(body: bytes) -> ResponseRecord:
             if (event.get("delta") or {}).get("stop_reason"):
                 choice.finish_reason = str(event["delta"]["stop_reason"])
             _usage(record, event.get("usage"))
-            _extension(record, choice, event)
+            apply_token_extension(record, choice, event)
     return record

@@ -32,7 +32,7 @@ import orjson
 from tinkertrace import semconv
 from tinkertrace.sdk import runtime
 from tinkertrace.sdk.context import AGENT, ROLLOUT
-from tinkertrace.sdk.llm_call import LlmCall
+from tinkertrace.sdk.llm_call import LlmCall, call_kind
 
 log = logging.getLogger("tinkertrace")
 
@@ -49,14 +49,8 @@ def _set_body(lib: ModuleType, request: Any, content: bytes) -> None:
 def _classify(request: Any) -> str | None:
     if request.method != "POST":
         return None
-    path = request.url.path
-    if path.endswith("/responses"):
-        return "responses"
-    if path.endswith("/chat/completions"):
-        return "chat"
-    if path.endswith("/completions"):
-        return "completion"
-    return None
+    kind = call_kind(request.url.path)
+    return None if kind == "messages" else kind  # Anthropic calls: recorded at the endpoint / proxy
 
 
 def _send_identity(request: Any, rollout: Any) -> None:

@@ -28,6 +28,20 @@ from tinkertrace.sdk.spans import LlmSpan, SpanContent, exception_event
 from tinkertrace.sdk.tokens import token_attributes
 
 
+def call_kind(path: str) -> str | None:
+    """The API a request path speaks: ``chat``, ``responses``, ``completion``, or ``messages``
+    (Anthropic's, recorded by the endpoint and the proxy); None for any other path."""
+    if path.endswith("/chat/completions"):
+        return "chat"
+    if path.endswith("/completions"):
+        return "completion"
+    if path.endswith("/responses"):
+        return "responses"
+    if path.endswith("/messages"):
+        return "messages"
+    return None
+
+
 class LlmCall:
     """One captured call: where it went, the request body, the span, the response bytes so far."""
 

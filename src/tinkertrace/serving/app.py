@@ -42,7 +42,7 @@ from tinkertrace.serving.openai_wire.responses import new_item_id, parse_respons
 from tinkertrace.serving.openai_wire.responses_stream import stream_events
 from tinkertrace.serving.openai_wire.sse import sse_response
 from tinkertrace.serving.policy import Policy, PolicyHolder, StalePolicyError
-from tinkertrace.serving.recording import CallRecorder
+from tinkertrace.serving.recording import CallRecorder, rollout_routes
 from tinkertrace.serving.rollout_routing import RolloutPrefix
 from tinkertrace.serving.tool_parsers import make_tool_parser
 from tinkertrace.serving.tool_use import plan_tools
@@ -215,30 +215,6 @@ class SamplingEndpoint:
             body["recording"] = self.recorder.stats()
         return JSONResponse(body)
 
-    # --- rollouts over HTTP (rewards and ends of rollouts whose calls were recorded) ------------------
-    def _recorder(self) -> CallRecorder:
-        if self.recorder is None:
-            raise ApiError(
-                404,
-                "Recording is off: start the endpoint with --collector URL or --spans-dir DIR to record "
-                "calls, rewards and rollouts.",
-                code="recording_disabled",
-            )
-        return self.recorder
-
-    async def post_reward(self, request: Request) -> Response:
-        """``{"value": 1.0 | {"name": value, ...}, "name"?, "primary"?, "response_id"?}`` → a reward span."""
-        recorder = self._recorder()
-        body = require_object(await read_json(request))
-        return JSONResponse(recorder.reward(request.path_params["rollout_id"], body))
-
-    async def post_finish(self, request: Request) -> Response:
-        """``{"status": "succeeded" | "failed"}`` (default succeeded) → the rollout's span ends."""
-        recorder = self._recorder()
-        raw = await request.body()
-        body = require_object(await read_json(request)) if raw.strip() else {}
-        return JSONResponse(recorder.finish(request.path_params["rollout_id"], body))
-
     def _policy_info(self) -> dict[str, Any]:
         current = self.policy.current()
         info: dict[str, Any] = {
@@ -371,8 +347,7 @@ def create_app(
         Route("/v1/responses", g(endpoint.responses, recorded=True), methods=["POST"]),
         Route("/v1/completions", g(endpoint.completions, recorded=True), methods=["POST"]),
         Route("/v1/messages", g(endpoint.messages, recorded=True), methods=["POST"]),
-        Route("/v1/rollouts/{rollout_id}/reward", g(endpoint.post_reward), methods=["POST"]),
-        Route("/v1/rollouts/{rollout_id}/finish", g(endpoint.post_finish), methods=["POST"]),
+        *rollout_routes(recorder, g),
         Route("/v1/models", g(endpoint.models), methods=["GET"]),
         Route("/v1/models/{model:path}", g(endpoint.model), methods=["GET"]),
         Route("/health", endpoint.health, methods=["GET"]),

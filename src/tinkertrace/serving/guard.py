@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from tinkertrace.sdk.llm_call import call_kind
 from tinkertrace.serving.openai_wire.errors import ApiError
-from tinkertrace.serving.recording import CallRecorder, call_kind
+from tinkertrace.serving.recording import CallRecorder, Handler
 
 log = logging.getLogger(__name__)
-
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _bearer(request: Request) -> str | None:

@@ -28,8 +28,8 @@ from starlette.routing import Route
 
 from tinkertrace.sdk.llm_call import LlmCall
 from tinkertrace.serving.guard import check_token, guarded
-from tinkertrace.serving.openai_wire.errors import ApiError, read_json, require_object
-from tinkertrace.serving.recording import CallRecorder
+from tinkertrace.serving.openai_wire.errors import ApiError
+from tinkertrace.serving.recording import CallRecorder, rollout_routes
 from tinkertrace.serving.rollout_routing import RolloutPrefix
 
 # headers not passed on: hop-by-hop ones, and those httpx / the ASGI server set themselves
@@ -97,19 +97,6 @@ class CaptureProxy:
             body["recording"] = self.recorder.stats()
         return JSONResponse(body)
 
-    def _recorder(self) -> CallRecorder:
-        if self.recorder is None:
-            raise ApiError(404, "Recording is off: start the proxy with --collector or --spans-dir.")
-        return self.recorder
-
-    async def post_reward(self, request: Request) -> Response:
-        body = require_object(await read_json(request))
-        return JSONResponse(self._recorder().reward(request.path_params["rollout_id"], body))
-
-    async def post_finish(self, request: Request) -> Response:
-        body = require_object(await read_json(request)) if (await request.body()).strip() else {}
-        return JSONResponse(self._recorder().finish(request.path_params["rollout_id"], body))
-
 
 async def _relayed(upstream: httpx.Response) -> AsyncIterator[bytes]:
     """The upstream's body as it arrives, undecoded (its content-encoding header goes with it)."""
@@ -148,8 +135,7 @@ def create_proxy_app(
         return guarded(handler, proxy.authenticate, recorder if recorded else None)
 
     routes = [
-        Route("/v1/rollouts/{rollout_id}/reward", g(proxy.post_reward), methods=["POST"]),
-        Route("/v1/rollouts/{rollout_id}/finish", g(proxy.post_finish), methods=["POST"]),
+        *rollout_routes(recorder, g),
         Route("/v1/{path:path}", g(proxy.forward, recorded=True), methods=["GET", "POST", "DELETE"]),
         Route("/health", proxy.health, methods=["GET"]),
     ]

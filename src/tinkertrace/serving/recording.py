@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +35,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanContext, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from tinkertrace import semconv
 from tinkertrace.sdk import runtime as sdk_runtime
@@ -43,25 +44,12 @@ from tinkertrace.sdk.context import ROLLOUT, RolloutState
 from tinkertrace.sdk.llm_call import LlmCall
 from tinkertrace.sdk.rewards import reward_attributes
 from tinkertrace.sdk.spans import start_span
-from tinkertrace.serving.openai_wire.errors import ApiError
+from tinkertrace.serving.openai_wire.errors import ApiError, read_json, require_object
 from tinkertrace.serving.rollout_routing import CallIdentity
 
+Handler = Callable[[Request], Awaitable[Response]]
 ROLLOUT_STATUSES = (semconv.STATUS_SUCCEEDED, semconv.STATUS_FAILED)
 _PROPAGATOR = TraceContextTextMapPropagator()
-
-
-def call_kind(path: str) -> str | None:
-    """The SDK's name for the API a request path speaks (``chat``, ``responses``, ``completion``,
-    ``messages``: Anthropic's)."""
-    if path.endswith("/messages"):
-        return "messages"
-    if path.endswith("/chat/completions"):
-        return "chat"
-    if path.endswith("/responses"):
-        return "responses"
-    if path.endswith("/completions"):
-        return "completion"
-    return None
 
 
 def caller_span(headers: Mapping[str, str]) -> SpanContext | None:
@@ -304,6 +292,35 @@ class CallRecorder:
                 return True
             self._closed.set()
         return sdk_runtime.close_runtime(self.rt, timeout_s)
+
+
+def rollout_routes(recorder: CallRecorder | None, guard: Callable[[Handler], Handler]) -> list[Route]:
+    """``POST /v1/rollouts/{id}/reward`` and ``/finish`` (each behind ``guard``): a reward span from
+    ``{"value", "name"?, "primary"?, "response_id"?}``, the rollout's end from ``{"status"?}``. Without
+    a recorder they answer 404, saying how to turn recording on."""
+
+    def recording() -> CallRecorder:
+        if recorder is None:
+            raise ApiError(
+                404,
+                "Recording is off: start with --collector URL or --spans-dir DIR to record calls, rewards "
+                "and rollouts.",
+                code="recording_disabled",
+            )
+        return recorder
+
+    async def reward(request: Request) -> Response:
+        body = require_object(await read_json(request))
+        return JSONResponse(recording().reward(request.path_params["rollout_id"], body))
+
+    async def finish(request: Request) -> Response:
+        body = require_object(await read_json(request)) if (await request.body()).strip() else {}
+        return JSONResponse(recording().finish(request.path_params["rollout_id"], body))
+
+    return [
+        Route("/v1/rollouts/{rollout_id}/reward", guard(reward), methods=["POST"]),
+        Route("/v1/rollouts/{rollout_id}/finish", guard(finish), methods=["POST"]),
+    ]
 
 
 async def _teed(body: AsyncIterator[Any], call: LlmCall) -> AsyncIterator[Any]:
