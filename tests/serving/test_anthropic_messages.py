@@ -93,15 +93,15 @@ def test_messages_create_and_stream_with_the_anthropic_client(served, tmp_path: 
 def test_bad_messages_requests_are_clear_400s(served) -> None:
     server, _, _ = served
     client = anthropic.Anthropic(base_url=server.url, api_key="k", max_retries=0)
-    with pytest.raises(anthropic.BadRequestError, match="tool use"):
+    with pytest.raises(anthropic.BadRequestError, match="tools"):
         client.messages.create(
             model=MODEL,
             max_tokens=8,
             messages=[{"role": "user", "content": "hi"}],
-            tools=[{"name": "f", "input_schema": {"type": "object"}}],
+            tools=[{"input_schema": {}}],
         )
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
-    with pytest.raises(anthropic.BadRequestError, match="only text blocks"):
+    with pytest.raises(anthropic.BadRequestError, match="'image' blocks are not served"):
         client.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": [image]}])
     url = f"{server.url}/v1/messages"
     for body, words in (
@@ -132,3 +132,44 @@ def test_messages_through_the_proxy(served, tmp_path: Path) -> None:
     ).fetchall()
     assert (rollout, response_id) == ("r-px", final.id)
     assert ids == (final.model_extra or {}).get("output_token_ids", ids) == sampler.sequences()[-1]
+
+
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+ADD = {"name": "add", "description": "Add two numbers.", "input_schema": {"type": "object"}}
+
+
+def test_tool_use_round_trip_with_the_anthropic_client(
+    tmp_path: Path, tokenizer: Any, scripted: Any, start_server: Callable[..., BackgroundServer]
+) -> None:
+    recorder = CallRecorder(spans_dir=tmp_path / "spans", schedule_delay_s=0.05)
+    policy = PolicyHolder(scripted([CALL, "The sum is 5.", CALL]), tokenizer, MODEL)
+    server = start_server(policy, recorder=recorder)
+    client = anthropic.Anthropic(base_url=f"{server.url}/rollouts/r-t", api_key="k", max_retries=0)
+    ask = [{"role": "user", "content": "What is 2 + 3?"}]
+
+    first = client.messages.create(model=MODEL, max_tokens=200, messages=ask, tools=[ADD])
+    [use] = [b for b in first.content if b.type == "tool_use"]
+    assert (use.name, use.input, first.stop_reason) == ("add", {"a": 2, "b": 3}, "tool_use")
+    result = {"type": "tool_result", "tool_use_id": use.id, "content": "5"}
+    history = [*ask, {"role": "assistant", "content": first.content}, {"role": "user", "content": [result]}]
+    second = client.messages.create(model=MODEL, max_tokens=200, messages=history, tools=[ADD])
+    assert second.content[0].text == "The sum is 5." and second.stop_reason == "end_turn"
+    with client.messages.stream(
+        model=MODEL, max_tokens=200, messages=ask, tools=[ADD], tool_choice={"type": "auto"}
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.type, getattr(b, "input", None)) for b in streamed.content] == [("tool_use", {"a": 2, "b": 3})]
+    assert recorder.flush(30)
+
+    rows = _llm_rows(tmp_path)
+    assert [json.loads(r[9]) for r in rows] == [["tool_use"], ["end_turn"], ["tool_use"]]
+    asked = json.loads(rows[1][8])  # the tool round trip, as chat messages
+    assert asked[1]["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a":2,"b":3}'}
+    assert asked[2] == {"role": "tool", "tool_call_id": use.id, "content": "5"}
+    con = duckdb.connect()
+    open_spans(con, tmp_path / "spans")
+    output_sql = f"SELECT {_attr(semconv.GENAI_OUTPUT_MESSAGES)} FROM spans WHERE span_type = 'llm'"
+    outputs = con.execute(output_sql + " ORDER BY start_time").fetchall()
+    for (output,) in (outputs[0], outputs[2]):  # streamed or not, the call is recorded as a tool call
+        [message] = json.loads(output)
+        assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"a": 2, "b": 3}

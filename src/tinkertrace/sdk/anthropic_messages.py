@@ -18,15 +18,63 @@ from tinkertrace.sdk.response_parse import ChoiceRecord, ResponseRecord
 from tinkertrace.sdk.responses_api import apply_token_extension, text_of
 
 
-def input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Chat messages of a Messages request: ``system`` first, then each message's text."""
+def _tool_call(block: dict[str, Any], arguments: str | None = None) -> dict[str, Any]:
+    """A ``tool_use`` block as a chat ``tool_calls`` entry (arguments: the JSON text of its input)."""
+    if arguments is None:
+        arguments = orjson.dumps(block.get("input") or {}).decode()
+    return {
+        "id": block.get("id"),
+        "type": "function",
+        "function": {"name": block.get("name"), "arguments": arguments},
+    }
+
+
+def chat_messages(body: dict[str, Any], *, strict: bool = True) -> list[dict[str, Any]]:
+    """Chat messages of a Messages request: ``system`` first; ``text`` blocks as content, ``tool_use``
+    blocks as the assistant's ``tool_calls``, ``tool_result`` blocks as ``tool`` messages. Other blocks
+    (images, documents, thinking) raise ValueError naming the block, or are skipped unless ``strict``."""
     messages: list[dict[str, Any]] = []
     if body.get("system") is not None:
         messages.append({"role": "system", "content": text_of(body["system"])})
-    for message in body.get("messages") or []:
-        if isinstance(message, dict):
-            messages.append({"role": message.get("role", "user"), "content": text_of(message.get("content"))})
+    for i, message in enumerate(body.get("messages") or []):
+        if not isinstance(message, dict):
+            continue
+        role, content = message.get("role", "user"), message.get("content")
+        if not isinstance(content, list):
+            messages.append({"role": role, "content": content if isinstance(content, str) else ""})
+            continue
+        texts, calls, results = [], [], []
+        for j, block in enumerate(content):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text":
+                texts.append(str(block.get("text", "")))
+            elif kind == "tool_use":
+                calls.append(_tool_call(block))
+            elif kind == "tool_result":
+                results.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": block.get("tool_use_id"),
+                        "content": text_of(block.get("content")),
+                    }
+                )
+            elif strict:
+                raise ValueError(
+                    f"messages[{i}].content[{j}]: {kind or type(block).__name__!r} blocks are not served "
+                    "(text, tool_use and tool_result are)"
+                )
+        messages.extend(results)
+        if texts or calls or not results:
+            entry: dict[str, Any] = {"role": role, "content": "".join(texts)}
+            if calls:
+                entry["tool_calls"] = calls
+            messages.append(entry)
     return messages
+
+
+def input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """What ``gen_ai.input.messages`` records of a Messages request (blocks not served are left out)."""
+    return chat_messages(body, strict=False)
 
 
 def _usage(record: ResponseRecord, usage: Any) -> None:
@@ -43,7 +91,11 @@ def apply_message(record: ResponseRecord, message: dict[str, Any]) -> ChoiceReco
     record.response_id = message.get("id") or record.response_id
     record.model = message.get("model") or record.model
     choice = record.choice(0)
-    choice.text.append(text_of([b for b in message.get("content") or [] if b.get("type") == "text"]))
+    for block in message.get("content") or []:
+        if block.get("type") == "text":
+            choice.text.append(str(block.get("text", "")))
+        elif block.get("type") == "tool_use":
+            choice.tool_calls[len(choice.tool_calls)] = _tool_call(block)
     if message.get("stop_reason"):
         choice.finish_reason = str(message["stop_reason"])
     _usage(record, message.get("usage"))
@@ -61,6 +113,7 @@ def parse_sse(body: bytes) -> ResponseRecord:
     """A Messages event stream, reassembled (a stream left before its end keeps the text it had)."""
     record = ResponseRecord()
     choice = record.choice(0)
+    calls: dict[int, int] = {}  # content block index -> tool call number
     for line in body.splitlines():
         if not line.startswith(b"data:"):
             continue
@@ -68,8 +121,16 @@ def parse_sse(body: bytes) -> ResponseRecord:
         kind = event.get("type")
         if kind == "message_start":
             apply_message(record, event.get("message") or {})
-        elif kind == "content_block_delta" and (event.get("delta") or {}).get("type") == "text_delta":
-            choice.text.append(str(event["delta"].get("text", "")))
+        elif kind == "content_block_start" and (event.get("content_block") or {}).get("type") == "tool_use":
+            calls[event.get("index", 0)] = len(choice.tool_calls)
+            choice.tool_calls[len(choice.tool_calls)] = _tool_call(event["content_block"], arguments="")
+        elif kind == "content_block_delta":
+            delta = event.get("delta") or {}
+            if delta.get("type") == "text_delta":
+                choice.text.append(str(delta.get("text", "")))
+            elif delta.get("type") == "input_json_delta" and event.get("index", 0) in calls:
+                call = choice.tool_calls[calls[event.get("index", 0)]]
+                call["function"]["arguments"] += str(delta.get("partial_json", ""))
         elif kind == "message_delta":
             if (event.get("delta") or {}).get("stop_reason"):
                 choice.finish_reason = str(event["delta"]["stop_reason"])

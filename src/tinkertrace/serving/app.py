@@ -1,7 +1,7 @@
 """The OpenAI-compatible sampling endpoint as a Starlette ASGI app.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/responses``, ``POST /v1/completions``,
-``POST /v1/messages`` (Anthropic's Messages API, text only),
+``POST /v1/messages`` (Anthropic's Messages API),
 ``GET /v1/models[/{id}]``, ``GET /health``, ``POST /v1/rollouts/{id}/reward|finish`` (with a
 :class:`~tinkertrace.serving.recording.CallRecorder`, which records every call answered as a span),
 and the admin routes ``GET|POST /admin/policy``
