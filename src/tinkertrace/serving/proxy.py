@@ -34,6 +34,7 @@ from tinkertrace.serving.rollout_routing import RolloutPrefix
 
 # headers not passed on: hop-by-hop ones, and those httpx / the ASGI server set themselves
 _REQUEST_DROPPED = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "upgrade"}
+_READABLE = {"gzip", "deflate", "identity"}
 _RESPONSE_DROPPED = {"content-length", "connection", "keep-alive", "transfer-encoding", "date", "server"}
 
 
@@ -62,6 +63,11 @@ class CaptureProxy:
 
     def _headers(self, request: Request) -> dict[str, str]:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _REQUEST_DROPPED}
+        if "accept-encoding" in headers:  # only encodings the recorder can read (gzip, deflate)
+            accepted = [
+                e for e in headers["accept-encoding"].split(",") if e.split(";")[0].strip() in _READABLE
+            ]
+            headers["accept-encoding"] = ",".join(accepted) or "identity"
         if self.upstream_api_key is not None:
             headers["authorization"] = f"Bearer {self.upstream_api_key}"
         elif self.api_key is not None:  # the proxy's own key is not the upstream's
