@@ -265,3 +265,16 @@ def test_calls_recorded_while_the_collector_is_down_arrive_once_it_is_back(
         restarted.close()
         rows = _wait_rows(out, "SELECT span_type, response_id FROM spans ORDER BY span_type", 2)
     assert rows == [("llm", reply.id), ("rollout", None)]
+
+
+def test_an_idle_rollout_is_forgotten_when_the_next_one_starts(
+    tokenizer: Any, scripted: Any, start_server: Callable[..., BackgroundServer], tmp_path: Path
+) -> None:
+    recorder = CallRecorder(spans_dir=tmp_path / "spans", rollout_idle_s=0.0)
+    server = start_server(PolicyHolder(scripted(["a", "b"]), tokenizer, MODEL), recorder=recorder)
+    for rollout in ("old", "new"):
+        client = openai.OpenAI(base_url=f"{server.url}/rollouts/{rollout}/v1", api_key="x", max_retries=0)
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert recorder.stats()["open_rollouts"] == 1
+    assert httpx.post(f"{server.url}/v1/rollouts/old/reward", json={"value": 1}).status_code == 404
+    assert httpx.post(f"{server.url}/v1/rollouts/new/reward", json={"value": 1}).status_code == 200
