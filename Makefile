@@ -21,7 +21,14 @@ BROWSER_STAMP := $(VENV)/.browser
 COOKBOOK_VENV := .venv-cookbook
 COOKBOOK_STAMP := $(COOKBOOK_VENV)/.installed
 
-.PHONY: setup demo test lint bench agents-env browser cookbook-env
+
+# The TypeScript agent example (examples/ts_agent): Node from Debian's packages when `node` is missing (CI
+# runs as root), its npm packages (the official `openai`, TypeScript) in its own node_modules, compiled once.
+TS_AGENT := examples/ts_agent
+TS_STAMP := $(TS_AGENT)/node_modules/.installed
+TS_AGENT_JS := $(TS_AGENT)/dist/agent.js
+
+.PHONY: setup demo test lint bench agents-env browser cookbook-env ts-agent
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,10 +66,21 @@ $(COOKBOOK_STAMP): $(STAMP)
 
 cookbook-env: $(COOKBOOK_STAMP)
 
+$(TS_STAMP): $(TS_AGENT)/package.json $(TS_AGENT)/package-lock.json
+	command -v node >/dev/null && command -v npm >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm)
+	cd $(TS_AGENT) && npm ci --no-audit --no-fund --loglevel=error
+	touch $(TS_STAMP)
+
+$(TS_AGENT_JS): $(TS_STAMP) $(TS_AGENT)/tsconfig.json $(wildcard $(TS_AGENT)/src/*.ts)
+	cd $(TS_AGENT) && npx tsc -p .
+
+ts-agent: $(TS_AGENT_JS)
+
 demo: $(STAMP)
 	$(BIN)/tinkertrace demo
 
-test: $(STAMP) $(AGENTS_STAMP) $(BROWSER_STAMP) $(COOKBOOK_STAMP)
+test: $(STAMP) $(AGENTS_STAMP) $(BROWSER_STAMP) $(COOKBOOK_STAMP) $(TS_AGENT_JS)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 

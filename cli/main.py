@@ -15,6 +15,7 @@ from tinkertrace.cli import (
     demo_cmd,
     engine_cmd,
     eval_cmd,
+    proxy_cmd,
     serve_cmd,
     spans_cmd,
     train_cmd,
@@ -39,7 +40,10 @@ def version() -> None:
     typer.echo(__version__)
 
 
-COMMANDS = (collector_cmd, spans_cmd, build_cmd, train_cmd, serve_cmd, engine_cmd, eval_cmd, demo_cmd, ui_cmd)
+COMMANDS = (
+    collector_cmd, spans_cmd, build_cmd, train_cmd, serve_cmd, proxy_cmd,
+    engine_cmd, eval_cmd, demo_cmd, ui_cmd,
+)  # fmt: skip
 for module in COMMANDS:
     module.register(app)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -11,6 +11,45 @@ from tinkertrace.builtin import BUILTIN_MODEL
 from tinkertrace.cli.extras import needs_extra
 
 BACKENDS = ("local", "tinker")  # as tinkertrace.training.backends.BACKENDS (imported lazily)
+
+
+# Recording options, shared with `tinkertrace proxy`.
+CollectorOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Record every call served (and the rollout routes' rewards and ends) as spans sent to this "
+        "collector (http://host:4318). Spans wait in a spool while it is down.",
+    ),
+]
+SpansDirOption = Annotated[
+    Path | None, typer.Option(help="Record every call served as spans written to this folder (Parquet).")
+]
+SpoolDirOption = Annotated[
+    Path | None,
+    typer.Option(help="Where spans wait while the collector is down (default under $TINKERTRACE_HOME)."),
+]
+RecordContentOption = Annotated[
+    bool, typer.Option(help="Record the messages of each call (token ids are always recorded).")
+]
+
+
+def make_recorder(
+    collector: str | None, spans_dir: Path | None, spool_dir: Path | None, record_content: bool
+) -> Any:
+    """A :class:`~tinkertrace.serving.recording.CallRecorder` when --collector or --spans-dir is given."""
+    if not collector and not spans_dir:
+        return None
+    from tinkertrace.serving.recording import CallRecorder
+
+    return CallRecorder(
+        collector=collector, spans_dir=spans_dir, spool_dir=spool_dir, capture_content=record_content
+    )
+
+
+def recording_note(collector: str | None, spans_dir: Path | None) -> str:
+    """What the start-up line says about recording."""
+    targets = " and ".join(str(t) for t in (collector, spans_dir) if t)
+    return f"recording calls to {targets}" if targets else "not recording"
 
 
 def serve(
@@ -66,6 +105,10 @@ def serve(
         Path | None,
         typer.Option(help="Local engine storage folder (default: $TINKERTRACE_HOME/engine)."),
     ] = None,
+    collector: CollectorOption = None,
+    spans_dir: SpansDirOption = None,
+    spool_dir: SpoolDirOption = None,
+    record_content: RecordContentOption = True,
     tool_parser: Annotated[
         str,
         typer.Option(
@@ -81,6 +124,7 @@ def serve(
 
     Every answer carries prompt_token_ids, choices[].token_ids, logprobs when asked, and the policy
     version that sampled it. New weights are picked up from --watch-checkpoints or POST /admin/policy.
+    With --collector or --spans-dir every call served is recorded as an LLM span (see docs/serving.md).
     """
     if backend not in BACKENDS:
         raise typer.BadParameter(f"must be one of {', '.join(BACKENDS)}", param_hint="--backend")
@@ -105,8 +149,10 @@ def serve(
     except (TrainingError, OSError, ValueError) as exc:  # BackendError, missing model/checkpoint, ...
         console.print(f"[red]tinkertrace serve: cannot start[/]: {exc}")
         raise typer.Exit(1) from None
+    recorder = make_recorder(collector, spans_dir, spool_dir, record_content)
     app = create_app(
         holder,
+        recorder=recorder,
         api_key=api_key,
         admin_token=admin_token,
         default_max_tokens=max_tokens,
@@ -122,6 +168,7 @@ def serve(
     ]
     if watch_checkpoints:
         extras.append(f"following {watch_checkpoints}")
+    extras.append(recording_note(collector, spans_dir))
     console.print(
         f"[bold]tinkertrace serve[/]: [cyan]{holder.model_name}[/] (backend {backend}, policy "
         f"v{holder.version}) at [green]http://{host}:{port}/v1[/] — {', '.join(extras)}. Ctrl-C stops."
@@ -139,6 +186,10 @@ def register(app: typer.Typer) -> None:
             "choices[].token_ids (output_token_ids on /v1/responses), logprobs when asked, and the "
             "policy version that sampled it. Tool calls in replies come back as structured tool_calls "
             "(function_call items on /v1/responses), read by --tool-parser. New weights are picked "
-            "up from --watch-checkpoints or POST /admin/policy (with --admin-token)."
+            "up from --watch-checkpoints or POST /admin/policy (with --admin-token).\n\n"
+            "With --collector or --spans-dir the endpoint records every call it serves as a token-exact "
+            "LLM span: rollouts are named by a URL prefix (base URL http://HOST:PORT/rollouts/ID/v1), "
+            "x-tinkertrace-* headers or a W3C traceparent, and POST /v1/rollouts/ID/reward and "
+            "/v1/rollouts/ID/finish record rewards and rollout ends (they need --api-key when one is set)."
         ),
     )(needs_extra("serve", "serve")(serve))

@@ -86,6 +86,12 @@ RESPONSE_POLICY_VERSION: Final = "policy_version"
 HEADER_POLICY_VERSION: Final = "x-tinkertrace-policy-version"
 # Sent by the SDK with every LLM call inside a rollout: the endpoint admits new rollouts by it.
 HEADER_ROLLOUT_ID: Final = "x-tinkertrace-rollout-id"
+# Sent with it (by the SDK, or set by hand / a URL prefix): the rest of the call's identity, which a
+# recording endpoint or proxy copies onto the LLM spans it records.
+HEADER_TASK_ID: Final = "x-tinkertrace-task-id"
+HEADER_ATTEMPT: Final = "x-tinkertrace-attempt"
+HEADER_SPLIT: Final = "x-tinkertrace-split"
+HEADER_AGENT_NAME: Final = "x-tinkertrace-agent-name"
 # The same extension on the Responses API (/v1/responses): the request asks with REQUEST_RETURN_TOKEN_IDS
 # (logprobs with include=["message.output_text.logprobs"]); the Response object (non-streaming, and the
 # `response` of the `response.completed` stream event) carries these top-level fields. Output ids are every

@@ -31,8 +31,8 @@ import orjson
 
 from tinkertrace import semconv
 from tinkertrace.sdk import runtime
-from tinkertrace.sdk.context import ROLLOUT
-from tinkertrace.sdk.llm_call import LlmCall
+from tinkertrace.sdk.context import AGENT, ROLLOUT
+from tinkertrace.sdk.llm_call import LlmCall, call_kind
 
 log = logging.getLogger("tinkertrace")
 
@@ -49,14 +49,23 @@ def _set_body(lib: ModuleType, request: Any, content: bytes) -> None:
 def _classify(request: Any) -> str | None:
     if request.method != "POST":
         return None
-    path = request.url.path
-    if path.endswith("/responses"):
-        return "responses"
-    if path.endswith("/chat/completions"):
-        return "chat"
-    if path.endswith("/completions"):
-        return "completion"
-    return None
+    kind = call_kind(request.url.path)
+    return None if kind == "messages" else kind  # Anthropic calls: recorded at the endpoint / proxy
+
+
+def _send_identity(request: Any, rollout: Any) -> None:
+    """The task, attempt, split and agent beside the rollout id, for a server that records the call
+    (values that are not printable ASCII are left out: they cannot travel as header values)."""
+    agent = AGENT.get()
+    identity = {
+        semconv.HEADER_TASK_ID: rollout.task_id,
+        semconv.HEADER_ATTEMPT: str(rollout.attempt),
+        semconv.HEADER_SPLIT: rollout.split,
+        semconv.HEADER_AGENT_NAME: agent.name if agent is not None else None,
+    }
+    for header, value in identity.items():
+        if value and value.isascii() and value.isprintable():
+            request.headers[header] = value
 
 
 def begin(lib: ModuleType, request: Any) -> LlmCall | None:
@@ -80,6 +89,7 @@ def begin(lib: ModuleType, request: Any) -> LlmCall | None:
         if extended is not None:
             _set_body(lib, request, extended)
         request.headers[semconv.HEADER_ROLLOUT_ID] = rollout.rollout_id
+        _send_identity(request, rollout)
         rollout.call_opened(call)
         return call
     except Exception as exc:  # an unreadable request is passed on untraced

@@ -20,12 +20,26 @@ from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import Status, StatusCode
 
 from tinkertrace import semconv
-from tinkertrace.sdk import responses_api
+from tinkertrace.sdk import anthropic_messages, responses_api
 from tinkertrace.sdk.context import RolloutState
 from tinkertrace.sdk.response_parse import ResponseRecord, parse_json, parse_sse
 from tinkertrace.sdk.runtime import Runtime
 from tinkertrace.sdk.spans import LlmSpan, SpanContent, exception_event
 from tinkertrace.sdk.tokens import token_attributes
+
+
+def call_kind(path: str) -> str | None:
+    """The API a request path speaks: ``chat``, ``responses``, ``completion``, or ``messages``
+    (Anthropic's, recorded by the endpoint and the proxy); None for any other path."""
+    if path.endswith("/chat/completions"):
+        return "chat"
+    if path.endswith("/completions"):
+        return "completion"
+    if path.endswith("/responses"):
+        return "responses"
+    if path.endswith("/messages"):
+        return "messages"
+    return None
 
 
 class LlmCall:
@@ -61,6 +75,8 @@ class LlmCall:
     def input_messages(self) -> list[dict[str, Any]]:
         if self.kind == "responses":
             return responses_api.input_messages(self.body)
+        if self.kind == "messages":
+            return anthropic_messages.input_messages(self.body)
         if self.kind == "chat":
             messages = self.body.get("messages")
             return messages if isinstance(messages, list) else []
@@ -251,6 +267,9 @@ class LlmCall:
             streaming = "text/event-stream" in self.headers.get("content-type", "")
             if self.kind == "responses":
                 record = responses_api.parse_sse(body) if streaming else responses_api.parse_json(body)
+            elif self.kind == "messages":
+                parse = anthropic_messages.parse_sse if streaming else anthropic_messages.parse_json
+                record = parse(body)
             else:
                 record = parse_sse(body) if streaming else parse_json(body)
             attrs.update(self._response_attributes(record))

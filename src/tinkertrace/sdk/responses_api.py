@@ -21,7 +21,7 @@ from tinkertrace.sdk.response_parse import ChoiceRecord, ResponseRecord
 FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 
 
-def _text(content: Any) -> str:
+def text_of(content: Any) -> str:
     """The text of a content value: a string or a list of ``input_text``/``output_text`` parts."""
     if isinstance(content, str):
         return content
@@ -53,7 +53,7 @@ def input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         kind = item.get("type", "message")
         if kind == "message":
-            messages.append({"role": item.get("role", "user"), "content": _text(item.get("content"))})
+            messages.append({"role": item.get("role", "user"), "content": text_of(item.get("content"))})
         elif kind == "function_call":
             call = _function_call(item)
             if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
@@ -62,7 +62,7 @@ def input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output")
-            content = output if isinstance(output, str) else _text(output)
+            content = output if isinstance(output, str) else text_of(output)
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": content})
     return messages
 
@@ -90,6 +90,19 @@ def finish_reason(response: dict[str, Any], has_tool_calls: bool) -> str:
     return "tool_calls" if has_tool_calls else "stop"
 
 
+def apply_token_extension(record: ResponseRecord, choice: ChoiceRecord, payload: dict[str, Any]) -> None:
+    """The token-id extension (prompt ids, output ids, output logprobs) and the policy version of a
+    Response, or of an Anthropic Message or its stream event, folded into ``record``'s ``choice``."""
+    if payload.get(semconv.RESPONSES_PROMPT_TOKEN_IDS) is not None:
+        record.prompt_token_ids = list(payload[semconv.RESPONSES_PROMPT_TOKEN_IDS])
+    if payload.get(semconv.RESPONSES_OUTPUT_TOKEN_IDS) is not None:
+        choice.token_ids = list(payload[semconv.RESPONSES_OUTPUT_TOKEN_IDS])
+    if payload.get(semconv.RESPONSES_OUTPUT_LOGPROBS) is not None:
+        choice.logprobs = [float(lp) for lp in payload[semconv.RESPONSES_OUTPUT_LOGPROBS]]
+    if payload.get(semconv.RESPONSE_POLICY_VERSION) is not None:
+        record.policy_version = int(payload[semconv.RESPONSE_POLICY_VERSION])
+
+
 def apply_response(record: ResponseRecord, response: dict[str, Any]) -> None:
     """Fold a Response object into ``record`` (choice 0 holds the whole output)."""
     record.response_id = response.get("id") or record.response_id
@@ -107,13 +120,8 @@ def apply_response(record: ResponseRecord, response: dict[str, Any]) -> None:
         elif item.get("type") == "function_call":
             choice.tool_calls[len(choice.tool_calls)] = _function_call(item)
     choice.finish_reason = finish_reason(response, bool(choice.tool_calls))
-    if response.get(semconv.RESPONSES_PROMPT_TOKEN_IDS) is not None:
-        record.prompt_token_ids = list(response[semconv.RESPONSES_PROMPT_TOKEN_IDS])
-    if response.get(semconv.RESPONSES_OUTPUT_TOKEN_IDS) is not None:
-        choice.token_ids = list(response[semconv.RESPONSES_OUTPUT_TOKEN_IDS])
-    if response.get(semconv.RESPONSES_OUTPUT_LOGPROBS) is not None:
-        choice.logprobs = [float(lp) for lp in response[semconv.RESPONSES_OUTPUT_LOGPROBS]]
-    elif text_logprobs:
+    apply_token_extension(record, choice, response)
+    if choice.logprobs is None and text_logprobs:
         choice.logprobs = text_logprobs  # aligned with the ids only when the output is all text
     usage = response.get("usage")
     if isinstance(usage, dict):
@@ -121,8 +129,6 @@ def apply_response(record: ResponseRecord, response: dict[str, Any]) -> None:
             "prompt_tokens": usage.get("input_tokens"),
             "completion_tokens": usage.get("output_tokens"),
         }
-    if response.get(semconv.RESPONSE_POLICY_VERSION) is not None:
-        record.policy_version = int(response[semconv.RESPONSE_POLICY_VERSION])
 
 
 def parse_json(body: bytes) -> ResponseRecord:

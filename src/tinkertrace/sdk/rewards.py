@@ -40,6 +40,30 @@ def _reward_dimensions(value: Any, name: str, primary: str | None) -> tuple[str,
     return chosen, dims
 
 
+def reward_attributes(
+    value: float | Mapping[str, float],
+    name: str = semconv.PRIMARY_REWARD,
+    *,
+    primary: str | None = None,
+    response_id: str | None = None,
+    final: bool = False,
+) -> dict[str, Any]:
+    """A reward span's attributes (see :func:`emit_reward`); ValueError if ``value`` is not numeric.
+    The sampling endpoint's reward route writes the same span from these."""
+    chosen, dims = _reward_dimensions(value, name, primary)
+    attributes: dict[str, Any] = {
+        semconv.GENAI_EVALUATION_NAME: chosen,
+        semconv.GENAI_EVALUATION_SCORE: dims[chosen],
+        semconv.REWARD_NAME: chosen,
+        semconv.REWARD_VALUE: dims[chosen],
+        semconv.REWARD_DIMENSIONS: json.dumps(dims, sort_keys=True),
+        semconv.REWARD_FINAL: final,
+    }
+    if response_id is not None:
+        attributes[semconv.GENAI_RESPONSE_ID] = str(response_id)
+    return attributes
+
+
 def emit_reward(
     value: float | Mapping[str, float],
     name: str = semconv.PRIMARY_REWARD,
@@ -63,17 +87,7 @@ def emit_reward(
                 stacklevel=2,
             )
             return False
-        chosen, dims = _reward_dimensions(value, name, primary)
-        attributes: dict[str, Any] = {
-            semconv.GENAI_EVALUATION_NAME: chosen,
-            semconv.GENAI_EVALUATION_SCORE: dims[chosen],
-            semconv.REWARD_NAME: chosen,
-            semconv.REWARD_VALUE: dims[chosen],
-            semconv.REWARD_DIMENSIONS: json.dumps(dims, sort_keys=True),
-            semconv.REWARD_FINAL: final,
-        }
-        if response_id is not None:
-            attributes[semconv.GENAI_RESPONSE_ID] = str(response_id)
+        attributes = reward_attributes(value, name, primary=primary, response_id=response_id, final=final)
         start_span(runtime.get(), semconv.REWARD_SPAN_NAME, semconv.TYPE_REWARD, attributes).end()
         return True
     except Exception as exc:

@@ -231,6 +231,25 @@ def _build(config: cfg.TraceConfig) -> Runtime:
     return runtime
 
 
+def private_runtime(**init_args: Any) -> Runtime:
+    """A runtime of its own beside the process's (``init()``'s, untouched): the same exporters and
+    pipelines from the same ``init()`` arguments, without HTTP capture or the executor patch. The
+    sampling endpoint records the calls it serves with one; :func:`close_runtime` ends it."""
+    return _build(cfg.resolve(**init_args, capture_http=False, patch_executors=False))
+
+
+def flush_runtime(runtime: Runtime, timeout_s: float = 30.0) -> bool:
+    """Export a :func:`private_runtime`'s finished spans now, as :func:`flush` does for ``init()``'s."""
+    return _flush(runtime, timeout_s)
+
+
+def close_runtime(runtime: Runtime, timeout_s: float = 30.0) -> bool:
+    """Flush a :func:`private_runtime` (True when everything reached its targets) and shut it down."""
+    ok = _flush(runtime, timeout_s)
+    runtime.provider.shutdown()
+    return ok
+
+
 def _shutdown_locked() -> None:
     global _runtime
     runtime, _runtime = _runtime, None

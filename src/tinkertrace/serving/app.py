@@ -1,7 +1,10 @@
 """The OpenAI-compatible sampling endpoint as a Starlette ASGI app.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/responses``, ``POST /v1/completions``,
-``GET /v1/models[/{id}]``, ``GET /health``, and the admin routes ``GET|POST /admin/policy``
+``POST /v1/messages`` (Anthropic's Messages API),
+``GET /v1/models[/{id}]``, ``GET /health``, ``POST /v1/rollouts/{id}/reward|finish`` (with a
+:class:`~tinkertrace.serving.recording.CallRecorder`, which records every call answered as a span),
+and the admin routes ``GET|POST /admin/policy``
 (enabled by an admin token) that show or swap the served weights from another process, and
 ``POST /admin/admission`` through which the trainer states its demand and consumption
 (:mod:`tinkertrace.serving.admission`). Every answer names the policy version that produced it
@@ -12,56 +15,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tinkertrace import semconv
+from tinkertrace.serving import anthropic_wire
 from tinkertrace.serving.batching import SampleBatcher
 from tinkertrace.serving.checkpoint_watch import CheckpointWatcher
 from tinkertrace.serving.conversations import ConversationStore, assistant_message
 from tinkertrace.serving.generation import Generator
+from tinkertrace.serving.guard import Handler, check_token, guarded
 from tinkertrace.serving.openai_wire import completions as wire
+from tinkertrace.serving.openai_wire.completions import Choice
 from tinkertrace.serving.openai_wire.errors import ApiError, read_json, require_object
-from tinkertrace.serving.openai_wire.requests import parse_chat_request, parse_completion_request
+from tinkertrace.serving.openai_wire.requests import ChatRequest, parse_chat_request, parse_completion_request
 from tinkertrace.serving.openai_wire.responses import new_item_id, parse_responses_request, response_body
 from tinkertrace.serving.openai_wire.responses_stream import stream_events
 from tinkertrace.serving.openai_wire.sse import sse_response
-from tinkertrace.serving.policy import PolicyHolder, StalePolicyError
+from tinkertrace.serving.policy import Policy, PolicyHolder, StalePolicyError
+from tinkertrace.serving.recording import CallRecorder, rollout_routes
+from tinkertrace.serving.rollout_routing import RolloutPrefix
 from tinkertrace.serving.tool_parsers import make_tool_parser
 from tinkertrace.serving.tool_use import plan_tools
-
-log = logging.getLogger(__name__)
-
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def _bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
-def _check_token(request: Request, expected: str, what: str) -> None:
-    token = _bearer(request)
-    if token is None:
-        raise ApiError(
-            401,
-            f"You didn't provide {what}. Send it in an 'Authorization: Bearer ...' header.",
-            code="invalid_api_key",
-        )
-    if not hmac.compare_digest(token.encode(), expected.encode()):
-        shown = token[:3] + "*" * max(0, len(token) - 7) + token[-4:] if len(token) > 8 else "***"
-        raise ApiError(401, f"Incorrect {what} provided: {shown}.", code="invalid_api_key")
 
 
 class SamplingEndpoint:
@@ -76,6 +60,7 @@ class SamplingEndpoint:
         default_max_tokens: int,
         batcher: SampleBatcher,
         tool_parser: str = "auto",
+        recorder: CallRecorder | None = None,
     ) -> None:
         self.policy = policy
         self.tool_parser = make_tool_parser(tool_parser, getattr(policy.tokenizer, "chat_template", None))
@@ -86,34 +71,27 @@ class SamplingEndpoint:
         self.requests_served = 0
         self.watcher: CheckpointWatcher | None = None
         self.conversations = ConversationStore()
+        self.recorder = recorder
 
     # --- plumbing ----------------------------------------------------------------------------------
-    def guarded(self, handler: Handler, *, admin: bool = False) -> Handler:
-        """Wrap a handler: authenticate, and answer every failure in OpenAI's error format."""
+    def _authenticate(self, request: Request, admin: bool) -> None:
+        if admin:
+            if self.admin_token is None:
+                raise ApiError(
+                    403,
+                    "The admin API is disabled: start the server with an admin token.",
+                    type="permission_error",
+                    code="admin_disabled",
+                )
+            check_token(request, self.admin_token, "an admin token")
+        elif self.api_key is not None:
+            check_token(request, self.api_key, "an API key")
 
-        async def run(request: Request) -> Response:
-            try:
-                if admin:
-                    if self.admin_token is None:
-                        raise ApiError(
-                            403,
-                            "The admin API is disabled: start the server with an admin token.",
-                            type="permission_error",
-                            code="admin_disabled",
-                        )
-                    _check_token(request, self.admin_token, "an admin token")
-                elif self.api_key is not None:
-                    _check_token(request, self.api_key, "an API key")
-                return await handler(request)
-            except ApiError as err:
-                return err.response()
-            except ValueError as exc:  # the sampler refused the request (e.g. a prompt beyond the context)
-                return ApiError(400, f"The sampler rejected the request: {exc}").response()
-            except Exception as exc:
-                log.exception("request to %s failed", request.url.path)
-                return ApiError(500, f"The server failed to answer: {exc}", type="server_error").response()
-
-        return run
+    def guarded(self, handler: Handler, *, admin: bool = False, recorded: bool = False) -> Handler:
+        """Wrap a handler: authenticate, answer every failure in OpenAI's error format, and (``recorded``,
+        with a recorder) record the call and its answer as an LLM span."""
+        recorder = self.recorder if recorded else None
+        return guarded(handler, lambda request: self._authenticate(request, admin), recorder)
 
     def _check_model(self, model: str) -> None:
         if model != self.policy.model_name:
@@ -135,16 +113,20 @@ class SamplingEndpoint:
         """What every chat/completions object names: the policy version that produced it."""
         return {"system_fingerprint": f"policy-v{version}", semconv.RESPONSE_POLICY_VERSION: version}
 
-    async def chat(self, request: Request) -> Response:
-        req = parse_chat_request(await read_json(request))
+    async def _sample_chat(self, request: Request, req: ChatRequest) -> tuple[list[Choice], Policy]:
+        """Admit, then sample a chat request with the policy current now (kept to the end)."""
         self._check_model(req.model)
         await self._admit(request)
         policy = self.policy.current()  # this request samples with this snapshot to the end
         plan = plan_tools(self.tool_parser, req.tools, req.tool_choice)
         prompt_ids = self.generator.chat_prompt(req.messages, req.tools, plan.prefix)
         sampled = await self.generator.generate(policy.sampling_client, prompt_ids, plan.options(req.options))
-        choices = [plan.apply(c) for c in sampled]
         self.requests_served += 1
+        return [plan.apply(c) for c in sampled], policy
+
+    async def chat(self, request: Request) -> Response:
+        req = parse_chat_request(await read_json(request))
+        choices, policy = await self._sample_chat(request, req)
         rid, headers = wire.new_id("chatcmpl"), {semconv.HEADER_POLICY_VERSION: str(policy.version)}
         extra = self._version_fields(policy.version)
         if req.options.stream:
@@ -153,6 +135,17 @@ class SamplingEndpoint:
             )
             return sse_response(chunks, headers)
         return JSONResponse(wire.chat_response(rid, req.model, choices, extra=extra), headers=headers)
+
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API over the chat path (:mod:`tinkertrace.serving.anthropic_wire`)."""
+        req = parse_chat_request(anthropic_wire.chat_body(await read_json(request)))
+        [choice], policy = await self._sample_chat(request, req)
+        rid = anthropic_wire.message_id(wire.new_id("chatcmpl"))
+        body = anthropic_wire.message_body(rid, req.model, choice, policy.version)
+        headers = {semconv.HEADER_POLICY_VERSION: str(policy.version)}
+        if req.options.stream:
+            return sse_response(anthropic_wire.stream_events(body), headers, named=True)
+        return JSONResponse(body, headers=headers)
 
     async def responses(self, request: Request) -> Response:
         req = parse_responses_request(await read_json(request))
@@ -213,13 +206,14 @@ class SamplingEndpoint:
 
     # --- health and admin ----------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
-        return JSONResponse(
-            {
-                "status": "ok",
-                semconv.RESPONSE_POLICY_VERSION: self.policy.version,
-                "admission": self.policy.admission.stats(),
-            }
-        )
+        body: dict[str, Any] = {
+            "status": "ok",
+            semconv.RESPONSE_POLICY_VERSION: self.policy.version,
+            "admission": self.policy.admission.stats(),
+        }
+        if self.recorder is not None:
+            body["recording"] = self.recorder.stats()
+        return JSONResponse(body)
 
     def _policy_info(self) -> dict[str, Any]:
         current = self.policy.current()
@@ -309,6 +303,7 @@ def create_app(
     watch_checkpoints: Path | str | None = None,
     watch_poll_s: float = 0.5,
     tool_parser: str = "auto",
+    recorder: CallRecorder | None = None,
 ) -> Starlette:
     """The OpenAI-compatible ASGI app serving ``policy``.
 
@@ -318,6 +313,8 @@ def create_app(
     ``batch_window_s``: how long identical requests wait to share one sample call (0: never).
     ``watch_checkpoints``: a checkpoint record (JSON lines) to follow; each new record is served.
     ``tool_parser``: how tool calls are read from replies (see :mod:`tinkertrace.serving.tool_parsers`).
+    ``recorder``: records every call answered, and the rollout routes' rewards and ends, as spans
+    (:mod:`tinkertrace.serving.recording`); flushed and closed when the app shuts down.
     """
     endpoint = SamplingEndpoint(
         policy,
@@ -326,6 +323,7 @@ def create_app(
         default_max_tokens=default_max_tokens,
         batcher=SampleBatcher(window_s=batch_window_s),
         tool_parser=tool_parser,
+        recorder=recorder,
     )
     if watch_checkpoints is not None:
         endpoint.watcher = CheckpointWatcher(Path(watch_checkpoints), policy, poll_s=watch_poll_s)
@@ -340,12 +338,16 @@ def create_app(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if recorder is not None:
+                await asyncio.to_thread(recorder.close)
 
     g = endpoint.guarded
     routes = [
-        Route("/v1/chat/completions", g(endpoint.chat), methods=["POST"]),
-        Route("/v1/responses", g(endpoint.responses), methods=["POST"]),
-        Route("/v1/completions", g(endpoint.completions), methods=["POST"]),
+        Route("/v1/chat/completions", g(endpoint.chat, recorded=True), methods=["POST"]),
+        Route("/v1/responses", g(endpoint.responses, recorded=True), methods=["POST"]),
+        Route("/v1/completions", g(endpoint.completions, recorded=True), methods=["POST"]),
+        Route("/v1/messages", g(endpoint.messages, recorded=True), methods=["POST"]),
+        *rollout_routes(recorder, g),
         Route("/v1/models", g(endpoint.models), methods=["GET"]),
         Route("/v1/models/{model:path}", g(endpoint.model), methods=["GET"]),
         Route("/health", endpoint.health, methods=["GET"]),
@@ -353,6 +355,11 @@ def create_app(
         Route("/admin/policy", g(endpoint.set_policy, admin=True), methods=["POST"]),
         Route("/admin/admission", g(endpoint.set_admission, admin=True), methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error},
+        middleware=[Middleware(RolloutPrefix)],
+    )
     app.state.endpoint = endpoint
     return app

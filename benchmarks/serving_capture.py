@@ -1,0 +1,190 @@
+"""What recording costs the endpoint, and what a collector restart under load loses.
+
+``cost``: the endpoint over the local engine (built-in model, CPU) served twice in this process, one
+app recording every call (:class:`~tinkertrace.serving.recording.CallRecorder` into a spans folder,
+the SDK's export thread included) and one not; one OpenAI client calls them in interleaved pairs
+(off, on, on, off, ...) with a 20-token completion, so load drifts hit both alike. Wall time per call,
+and this process's CPU time per call (the recording side's flushed after each call, so the export
+thread's work on its span is counted with it): on a loaded machine the CPU figure is the steadier.
+
+``restart``: the endpoint (scripted sampler: the recording path, not the model, is what is loaded)
+records to a real collector subprocess; client threads call it for ``--seconds`` under rollout URL
+prefixes; midway the collector is killed (SIGKILL, no flush) and restarted on the same port two
+seconds later. After a flush, every answered call's response id is looked up in the Parquet files.
+
+    .venv/bin/python benchmarks/serving_capture.py cost --pairs 100
+    .venv/bin/python benchmarks/serving_capture.py restart --seconds 20 --clients 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import openai
+
+from tinkertrace.collector.launch import collector_command, wait_until_healthy
+from tinkertrace.netutil import BackgroundServer, free_port
+from tinkertrace.serving.app import create_app
+from tinkertrace.serving.policy import PolicyHolder
+from tinkertrace.serving.recording import CallRecorder
+from tinkertrace.spanstore.reader import open_spans
+from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
+
+
+def _call(client: openai.OpenAI, model: str, max_tokens: int) -> tuple[float, int]:
+    started = time.perf_counter()
+    reply = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Who are you?"}], max_tokens=max_tokens
+    )
+    return time.perf_counter() - started, reply.usage.completion_tokens if reply.usage else 0
+
+
+def cost(pairs: int, max_tokens: int, warmup: int) -> None:
+    from tinkertrace.engine import ServiceClient
+
+    with tempfile.TemporaryDirectory() as tmp:
+        service = ServiceClient(base_dir=Path(tmp) / "engine")
+        sampler, tokenizer = (
+            service.create_sampling_client(base_model=BUILTIN_MODEL),
+            load_tokenizer(BUILTIN_MODEL),
+        )
+        recorder = CallRecorder(spans_dir=Path(tmp) / "spans")
+        apps = {
+            "off": create_app(PolicyHolder(sampler, tokenizer, BUILTIN_MODEL), batch_window_s=0),
+            "on": create_app(
+                PolicyHolder(sampler, tokenizer, BUILTIN_MODEL), batch_window_s=0, recorder=recorder
+            ),
+        }
+        servers = {name: BackgroundServer(app).start() for name, app in apps.items()}
+        clients = {
+            n: openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0) for n, s in servers.items()
+        }
+        times: dict[str, list[float]] = {"off": [], "on": []}
+        cpu: dict[str, list[float]] = {"off": [], "on": []}
+        tokens: dict[str, list[int]] = {"off": [], "on": []}
+        for i in range(warmup + pairs):
+            for name in ("off", "on") if i % 2 == 0 else ("on", "off"):
+                cpu_start = time.process_time()
+                seconds, n = _call(clients[name], BUILTIN_MODEL, max_tokens)
+                if name == "on":  # the export thread's work on this call's span counts for this call
+                    recorder.flush(30)
+                if i >= warmup:
+                    cpu[name].append(time.process_time() - cpu_start)
+                    times[name].append(seconds)
+                    tokens[name].append(n)
+        recorder.flush(30)
+        recorded = recorder.stats()
+        for server in servers.values():
+            server.stop()
+    print(f"load: {os.getloadavg()[0]:.2f} (1-min average), {os.cpu_count()} CPUs")
+    for name in ("off", "on"):
+        t = times[name]
+        print(
+            f"capture {name:3s}: median {statistics.median(t) * 1000:7.2f} ms, "
+            f"mean {statistics.fmean(t) * 1000:7.2f} ms per call (wall); "
+            f"CPU of this process {statistics.fmean(cpu[name]) * 1000:7.2f} ms per call, "
+            f"mean completion {statistics.fmean(tokens[name]):.1f} tokens ({len(t)} calls)"
+        )
+    med = statistics.median(times["on"]) / statistics.median(times["off"]) - 1
+    mean = statistics.fmean(times["on"]) / statistics.fmean(times["off"]) - 1
+    cpu_cost = statistics.fmean(cpu["on"]) / statistics.fmean(cpu["off"]) - 1
+    print(
+        f"recording costs {med * 100:+.1f} % wall (medians), {mean * 100:+.1f} % wall (means), "
+        f"{cpu_cost * 100:+.1f} % CPU (means, span building and export included); {recorded}"
+    )
+
+
+def restart(seconds: float, clients: int) -> None:
+    from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out, port = Path(tmp) / "spans", free_port()
+        command = collector_command(out, port, "--no-grpc", "--roll-seconds", "0.5")
+
+        def start_collector() -> subprocess.Popen[bytes]:
+            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            wait_until_healthy(proc, port, timeout=60)
+            return proc
+
+        collector = start_collector()
+        recorder = CallRecorder(
+            collector=f"http://127.0.0.1:{port}", spool_dir=Path(tmp) / "spool", retry_interval_s=0.5
+        )
+        policy = PolicyHolder(ScriptedTinkerSampler(["a short reply"]), load_tokenizer(BUILTIN_MODEL), "m")
+        server = BackgroundServer(create_app(policy, recorder=recorder)).start()
+        answered: list[str] = []
+        lock, stop = threading.Lock(), threading.Event()
+
+        def agent(worker: int) -> None:
+            n = 0
+            while not stop.is_set():
+                base = f"{server.url}/rollouts/w{worker}-{n}/v1"
+                client = openai.OpenAI(base_url=base, api_key="x", max_retries=0)
+                reply = client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=8
+                )
+                with lock:
+                    answered.append(reply.id)
+                n += 1
+
+        threads = [threading.Thread(target=agent, args=(w,)) for w in range(clients)]
+        for thread in threads:
+            thread.start()
+        time.sleep(seconds / 2)
+        collector.kill()  # SIGKILL: the collector loses whatever it had not made durable
+        collector.wait()
+        killed_at = len(answered)
+        time.sleep(2.0)
+        collector = start_collector()
+        time.sleep(seconds / 2)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        delivered = recorder.flush(60)
+        stats = recorder.stats()
+        server.stop()
+        collector.terminate()
+        collector.wait(timeout=60)
+        con = duckdb.connect()
+        open_spans(con, out)
+        stored = {
+            r[0]
+            for r in con.execute("SELECT DISTINCT response_id FROM spans WHERE span_type = 'llm'").fetchall()
+        }
+    lost = set(answered) - stored
+    print(f"load: {os.getloadavg()[0]:.2f} (1-min average), {os.cpu_count()} CPUs")
+    print(
+        f"{len(answered)} calls answered in {seconds:.0f} s by {clients} clients "
+        f"({killed_at} before the kill); collector SIGKILLed midway, back 2 s later; "
+        f"flush {'complete' if delivered else 'INCOMPLETE'}"
+    )
+    print(f"stored LLM spans: {len(stored & set(answered))}; lost: {len(lost)}; exporter: {stats}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    c = sub.add_parser("cost", help="per-call cost of recording (interleaved pairs)")
+    c.add_argument("--pairs", type=int, default=100)
+    c.add_argument("--max-tokens", type=int, default=20)
+    c.add_argument("--warmup", type=int, default=5)
+    r = sub.add_parser("restart", help="calls lost across a collector restart under load")
+    r.add_argument("--seconds", type=float, default=20.0)
+    r.add_argument("--clients", type=int, default=4)
+    args = parser.parse_args()
+    if args.what == "cost":
+        cost(args.pairs, args.max_tokens, args.warmup)
+    else:
+        restart(args.seconds, args.clients)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""The Anthropic Messages API (``POST /v1/messages``) on the endpoint: the wire format only.
+
+A Messages request becomes the chat request body the endpoint already serves (:func:`chat_body`,
+validated then by :func:`~tinkertrace.serving.openai_wire.requests.parse_chat_request`); a sampled
+choice becomes a Message object (:func:`message_body`) or its event stream (:func:`stream_events`).
+Every answer carries the token-id extension of ``/v1/responses`` (``prompt_token_ids``,
+``output_token_ids``, ``output_token_logprobs``) and ``policy_version``: on the Message, and in a
+stream on ``message_start``'s message (prompt ids) and on the ``message_delta`` event (output ids).
+Text and tool use: ``tools`` become function tools, ``tool_use`` / ``tool_result`` blocks the chat
+tool calls and tool messages (:func:`tinkertrace.sdk.anthropic_messages.chat_messages`), and calls
+parsed from the reply come back as ``tool_use`` blocks (``stop_reason: tool_use``). Images, documents
+and thinking blocks are refused with a 400 naming the block.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tinkertrace import semconv
+from tinkertrace.sdk import anthropic_messages
+from tinkertrace.serving.openai_wire.completions import Choice
+from tinkertrace.serving.openai_wire.errors import invalid_type, invalid_value, missing, require_object
+
+ROLES = ("user", "assistant")
+# chat finish reasons -> Anthropic stop reasons
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    """Anthropic tools (``name``, ``description``, ``input_schema``) as chat function tools."""
+    if not isinstance(tools, list):
+        raise invalid_type("tools", "an array of tools", tools)
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise invalid_value(f"tools[{i}]", "expected an object with a string 'name'.")
+        function = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
+        if isinstance(tool.get("description"), str):
+            function["description"] = tool["description"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice: Any) -> Any:
+    """Anthropic's ``tool_choice`` (``auto``, ``any``, ``tool`` + name, ``none``) in chat terms."""
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind or "")
+    if mapped is None:
+        raise invalid_value("tool_choice", "expected {'type': 'auto' | 'any' | 'tool' | 'none'}.")
+    return mapped
+
+
+def chat_body(body: Any) -> dict[str, Any]:
+    """The chat completions body of a Messages request (raises :class:`ApiError` for a bad one)."""
+    body = require_object(body)
+    if body.get("max_tokens") is None:
+        raise missing("max_tokens")
+    given = body.get("messages")
+    if not isinstance(given, list) or not given:
+        raise invalid_type("messages", "a non-empty array of messages", given)
+    for i, message in enumerate(given):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise invalid_value(f"messages[{i}]", "expected an object with role 'user' or 'assistant'.")
+    try:
+        messages = anthropic_messages.chat_messages(body)
+    except ValueError as exc:
+        raise invalid_value("messages", f"{exc}.", code="unsupported") from exc
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages, "logprobs": True}
+    for key in ("max_tokens", "temperature", "top_p", "top_k", "stream"):
+        if key in body:
+            chat[key] = body[key]
+    if body.get("stop_sequences") is not None:
+        chat["stop"] = body["stop_sequences"]
+    if body.get("tools"):
+        chat["tools"] = _tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+        if isinstance(body["tool_choice"], dict) and body["tool_choice"].get("disable_parallel_tool_use"):
+            chat["parallel_tool_calls"] = False
+    return chat
+
+
+def _content(choice: Choice) -> list[dict[str, Any]]:
+    """The answer's content blocks: its text, then a ``tool_use`` block per parsed call."""
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": choice.text}] if choice.text else []
+    for call in choice.tool_calls:
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError:
+            arguments = {}
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": arguments})
+    return blocks or [{"type": "text", "text": ""}]
+
+
+def message_body(rid: str, model: str, choice: Choice, version: int) -> dict[str, Any]:
+    """The Message object answering with ``choice``."""
+    return {
+        "id": rid,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": _content(choice),
+        "stop_reason": STOP_REASONS.get(choice.finish_reason, "end_turn"),
+        "stop_sequence": None,
+        "usage": {"input_tokens": len(choice.prompt_token_ids), "output_tokens": len(choice.token_ids)},
+        semconv.RESPONSES_PROMPT_TOKEN_IDS: choice.prompt_token_ids,
+        semconv.RESPONSES_OUTPUT_TOKEN_IDS: choice.token_ids,
+        semconv.RESPONSES_OUTPUT_LOGPROBS: choice.logprobs or [],
+        semconv.RESPONSE_POLICY_VERSION: version,
+    }
+
+
+def _block_events(index: int, block: dict[str, Any]) -> list[dict[str, Any]]:
+    """One content block as its start, delta and stop events."""
+    if block["type"] == "text":
+        start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+    else:
+        start = {**block, "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+    return [
+        {"type": "content_block_start", "index": index, "content_block": start},
+        {"type": "content_block_delta", "index": index, "delta": delta},
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+def stream_events(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Message as Anthropic's stream events (each event's name is its ``type``)."""
+    output_keys = (semconv.RESPONSES_OUTPUT_TOKEN_IDS, semconv.RESPONSES_OUTPUT_LOGPROBS)
+    start = {k: v for k, v in message.items() if k not in output_keys}
+    start.update(content=[], stop_reason=None, usage={**message["usage"], "output_tokens": 0})
+    blocks = [e for i, block in enumerate(message["content"]) for e in _block_events(i, block)]
+    return [
+        {"type": "message_start", "message": start},
+        *blocks,
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+            "usage": {"output_tokens": message["usage"]["output_tokens"]},
+            **{k: message[k] for k in (*output_keys, semconv.RESPONSE_POLICY_VERSION)},
+        },
+        {"type": "message_stop"},
+    ]
+
+
+def message_id(chat_id: str) -> str:
+    """A Message id (``msg_...``) from a chat completion id."""
+    return "msg_" + chat_id.split("-", 1)[-1]
