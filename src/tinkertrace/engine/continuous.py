@@ -86,12 +86,15 @@ class ContinuousBatcher:
         self._tokenizer = tokenizer
         self._max_rows = max_rows
         self._device = next(model.parameters()).device
+        self._generator = torch.Generator(device=self._device)
+        self._generator.seed()
         self._pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self._inbox: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._waiting: list[_Item] = []
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self.prefills = 0  # prefill passes (each admits every request waiting at that moment)
         self.steps = 0  # decoding steps run (forward passes of the running batch)
         self.rows_stepped = 0  # sum over steps of the live rows: rows_stepped / steps is the batch fill
 
@@ -181,9 +184,15 @@ class ContinuousBatcher:
             ids[i, length - len(p) :] = torch.tensor(p, dtype=torch.long)
             mask[i, length - len(p) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        self.prefills += 1
         cache = DynamicCache()
         out = self._model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
         )
         last = out.logits[:, -1].float()
         repeats = torch.tensor([r.num_samples for r, _ in joining], device=self._device)
@@ -220,6 +229,7 @@ class ContinuousBatcher:
             position_ids=batch.positions.unsqueeze(-1),
             past_key_values=batch.cache,
             use_cache=True,
+            logits_to_keep=1,
         )
         batch.positions = batch.positions + 1
         self.steps += 1
@@ -228,32 +238,37 @@ class ContinuousBatcher:
         return batch if batch.live.any() else None
 
     def _sample(self, batch: _Batch, logits: torch.Tensor) -> None:
-        """Sample each live row's next token with its request's parameters and record it."""
-        groups: dict[int, tuple[_Running, list[int], list[int]]] = {}
-        for index, (running, row) in enumerate(batch.owners):
-            if batch.live[index]:
-                groups.setdefault(id(running), (running, [], []))
-                groups[id(running)][1].append(index)
-                groups[id(running)][2].append(row)
-        for running, indices, rows in groups.values():
+        """Sample each live row's next token with its request's parameters and record it.
+
+        Rows of unseeded requests with the same parameters are sampled together (one draw from the
+        batcher's generator); a seeded request draws from its own generator, as it would alone."""
+        groups: dict[object, tuple[DecodeRequest, torch.Generator, list[int]]] = {}
+        for index in np.flatnonzero(batch.live).tolist():
+            running = batch.owners[index][0]
             request = running.request
-            picked = sample_next(logits[indices], request, running.generator)
+            p = request.params
+            key = id(running) if p.seed is not None else (p.temperature, p.top_k, p.top_p, request.topk)
+            generator = running.generator if p.seed is not None else self._generator
+            groups.setdefault(key, (request, generator, []))[2].append(index)
+        for request, generator, indices in groups.values():
+            picked = sample_next(logits[indices], request, generator)
             batch.next_tokens[indices] = picked.tokens
-            tokens = picked.tokens.tolist()
-            logprobs = picked.logprobs.tolist()
-            for j, row in enumerate(rows):
-                running.tokens[row].append(tokens[j])
-                running.logprobs[row].append(logprobs[j])
+            for j, (index, token, logprob) in enumerate(
+                zip(indices, picked.tokens.tolist(), picked.logprobs.tolist(), strict=True)
+            ):
+                running, row = batch.owners[index]
+                running.tokens[row].append(token)
+                running.logprobs[row].append(logprob)
                 if picked.top_ids is not None and picked.top_values is not None:
                     running.top_ids[row].append(picked.top_ids[j])
                     running.top_values[row].append(picked.top_values[j])
-                if request.is_stop(running.tokens[row], self._tokenizer):
+                if running.request.is_stop(running.tokens[row], self._tokenizer):
                     running.stopped[row] = True
-                if running.stopped[row] or len(running.tokens[row]) >= request.max_new:
+                if running.stopped[row] or len(running.tokens[row]) >= running.request.max_new:
                     running.done_rows[row] = True
-                    batch.live[indices[j]] = False
-            if running.done_rows.all() and not running.future.done():
-                running.future.set_result(_finish(running))
+                    batch.live[index] = False
+                    if running.done_rows.all() and not running.future.done():
+                        running.future.set_result(_finish(running))
 
 
 def _finish(running: _Running) -> list[types.SampledSequence]:

@@ -200,7 +200,7 @@ def generate_one(
     generator = request.new_generator(device)
     n = request.num_samples
     ids = torch.tensor(request.prompt, dtype=torch.long, device=device).unsqueeze(0)
-    out = model(input_ids=ids, use_cache=True)
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
     past = out.past_key_values
     past.batch_repeat_interleave(n)
     logits = out.logits[:, -1].float().expand(n, -1)
@@ -223,6 +223,8 @@ def generate_one(
             stopped[row] = request.is_stop(tokens[row], tokenizer)
         if stopped.all() or len(tokens[live[0]]) == request.max_new:
             break
-        out = model(input_ids=next_tokens.unsqueeze(-1), past_key_values=past, use_cache=True)
+        out = model(
+            input_ids=next_tokens.unsqueeze(-1), past_key_values=past, use_cache=True, logits_to_keep=1
+        )
         past, logits = out.past_key_values, out.logits[:, -1].float()
     return sequences_of(tokens, logprobs, stopped, top_ids, top_values)
