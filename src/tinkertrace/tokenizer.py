@@ -73,6 +73,18 @@ With ``tools`` the template writes them Qwen/Hermes style into the system messag
 """
 
 
+def with_tool_template(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Give a ChatML model whose own template knows no tools (SmolLM2) :data:`CHATML_TEMPLATE` as its
+    ``tool_use`` template: ``apply_chat_template`` picks it whenever ``tools`` are passed (Hugging Face's
+    named-template rule) and the model's own template otherwise, so tool definitions, assistant
+    ``tool_calls`` and ``tool`` results are rendered (Hermes style, read back by the ``hermes`` tool
+    parser) instead of silently dropped. Other templates are left as they are."""
+    template = tokenizer.chat_template
+    if isinstance(template, str) and IM_START in template and "tools" not in template:
+        tokenizer.chat_template = {"default": template, "tool_use": CHATML_TEMPLATE}
+    return tokenizer
+
+
 class TokenizerNotFoundError(FileNotFoundError):
     """The tokenizer name is neither the built-in model nor a model :mod:`tinkertrace.models` resolves."""
 
@@ -118,7 +130,8 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     byte-level tokenizer. Anything else is resolved by :func:`tinkertrace.models.model_folder`: a
     packaged model name (``smollm2-135m-instruct``), a ``.gguf`` file (converted once, with its chat
     template) or a local folder with Hugging Face tokenizer files. A name that resolves to nothing
-    raises `TokenizerNotFoundError` (its message names a missing optional extra).
+    raises `TokenizerNotFoundError` (its message names a missing optional extra). A ChatML template
+    without tools gets a ``tool_use`` companion (:func:`with_tool_template`).
     """
     if is_builtin(name_or_path):
         return builtin_tokenizer()
@@ -131,6 +144,6 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer  # imports torch: keep it off the built-in path
 
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return with_tool_template(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
     except (OSError, ValueError) as exc:
         raise TokenizerNotFoundError(f"no usable tokenizer in {str(path)!r}: {exc}") from exc
