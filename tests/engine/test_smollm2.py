@@ -207,3 +207,28 @@ def test_retokenize_fallback_gives_the_templates_ids(chat: dict[str, Any]) -> No
     assert trips[1]["prompt_token_ids"] == template_ids(tok, msgs)
     assert trips[1]["response_token_ids"] == tok.encode("Ten.", add_special_tokens=False)
     assert turns(result) == [(2, None)]
+
+
+# --- training on it ---------------------------------------------------------------------------------------
+
+
+def test_lora_on_its_tied_unembedding_merges_into_the_same_policy() -> None:
+    import torch
+
+    from tinkertrace.engine.model import ModelSpec, build_trainable, inference_copy
+
+    model = build_trainable(ModelSpec(NAME, lora_rank=2, seed=0), torch.device("cpu"))
+    base = model.get_base_model()
+    assert base.lm_head.weight is not base.model.embed_tokens.weight  # untied on load
+    with torch.no_grad():  # a trained adapter: non-zero B everywhere, the unembedding included
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.02)
+    ids = torch.tensor([[1, 9690, 198, 504, 2028, 314, 216, 36]])
+    with torch.no_grad():
+        trained = model(input_ids=ids).logits
+        merged = inference_copy(model)(input_ids=ids).logits
+        with model.disable_adapter():
+            untrained = model(input_ids=ids).logits
+    assert (trained - untrained).abs().max() > 0.1  # the adapter acts
+    torch.testing.assert_close(merged, trained, atol=2e-3, rtol=0)

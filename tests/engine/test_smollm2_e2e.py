@@ -44,7 +44,7 @@ def test_guess_number_trains_publishes_and_resumes_on_smollm2(tmp_path: Path) ->
     first = _train(tmp_path)
     assert (first["train"]["steps"], first["served_version"]) == (1, 1), first
     assert first["agent_errors"] == []
-    traj = pq.read_table(tmp_path / "trajectories.parquet").to_pylist()
+    traj = pq.read_table(tmp_path / "trajectories.parquet", columns=["tokens", "num_turns"]).to_pylist()
     tok = load_tokenizer(NAME)
     assert len(traj) >= 2 and all(1 <= t["num_turns"] <= 4 for t in traj)
     # the trained tokens are SmolLM2's: its ChatML template (with its default system prompt) in its BPE

@@ -125,7 +125,22 @@ def load_base_model(base_model: str, device: torch.device) -> PreTrainedModel:
             )
     except (OSError, ValueError) as exc:
         raise ModelNotFoundError(f"no loadable causal LM in {str(path)!r}: {exc}") from exc
-    return model.to(device)
+    return untie_embeddings(model).to(device)
+
+
+def untie_embeddings(model: PreTrainedModel) -> PreTrainedModel:
+    """Give a model whose output layer shares the input embedding (SmolLM2) its own copy of it.
+
+    LoRA on the unembedding of a tied model would, once merged for sampling, also change the input
+    embeddings, so the sampler would no longer be the trained policy; untied, merging is exact."""
+    output = model.get_output_embeddings()
+    inputs = model.get_input_embeddings()
+    if output is not None and output.weight is inputs.weight:
+        output.weight = torch.nn.Parameter(inputs.weight.detach().clone())
+        model.config.tie_word_embeddings = False
+        if hasattr(model.config, "get_text_config"):
+            model.config.get_text_config().tie_word_embeddings = False
+    return model
 
 
 def lora_target_modules(
