@@ -40,7 +40,7 @@ def test_engine_process_serves_a_local_hugging_face_folder(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--model", "/no/such/folder"], "neither a built-in model nor a Hugging Face model folder"),
+        (["--model", "/no/such/folder"], "a .gguf file or a local Hugging Face model folder"),
         (["--api-key", "secret"], "must start with 'tml-'"),
     ],
 )
