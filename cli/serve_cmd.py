@@ -59,7 +59,8 @@ def serve(
     model: Annotated[
         str,
         typer.Option(
-            help="Base model: 'tinkertrace/tiny-chat' (built in), a local Hugging Face folder, or a "
+            help="Base model: 'tinkertrace/tiny-chat' (built in), 'smollm2-135m-instruct' (the smollm2 "
+            "extra), a .gguf file, a local Hugging Face folder, or a "
             "Tinker model name."
         ),
     ] = BUILTIN_MODEL,

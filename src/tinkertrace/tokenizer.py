@@ -2,13 +2,14 @@
 
 `BUILTIN_MODEL` names a byte-level tokenizer built in code: token id ``b`` is the byte ``b``
 (0-255), followed by ChatML special tokens. It needs no files and no network. Any other name is
-a local Hugging Face folder loaded with ``local_files_only=True``.
+resolved by :func:`tinkertrace.models.model_folder` (a packaged model such as
+``smollm2-135m-instruct``, a GGUF file, or a local Hugging Face folder) and loaded with
+``local_files_only=True``.
 """
 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -72,8 +73,20 @@ With ``tools`` the template writes them Qwen/Hermes style into the system messag
 """
 
 
+def with_tool_template(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Give a ChatML model whose own template knows no tools (SmolLM2) :data:`CHATML_TEMPLATE` as its
+    ``tool_use`` template: ``apply_chat_template`` picks it whenever ``tools`` are passed (Hugging Face's
+    named-template rule) and the model's own template otherwise, so tool definitions, assistant
+    ``tool_calls`` and ``tool`` results are rendered (Hermes style, read back by the ``hermes`` tool
+    parser) instead of silently dropped. Other templates are left as they are."""
+    template = tokenizer.chat_template
+    if isinstance(template, str) and IM_START in template and "tools" not in template:
+        tokenizer.chat_template = {"default": template, "tool_use": CHATML_TEMPLATE}
+    return tokenizer
+
+
 class TokenizerNotFoundError(FileNotFoundError):
-    """The tokenizer name is neither the built-in model nor a local Hugging Face folder."""
+    """The tokenizer name is neither the built-in model nor a model :mod:`tinkertrace.models` resolves."""
 
 
 def _build_byte_tokenizer() -> Tokenizer:
@@ -114,20 +127,23 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """Return the tokenizer for ``name_or_path`` (cached; never downloads).
 
     ``BUILTIN_MODEL`` (also with a size suffix, ``BUILTIN_MODEL + ":base"``) gives the built-in
-    byte-level tokenizer. Anything else must be a local folder with Hugging Face tokenizer
-    files; a missing folder raises `TokenizerNotFoundError`.
+    byte-level tokenizer. Anything else is resolved by :func:`tinkertrace.models.model_folder`: a
+    packaged model name (``smollm2-135m-instruct``), a ``.gguf`` file (converted once, with its chat
+    template) or a local folder with Hugging Face tokenizer files. A name that resolves to nothing
+    raises `TokenizerNotFoundError` (its message names a missing optional extra). A ChatML template
+    without tools gets a ``tool_use`` companion (:func:`with_tool_template`).
     """
     if is_builtin(name_or_path):
         return builtin_tokenizer()
-    path = Path(name_or_path).expanduser()
-    if not path.is_dir():
-        raise TokenizerNotFoundError(
-            f"tokenizer {name_or_path!r} not found: use {BUILTIN_MODEL!r} or a local Hugging Face "
-            "model folder (nothing is downloaded)"
-        )
+    from tinkertrace.models import ModelNotFoundError, model_folder
+
+    try:
+        path = model_folder(name_or_path)
+    except ModelNotFoundError as exc:
+        raise TokenizerNotFoundError(str(exc).replace("model ", "tokenizer ", 1)) from exc
     from transformers import AutoTokenizer  # imports torch: keep it off the built-in path
 
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return with_tool_template(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
     except (OSError, ValueError) as exc:
         raise TokenizerNotFoundError(f"no usable tokenizer in {str(path)!r}: {exc}") from exc

@@ -89,7 +89,7 @@ def test_aliases_metadata_across_a_restart_and_the_request_log(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--model", "/no/such/folder"], "neither a built-in model nor a Hugging Face model folder"),
+        (["--model", "/no/such/folder"], "a .gguf file or a local Hugging Face model folder"),
         (["--api-key", "secret"], "must start with 'tml-'"),
         (["--model-alias", "Qwen/Qwen3-8B"], "must look like NAME=MODEL"),
         (["--model-alias", "Qwen/Qwen3-8B=/no/such/folder"], "neither a built-in model"),

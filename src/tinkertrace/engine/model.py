@@ -3,7 +3,9 @@
 The built-in model (`tinkertrace/tiny-chat`, optionally with a size suffix such as
 `tinkertrace/tiny-chat:base`) is a small Llama-architecture decoder over the built-in byte-level
 tokenizer, randomly initialised from a fixed seed, so every process builds the same base weights
-without downloading anything. Any other name is a local Hugging Face model folder.
+without downloading anything. Any other name is resolved by :func:`tinkertrace.models.model_folder`:
+a packaged model (``smollm2-135m-instruct``), a GGUF file (dequantised once into a cached folder) or
+a local Hugging Face model folder.
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from tinkertrace.models import ModelNotFoundError, model_folder
 from tinkertrace.tokenizer import BUILTIN_MODEL, BUILTIN_VOCAB_SIZE
 
 BASE_INIT_SEED = 1234
@@ -29,10 +31,6 @@ LORA_ALPHA = 32
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 UNEMBED_MODULES = ("lm_head",)
-
-
-class ModelNotFoundError(FileNotFoundError):
-    """The base model is neither a built-in size nor a loadable local Hugging Face folder."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +109,7 @@ def pick_device(device: str | None = None) -> torch.device:
 
 
 def load_base_model(base_model: str, device: torch.device) -> PreTrainedModel:
-    """Build the built-in model (seeded) or load a local Hugging Face folder; never downloads."""
+    """Build the built-in model (seeded) or load a named, GGUF or folder model; never downloads."""
     size = builtin_size(base_model)
     if size is not None:
         with torch.random.fork_rng(devices=[]):
@@ -119,13 +117,7 @@ def load_base_model(base_model: str, device: torch.device) -> PreTrainedModel:
             model = LlamaForCausalLM(builtin_config(size))
         model.config.name_or_path = base_model
         return model.to(device=device, dtype=torch.float32)
-    path = Path(base_model).expanduser()
-    if not path.is_dir():
-        raise ModelNotFoundError(
-            f"model {base_model!r} not found: use {BUILTIN_MODEL!r} (sizes: "
-            f"{', '.join(f'{BUILTIN_MODEL}:{s}' for s in BUILTIN_SIZES)}) or a local Hugging Face "
-            "model folder (nothing is downloaded)"
-        )
+    path = model_folder(base_model)
     try:
         with quiet_progress():
             model = AutoModelForCausalLM.from_pretrained(
@@ -133,7 +125,22 @@ def load_base_model(base_model: str, device: torch.device) -> PreTrainedModel:
             )
     except (OSError, ValueError) as exc:
         raise ModelNotFoundError(f"no loadable causal LM in {str(path)!r}: {exc}") from exc
-    return model.to(device)
+    return untie_embeddings(model).to(device)
+
+
+def untie_embeddings(model: PreTrainedModel) -> PreTrainedModel:
+    """Give a model whose output layer shares the input embedding (SmolLM2) its own copy of it.
+
+    LoRA on the unembedding of a tied model would, once merged for sampling, also change the input
+    embeddings, so the sampler would no longer be the trained policy; untied, merging is exact."""
+    output = model.get_output_embeddings()
+    inputs = model.get_input_embeddings()
+    if output is not None and output.weight is inputs.weight:
+        output.weight = torch.nn.Parameter(inputs.weight.detach().clone())
+        model.config.tie_word_embeddings = False
+        if hasattr(model.config, "get_text_config"):
+            model.config.get_text_config().tie_word_embeddings = False
+    return model
 
 
 def lora_target_modules(

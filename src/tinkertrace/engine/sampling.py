@@ -1,34 +1,29 @@
 """The local SamplingClient: `sample` and `compute_logprobs` over a frozen model snapshot.
 
-Returned log-probabilities are those of the distribution the token was drawn from:
-``log_softmax(logits / temperature)`` before top-k/top-p truncation (so at temperature 1 they are
-the model's own log-probabilities and match `TrainingClient.forward` on the same tokens). A
-temperature of 0 means greedy decoding and reports temperature-1 log-probabilities.
-Generation stops at the tokenizer's end-of-sequence token, at any ``stop`` token id, or once the
-decoded text contains a ``stop`` string; the stopping token is kept in ``tokens``.
+Concurrent `sample` calls, with different prompts or the same, are decoded together by one
+:class:`~tinkertrace.engine.continuous.ContinuousBatcher` (one forward pass per step for all of
+them); each follows the rules of :mod:`tinkertrace.engine.decoding` (log-probabilities of the
+distribution sampled from, stop tokens and strings, seeds).
 """
 
 from __future__ import annotations
 
-import numbers
-import uuid
-from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from tinker import types
-from tinker.lib.public_interfaces.api_future import APIFuture
+from tinker.lib.public_interfaces.api_future import APIFuture, AwaitableConcurrentFuture
 from tinker.types.topk_logprobs import MASK_LOGPROB, TopkLogprobs
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from tinkertrace.engine.continuous import ContinuousBatcher
+from tinkertrace.engine.decoding import DecodeRequest
 from tinkertrace.engine.futures import OrderedWorker
 from tinkertrace.engine.model import freeze, load_base_model
 from tinkertrace.engine.storage import SAMPLER_WEIGHTS, CheckpointStore
 from tinkertrace.tokenizer import load_tokenizer
-
-DEFAULT_MAX_TOKENS = 256
-"""Tokens generated when ``SamplingParams.max_tokens`` is None."""
 
 
 def prompt_tokens(prompt: types.ModelInput) -> list[int]:
@@ -40,53 +35,6 @@ def prompt_tokens(prompt: types.ModelInput) -> list[int]:
     if not tokens:
         raise ValueError("prompt is empty")
     return tokens
-
-
-def context_length(model: PreTrainedModel) -> int:
-    """The model's maximum sequence length."""
-    return int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
-
-
-def stop_conditions(
-    stop: str | Sequence[str] | Sequence[int] | None, tokenizer: PreTrainedTokenizerBase
-) -> tuple[set[int], list[str]]:
-    """Split ``SamplingParams.stop`` into stop token ids (plus end-of-sequence ids) and stop strings."""
-    token_ids: set[int] = set()
-    eos = tokenizer.eos_token_id
-    if isinstance(eos, int):
-        token_ids.add(eos)
-    strings: list[str] = []
-    if stop is None:
-        return token_ids, strings
-    items: Sequence[str | int] = [stop] if isinstance(stop, str) else list(stop)
-    for item in items:
-        if isinstance(item, str):
-            if item:
-                strings.append(item)
-        elif isinstance(item, numbers.Integral) and not isinstance(item, bool):
-            token_ids.add(int(item))
-        else:
-            raise ValueError(f"stop entries must be strings or token ids, got {item!r}")
-    return token_ids, strings
-
-
-def _filter_logprobs(logprobs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask (to -inf) tokens outside the top-k and the top-p nucleus; rows are [n, vocab]."""
-    if 0 < top_k < logprobs.shape[-1]:
-        kth = torch.topk(logprobs, top_k, dim=-1).values[..., -1:]
-        logprobs = logprobs.masked_fill(logprobs < kth, float("-inf"))
-    if 0.0 < top_p < 1.0:
-        sorted_lp, order = torch.sort(logprobs, dim=-1, descending=True)
-        probs = sorted_lp.exp()
-        before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
-        drop_sorted = before >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logprobs = logprobs.masked_fill(drop, float("-inf"))
-    return logprobs
-
-
-def _new_sequence_id() -> str:
-    return uuid.uuid4().hex
 
 
 @dataclass(frozen=True)
@@ -177,101 +125,6 @@ def _in_layout_of(target: types.TensorData, values: np.ndarray) -> types.TensorD
     )
 
 
-@torch.inference_mode()
-def generate(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    prompt: list[int],
-    num_samples: int,
-    params: types.SamplingParams,
-    topk: int = 0,
-) -> list[types.SampledSequence]:
-    """Sample ``num_samples`` continuations of ``prompt`` in one batch with a KV cache.
-
-    ``topk`` > 0 also returns, per sampled token, the ``topk`` most likely tokens of the distribution
-    it was drawn from (``SampledSequence.topk_logprobs``)."""
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-    if params.temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {params.temperature}")
-    if not 0.0 < params.top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
-    room = context_length(model) - len(prompt)
-    if room < 1:
-        raise ValueError(
-            f"prompt of {len(prompt)} tokens leaves no room in the {context_length(model)}-token context"
-        )
-    max_new = DEFAULT_MAX_TOKENS if params.max_tokens is None else params.max_tokens
-    if max_new < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_new}")
-    if not 0 <= topk <= int(model.config.vocab_size):
-        raise ValueError(f"topk_sample_logprobs must be in [0, {model.config.vocab_size}], got {topk}")
-    max_new = min(max_new, room)
-    stop_ids, stop_strings = stop_conditions(params.stop, tokenizer)
-    tail = max((len(s) for s in stop_strings), default=0) + 4
-
-    device = next(model.parameters()).device
-    generator = torch.Generator(device=device)
-    if params.seed is not None:
-        generator.manual_seed(int(params.seed))
-    else:
-        generator.seed()
-    stop_tensor = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
-
-    ids = torch.tensor(prompt, dtype=torch.long, device=device).unsqueeze(0).expand(num_samples, -1)
-    out = model(input_ids=ids, use_cache=True)
-    past, logits = out.past_key_values, out.logits[:, -1].float()
-    tokens = torch.empty((num_samples, max_new), dtype=torch.long, device=device)
-    logprobs = torch.empty((num_samples, max_new), dtype=torch.float32, device=device)
-    top_values = torch.empty((num_samples, max_new, topk), dtype=torch.float32, device=device)
-    top_ids = torch.empty((num_samples, max_new, topk), dtype=torch.long, device=device)
-    lengths = np.full(num_samples, max_new)
-    stopped = np.zeros(num_samples, dtype=bool)
-    for step in range(max_new):
-        if params.temperature == 0:
-            lp = torch.log_softmax(logits, dim=-1)
-            tok = lp.argmax(dim=-1)
-        else:
-            lp = torch.log_softmax(logits / params.temperature, dim=-1)
-            probs = _filter_logprobs(lp, params.top_k, params.top_p).exp()
-            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        tokens[:, step] = tok
-        logprobs[:, step] = lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-        if topk:
-            top_values[:, step], top_ids[:, step] = torch.topk(lp, topk, dim=-1)
-        hit = torch.isin(tok, stop_tensor).cpu().numpy() if len(stop_ids) else np.zeros(num_samples, bool)
-        if stop_strings:
-            for row in np.flatnonzero(~stopped & ~hit):
-                text = tokenizer.decode(tokens[row, max(0, step + 1 - tail) : step + 1].tolist())
-                hit[row] = any(s in text for s in stop_strings)
-        newly = hit & ~stopped
-        lengths[newly] = step + 1
-        stopped |= newly
-        if stopped.all() or step + 1 == max_new:
-            break
-        out = model(input_ids=tok.unsqueeze(-1), past_key_values=past, use_cache=True)
-        past, logits = out.past_key_values, out.logits[:, -1].float()
-
-    tokens_np = tokens.cpu().numpy().astype(np.int32)
-    logprobs_np = logprobs.cpu().numpy()
-    top_ids_np = top_ids.cpu().numpy().astype(np.int32) if topk else None
-    top_values_np = top_values.cpu().numpy() if topk else None
-    return [
-        types.SampledSequence(
-            stop_reason="stop" if stopped[i] else "length",
-            sequence_id=_new_sequence_id(),
-            tokens_np=tokens_np[i, : lengths[i]].copy(),
-            logprobs_np=logprobs_np[i, : lengths[i]].copy(),
-            topk_logprobs_np=TopkLogprobs(
-                token_ids=top_ids_np[i, : lengths[i]].copy(), logprobs=top_values_np[i, : lengths[i]].copy()
-            )
-            if top_ids_np is not None and top_values_np is not None
-            else None,
-        )
-        for i in range(num_samples)
-    ]
-
-
 class SamplingClient:
     """Samples from a frozen model snapshot; same methods and return types as `tinker.SamplingClient`."""
 
@@ -287,6 +140,7 @@ class SamplingClient:
         self._base_model = base_model
         self.model_path = model_path
         self._worker = OrderedWorker("tinkertrace-sampler")
+        self.decoder = ContinuousBatcher(model, tokenizer)
 
     def sample(
         self,
@@ -314,25 +168,35 @@ class SamplingClient:
             include_prompt_logprobs, topk_prompt_logprobs, target_prompt_logprobs, prompt_logprobs_last_n
         )
         request.check(len(tokens), int(self._model.config.vocab_size))
-        return self._worker.submit(
-            self._sample, tokens, num_samples, sampling_params, request, topk_sample_logprobs
-        )
+        response: Future[types.SampleResponse] = Future()
+        try:  # a bad request fails its future, as a hosted call would
+            decode = DecodeRequest.build(
+                self._model, self._tokenizer, tokens, num_samples, sampling_params, topk_sample_logprobs
+            )
+        except ValueError as exc:
+            response.set_exception(exc)
+            return AwaitableConcurrentFuture(response)
+        decoded = self.decoder.submit(decode)
+        if request.wanted:
+            return self._worker.submit(self._with_prompt_scores, decoded, tokens, request)
 
-    def _sample(
-        self,
-        tokens: list[int],
-        num_samples: int,
-        params: types.SamplingParams,
-        scores: PromptScoreRequest,
-        topk: int = 0,
+        def respond(done: Future[list[types.SampledSequence]]) -> None:
+            if (exc := done.exception()) is not None:
+                response.set_exception(exc)
+            else:
+                response.set_result(types.SampleResponse(sequences=done.result()))
+
+        decoded.add_done_callback(respond)
+        return AwaitableConcurrentFuture(response)
+
+    def _with_prompt_scores(
+        self, decoded: Future[list[types.SampledSequence]], tokens: list[int], request: PromptScoreRequest
     ) -> types.SampleResponse:
-        sequences = generate(self._model, self._tokenizer, tokens, num_samples, params, topk)
-        if not scores.wanted:
-            return types.SampleResponse(sequences=sequences)
-        scored = prompt_scores(self._model, tokens, scores)
+        """The decoded sequences with the prompt's scores (one forward pass, on the sampler's worker)."""
+        scored = prompt_scores(self._model, tokens, request)
         return types.SampleResponse(
-            sequences=sequences,
-            prompt_logprobs_np=scored.logprobs if scores.include_logprobs else None,
+            sequences=decoded.result(),
+            prompt_logprobs_np=scored.logprobs if request.include_logprobs else None,
             topk_prompt_logprobs_np=scored.topk,
             target_prompt_logprobs=scored.target,
         )
@@ -379,7 +243,8 @@ class SamplingClient:
         return self._model
 
     def close(self) -> None:
-        """Finish queued requests and stop the worker thread."""
+        """Finish queued requests and stop the worker threads."""
+        self.decoder.close()
         self._worker.shutdown(wait=True)
 
 

@@ -27,6 +27,7 @@ from tinkertrace.engine_server.state import (
 )
 from tinkertrace.engine_server.wire import WireError, decode_forward_backward, decode_json_model, decompress
 from tinkertrace.futures import failed, map_future
+from tinkertrace.models import model_folder
 from tinkertrace.tokenizer import is_builtin, load_tokenizer
 
 
@@ -60,9 +61,10 @@ class TrainingRoutes(EngineCore):
         return self._future_response(request, self.executor.submit(create), model_id=model_id)
 
     def _tokenizer_id(self, base_model: str) -> str:
-        """A tokenizer the SDK's ``get_tokenizer`` can load here: the built-in one saved as a folder."""
+        """A tokenizer the SDK's ``get_tokenizer`` can load here: the built-in one saved as a folder, a
+        named or GGUF model's converted folder."""
         if not is_builtin(base_model):
-            return base_model
+            return str(model_folder(base_model).resolve())
         if base_model not in self._tokenizer_dirs:
             name = base_model.replace("/", "--").replace(":", "-")
             folder = self.service.store.base_dir / "tokenizers" / name

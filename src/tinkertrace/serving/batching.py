@@ -7,7 +7,8 @@ GRPO group of agents sends on its first turn. Requests arriving within ``window_
 order. When no sample call is in flight a request is sent at once (waiting would only add latency
 on an idle server); the window applies under load, which is when requests pile up. Requests with a
 seed are never merged (their samples must be reproducible on their own).
-Different prompts are submitted concurrently; the backend overlaps or batches them itself.
+Different prompts are submitted concurrently; the backend overlaps or batches them itself (the local
+engine decodes concurrent calls in one batch: :mod:`tinkertrace.engine.continuous`).
 """
 
 from __future__ import annotations

@@ -74,7 +74,8 @@ class TrainConfig:
     )
     model: str = setting(
         BUILTIN_MODEL,
-        "Base model: 'tinkertrace/tiny-chat[:nano|small|base]' (built in), a local Hugging Face folder, "
+        "Base model: 'tinkertrace/tiny-chat[:nano|small|base]' (built in), 'smollm2-135m-instruct' (the "
+        "smollm2 extra), a .gguf file, a local Hugging Face folder, "
         "or a Tinker model name such as Qwen/Qwen3-8B.",
     )
     epochs: int = setting(1, "Passes over the data.")

@@ -1,0 +1,325 @@
+"""Continuous batching for the local sampler: concurrent requests share one forward pass per step.
+
+Every sampled sequence is one row of a running batch with a left-padded KV cache (transformers'
+``DynamicCache``). A request that arrives while others are decoding is prefilled on its own (its
+prompt once, then its cache rows repeated for ``num_samples``) and joins the batch at the next step:
+both caches are left-padded to one length and stacked. A row that stops is masked out and dropped
+when the batch is next compacted, and a request's result is handed back as soon as all its rows have
+stopped. Each request keeps its own sampling parameters, seed, stop conditions and top-k logprobs, so
+results follow the same rules as sampling it alone (:func:`tinkertrace.engine.decoding.generate_one`
+is the one-request reference the tests compare with). The thread runs while there is work and
+stops after :data:`IDLE_EXIT_S` without any, so a sampler that is no longer used holds no thread.
+
+Why not transformers' own continuous batching (``generate_batch`` / ``init_continuous_batching``):
+in transformers 5.23 it takes one generation config for all requests (one ``num_return_sequences``,
+no per-request seed), and reports log-probabilities after its logits processors, while Tinker's
+``sample`` needs per-request ``num_samples``, seeds, stop strings and the log-probabilities of the
+distribution before top-k/top-p truncation.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tinker import types
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from tinkertrace.engine.decoding import DecodeRequest, sample_next, sequences_of
+
+MAX_ROWS = 64
+"""Sequences decoded together at most; further requests wait for rows to free up."""
+
+IDLE_EXIT_S = 2.0
+"""Seconds the decoding thread waits for new work before it exits (it restarts on the next submit)."""
+
+_Item = tuple[DecodeRequest, "Future[list[types.SampledSequence]]"]
+
+
+@dataclass
+class _Running:
+    """One request in the batch: its rows' outputs so far."""
+
+    request: DecodeRequest
+    future: Future[list[types.SampledSequence]]
+    generator: torch.Generator
+    tokens: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[float]] = field(default_factory=list)
+    top_ids: list[list[np.ndarray]] = field(default_factory=list)
+    top_values: list[list[np.ndarray]] = field(default_factory=list)
+    stopped: np.ndarray | None = None  # per row: stopped by a stop condition
+    done_rows: np.ndarray | None = None  # per row: finished (stopped or out of tokens)
+
+    def __post_init__(self) -> None:
+        n = self.request.num_samples
+        self.tokens = [[] for _ in range(n)]
+        self.logprobs = [[] for _ in range(n)]
+        self.top_ids = [[] for _ in range(n)]
+        self.top_values = [[] for _ in range(n)]
+        self.stopped = np.zeros(n, dtype=bool)
+        self.done_rows = np.zeros(n, dtype=bool)
+
+
+@dataclass
+class _Batch:
+    """The running batch: per-row owner, cache, attention mask and next input token."""
+
+    owners: list[tuple[_Running, int]]  # (request, row index within it) per batch row
+    cache: DynamicCache
+    mask: torch.Tensor  # [B, L] 1 for real tokens
+    positions: torch.Tensor  # [B] position of each row's next input token
+    next_tokens: torch.Tensor  # [B]
+    live: np.ndarray  # [B] bool
+
+
+class ContinuousBatcher:
+    """A background thread decoding every submitted request in one shared batch."""
+
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_rows: int = MAX_ROWS
+    ) -> None:
+        self._model = model
+        self._tokenizer = tokenizer
+        self._max_rows = max_rows
+        self._device = next(model.parameters()).device
+        self._generator = torch.Generator(device=self._device)
+        self._generator.seed()
+        self._pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        self._inbox: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._waiting: list[_Item] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.prefills = 0  # prefill passes (each admits every request waiting at that moment)
+        self.steps = 0  # decoding steps run (forward passes of the running batch)
+        self.rows_stepped = 0  # sum over steps of the live rows: rows_stepped / steps is the batch fill
+
+    def submit(self, request: DecodeRequest) -> Future[list[types.SampledSequence]]:
+        """Queue ``request``; the future gets its sampled sequences (or the error it raised)."""
+        future: Future[list[types.SampledSequence]] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this sampler is closed")
+            self._inbox.put((request, future))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="tinkertrace-decoder", daemon=True)
+                self._thread.start()
+        return future
+
+    def close(self) -> None:
+        """Finish the requests already submitted, then stop the thread."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+            self._inbox.put(None)
+        if thread is not None:
+            thread.join()
+
+    # --- the decoding thread ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        batch: _Batch | None = None
+        closing = False
+        while True:
+            idle = batch is None and not self._waiting
+            closing |= self._drain(wait_s=None if closing or not idle else IDLE_EXIT_S)
+            if batch is None and not self._waiting:
+                with self._lock:
+                    if closing or self._inbox.empty():
+                        self._thread = None
+                        return
+                continue
+            try:
+                with torch.inference_mode():
+                    batch = self._admit(batch)
+                    if batch is not None:
+                        batch = self._step(batch)
+            except Exception as exc:  # a failed forward pass fails the requests in it, not the thread
+                for running in {id(r): r for r, _ in batch.owners}.values() if batch else ():
+                    if not running.future.done():
+                        running.future.set_exception(exc)
+                batch = None
+
+    def _drain(self, wait_s: float | None) -> bool:
+        """Move submitted requests to the waiting list (waiting up to ``wait_s`` for the first one);
+        True once ``close`` was called."""
+        closing = False
+        try:
+            item = self._inbox.get(timeout=wait_s) if wait_s else self._inbox.get_nowait()
+            while True:
+                if item is None:
+                    closing = True
+                else:
+                    self._waiting.append(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            return closing
+
+    def _admit(self, batch: _Batch | None) -> _Batch | None:
+        """Prefill waiting requests that fit and stack them onto the running batch."""
+        rows = 0 if batch is None else int(batch.live.sum())
+        joining: list[_Item] = []
+        while self._waiting and (rows == 0 or rows + self._waiting[0][0].num_samples <= self._max_rows):
+            request, future = self._waiting.pop(0)
+            if future.set_running_or_notify_cancel():
+                joining.append((request, future))
+                rows += request.num_samples
+        if not joining:
+            return batch
+        if batch is not None:
+            batch = _compact(batch)
+        new = self._prefill(joining)
+        return new if batch is None else _stack(batch, new)
+
+    def _prefill(self, joining: list[_Item]) -> _Batch:
+        """One left-padded forward pass over the new prompts; sample each request's first tokens."""
+        prompts = [r.prompt for r, _ in joining]
+        length = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), length), self._pad, dtype=torch.long, device=self._device)
+        mask = torch.zeros((len(prompts), length), dtype=torch.long, device=self._device)
+        for i, p in enumerate(prompts):
+            ids[i, length - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, length - len(p) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        self.prefills += 1
+        cache = DynamicCache()
+        out = self._model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        last = out.logits[:, -1].float()
+        repeats = torch.tensor([r.num_samples for r, _ in joining], device=self._device)
+        for layer in cache.layers:
+            layer.keys = layer.keys.repeat_interleave(repeats, dim=0)
+            layer.values = layer.values.repeat_interleave(repeats, dim=0)
+        owners: list[tuple[_Running, int]] = []
+        for request, future in joining:
+            running = _Running(request, future, request.new_generator(self._device))
+            owners += [(running, row) for row in range(request.num_samples)]
+        batch = _Batch(
+            owners=owners,
+            cache=cache,
+            mask=mask.repeat_interleave(repeats, dim=0),
+            positions=torch.tensor(
+                [len(r.prompt) for r, _ in joining], dtype=torch.long, device=self._device
+            ).repeat_interleave(repeats),
+            next_tokens=torch.zeros(len(owners), dtype=torch.long, device=self._device),
+            live=np.ones(len(owners), dtype=bool),
+        )
+        self._sample(batch, last.repeat_interleave(repeats, dim=0))
+        return batch
+
+    def _step(self, batch: _Batch) -> _Batch | None:
+        """One forward pass of every row's last token; sample the next ones; finish done requests."""
+        if not batch.live.any():
+            return None
+        if batch.live.mean() < 0.5:
+            batch = _compact(batch)
+        batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
+        out = self._model(
+            input_ids=batch.next_tokens.unsqueeze(-1),
+            attention_mask=batch.mask,
+            position_ids=batch.positions.unsqueeze(-1),
+            past_key_values=batch.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        batch.positions = batch.positions + 1
+        self.steps += 1
+        self.rows_stepped += int(batch.live.sum())
+        self._sample(batch, out.logits[:, -1].float())
+        return batch if batch.live.any() else None
+
+    def _sample(self, batch: _Batch, logits: torch.Tensor) -> None:
+        """Sample each live row's next token with its request's parameters and record it.
+
+        Rows of unseeded requests with the same parameters are sampled together (one draw from the
+        batcher's generator); a seeded request draws from its own generator, as it would alone."""
+        groups: dict[object, tuple[DecodeRequest, torch.Generator, list[int]]] = {}
+        for index in np.flatnonzero(batch.live).tolist():
+            running = batch.owners[index][0]
+            request = running.request
+            p = request.params
+            key = id(running) if p.seed is not None else (p.temperature, p.top_k, p.top_p, request.topk)
+            generator = running.generator if p.seed is not None else self._generator
+            groups.setdefault(key, (request, generator, []))[2].append(index)
+        for request, generator, indices in groups.values():
+            picked = sample_next(logits[indices], request, generator)
+            batch.next_tokens[indices] = picked.tokens
+            for j, (index, token, logprob) in enumerate(
+                zip(indices, picked.tokens.tolist(), picked.logprobs.tolist(), strict=True)
+            ):
+                running, row = batch.owners[index]
+                running.tokens[row].append(token)
+                running.logprobs[row].append(logprob)
+                if picked.top_ids is not None and picked.top_values is not None:
+                    running.top_ids[row].append(picked.top_ids[j])
+                    running.top_values[row].append(picked.top_values[j])
+                if running.request.is_stop(running.tokens[row], self._tokenizer):
+                    running.stopped[row] = True
+                if running.stopped[row] or len(running.tokens[row]) >= running.request.max_new:
+                    running.done_rows[row] = True
+                    batch.live[index] = False
+                    if running.done_rows.all() and not running.future.done():
+                        running.future.set_result(_finish(running))
+
+
+def _finish(running: _Running) -> list[types.SampledSequence]:
+    return sequences_of(
+        running.tokens, running.logprobs, running.stopped, running.top_ids, running.top_values
+    )
+
+
+def _compact(batch: _Batch) -> _Batch:
+    """Drop stopped rows and the leading cache columns no remaining row attends to."""
+    keep = np.flatnonzero(batch.live)
+    if len(keep) == len(batch.live):
+        index = None
+    else:
+        index = torch.from_numpy(keep).to(batch.mask.device)
+        batch.cache.batch_select_indices(index)
+        batch.mask = batch.mask[index]
+        batch.positions = batch.positions[index]
+        batch.next_tokens = batch.next_tokens[index]
+        batch.owners = [batch.owners[i] for i in keep]
+        batch.live = batch.live[keep]
+    used = batch.mask.any(dim=0).nonzero()
+    start = int(used[0]) if len(used) else batch.mask.shape[1]
+    if start > 0:
+        batch.mask = batch.mask[:, start:]
+        for layer in batch.cache.layers:
+            layer.keys = layer.keys[:, :, start:]
+            layer.values = layer.values[:, :, start:]
+    return batch
+
+
+def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    missing = length - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def _stack(old: _Batch, new: _Batch) -> _Batch:
+    """One batch of both: caches and masks left-padded to a common length, rows concatenated."""
+    length = max(old.mask.shape[1], new.mask.shape[1])
+    for a, b in zip(old.cache.layers, new.cache.layers, strict=True):
+        a.keys = torch.cat([_left_pad(a.keys, length, 2), _left_pad(b.keys, length, 2)], dim=0)
+        a.values = torch.cat([_left_pad(a.values, length, 2), _left_pad(b.values, length, 2)], dim=0)
+    return _Batch(
+        owners=old.owners + new.owners,
+        cache=old.cache,
+        mask=torch.cat([_left_pad(old.mask, length, 1), _left_pad(new.mask, length, 1)], dim=0),
+        positions=torch.cat([old.positions, new.positions]),
+        next_tokens=torch.cat([old.next_tokens, new.next_tokens]),
+        live=np.concatenate([old.live, new.live]),
+    )
