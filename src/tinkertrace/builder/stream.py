@@ -69,8 +69,8 @@ def _tokens_sql() -> str:
     return f"""
         SELECT c.bucket, c.call_no, {tokens}
         FROM ({views.span_tokens_sql()}) t
-        JOIN (SELECT bucket, call_no, trace_id, span_id, filename FROM _out) c
-          ON t.trace_id = c.trace_id AND t.span_id = c.span_id AND t.filename = c.filename
+        JOIN (SELECT bucket, call_no, tok_trace_id, tok_span_id, filename FROM _out) c
+          ON t.trace_id = c.tok_trace_id AND t.span_id = c.tok_span_id AND t.filename = c.filename
         WHERE t.prompt_token_ids IS NOT NULL AND t.response_token_ids IS NOT NULL"""
 
 

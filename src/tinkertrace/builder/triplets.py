@@ -155,7 +155,8 @@ def _select_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
     parent, join = _parent_join(options)
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _calls AS
-        SELECT c.trace_id, c.span_id, c.filename, c.received_at, {parent}, c.rollout_id, r.task_id, r.attempt,
+        SELECT c.trace_id, c.span_id, c.tok_trace_id, c.tok_span_id, c.filename, c.received_at, {parent},
+               c.rollout_id, r.task_id, r.attempt,
                COALESCE(c.agent_name, c.agent_span_name, s.scope_agent) AS agent_name, s.scope,
                c.model, c.response_id, c.policy_version, c.token_source, c.trainable, c.truncated,
                c.start_time, c.end_time, r.split, r.end_time AS rollout_end,
@@ -269,6 +270,39 @@ def _output_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
     )
 
 
+def rewards_from_events(con: duckdb.DuckDBPyConnection) -> None:
+    """Add a reward row to ``_meta`` for every ``gen_ai.evaluation.result`` event on a span (the GenAI
+    way of scoring, from any language): a child of that span at the event's time, named by
+    ``gen_ai.evaluation.name``, valued ``gen_ai.evaluation.score.value``, linked to the call of its
+    ``gen_ai.response.id``. Only spans whose events mention the name are parsed."""
+    event = sc.REWARD_SPAN_NAME
+    con.execute(f"""
+        INSERT INTO _meta BY NAME
+        WITH e AS (
+            SELECT s.trace_id, s.span_id AS carrier, s.rollout_id, s.task_id, s.attempt, s.split,
+                   s.agent_name, s.received_at, s.from_agentlightning, s.implicit_rollout, s.producer,
+                   unnest(CAST(s.events AS JSON[])) AS ev, generate_subscripts(CAST(s.events AS JSON[]), 1) AS i
+            FROM spans s WHERE contains(s.events, '{event}')
+        ), scored AS (
+            SELECT *, json_extract_string(ev, '$.attributes') AS attributes,
+                   to_timestamp(0) + to_microseconds(CAST(json_extract_string(ev, '$.time_unix_nano') AS BIGINT) // 1000)
+                       AS event_time
+            FROM e WHERE json_extract_string(ev, '$.name') = '{event}'
+        )
+        SELECT trace_id, carrier || '/event' || i AS span_id, carrier AS parent_span_id, '{event}' AS name,
+               event_time AS start_time, event_time AS end_time, '{sc.TYPE_REWARD}' AS span_type, rollout_id, task_id,
+               attempt, split, agent_name, received_at, from_agentlightning, implicit_rollout, producer,
+               COALESCE({_event_attr(sc.GENAI_EVALUATION_NAME)}, '{sc.PRIMARY_REWARD}') AS reward_name,
+               TRY_CAST({_event_attr(sc.GENAI_EVALUATION_SCORE)} AS DOUBLE) AS reward_value,
+               {_event_attr(sc.GENAI_RESPONSE_ID)} AS response_id, attributes,
+               NULL AS agent_span_name, false AS trainable, false AS server_side
+        FROM scored WHERE {_event_attr(sc.GENAI_EVALUATION_SCORE)} IS NOT NULL""")
+
+
+def _event_attr(name: str) -> str:
+    return f"json_extract_string(attributes, '$.\"{name}\"')"
+
+
 def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
     """Materialise the token-free build tables (``_meta``, ``_sel``, ``_calls``, ``_rewards``,
     ``_assign``, ``_out`` numbered into ``summary.buckets`` buckets) and fill the summary's rollout,
@@ -281,10 +315,19 @@ def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: Buil
                  REPLACE (CASE WHEN span_type = '{sc.TYPE_LLM}' THEN filename END AS filename,
                           CASE WHEN span_type = '{sc.TYPE_REWARD}' THEN name END AS name),
                CASE WHEN {keep_attrs} THEN attributes END AS attributes,
-               {views.llm_trainable_sql()} AS trainable, {views.llm_truncated_sql()} AS truncated
+               {views.llm_truncated_sql()} AS truncated
         FROM spans""")  # only LLM calls need their file (the token join) and rewards their name
+    rewards_from_events(con)
     summary.spans = _scalar(con, "SELECT count(*) FROM _meta")
     summary.spans_without_rollout = _scalar(con, "SELECT count(*) FROM _meta WHERE rollout_id IS NULL")
+    for column, where, counts in (
+        ("producer", "true", summary.spans_by_producer),
+        ("producer", f"span_type = '{sc.TYPE_LLM}'", summary.llm_spans_by_producer),
+    ):
+        rows = con.execute(
+            f"SELECT COALESCE({column}, 'unrecognised'), count(*) FROM _meta WHERE {where} GROUP BY 1"
+        )
+        counts.update(dict(rows.fetchall()))
     views.create_derived_views(con, source="_meta")
     _select_rollouts(con, options, summary)
     _repair_parents(con, options, summary)
