@@ -11,7 +11,12 @@ export TINKERTRACE_CPU_THREADS ?= 1
 AGENTS_VENV := .venv-agents
 AGENTS_STAMP := $(AGENTS_VENV)/.installed
 
-.PHONY: setup demo test lint bench agents-env
+# The adapter tests run the real instrumentation packages (OpenInference, OpenLLMetry, the official GenAI
+# instrumentation, Logfire) in their own environment: tinkertrace core + tests/instrumentations/requirements.txt.
+INSTRUMENTATIONS_VENV := .venv-instrumentations
+INSTRUMENTATIONS_STAMP := $(INSTRUMENTATIONS_VENV)/.installed
+
+.PHONY: setup demo test lint bench agents-env instrumentations-env
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,10 +37,18 @@ $(AGENTS_STAMP): pyproject.toml examples/agents_sdk/requirements.txt
 
 agents-env: $(AGENTS_STAMP)
 
+$(INSTRUMENTATIONS_STAMP): pyproject.toml tests/instrumentations/requirements.txt
+	$(PYTHON) -m venv $(INSTRUMENTATIONS_VENV)
+	$(INSTRUMENTATIONS_VENV)/bin/pip install --quiet --upgrade "pip>=24"
+	$(INSTRUMENTATIONS_VENV)/bin/pip install --quiet -e . -r tests/instrumentations/requirements.txt
+	touch $(INSTRUMENTATIONS_STAMP)
+
+instrumentations-env: $(INSTRUMENTATIONS_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/tinkertrace demo
 
-test: $(STAMP) $(AGENTS_STAMP)
+test: $(STAMP) $(AGENTS_STAMP) $(INSTRUMENTATIONS_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 

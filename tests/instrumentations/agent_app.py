@@ -2,7 +2,7 @@
 
 Run by ``.venv-instrumentations/bin/python`` (built by ``make instrumentations-env``), never imported by
 the main test environment. Each rollout is one root span of the app's own tracer (task key
-``session.id``) around a plain chat call, a call offering a tool and a streaming call; the reward is
+``task.id``) around a plain chat call, a call offering a tool and a streaming call; the reward is
 written the GenAI way: a ``gen_ai.evaluation.result`` event on the root span and a span of that name
 linked to the tool call by ``gen_ai.response.id``. Spans leave with the stock OTLP/HTTP exporter.
 
@@ -26,7 +26,7 @@ TOOL = {
 }
 
 
-def _otlp_provider(collector: str):  # noqa: ANN202 - OTel types live in the foreign environment
+def _otlp_provider(collector: str):
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
@@ -39,7 +39,7 @@ def _otlp_provider(collector: str):  # noqa: ANN202 - OTel types live in the for
     return provider
 
 
-def _otlp_logs(collector: str):  # noqa: ANN202
+def _otlp_logs(collector: str):
     from opentelemetry._logs import set_logger_provider
     from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
     from opentelemetry.sdk._logs import LoggerProvider
@@ -91,7 +91,7 @@ def instrument(name: str, collector: str, client: object) -> list[object]:
 def run_rollout(client: object, tracer: object, model: str, index: int) -> dict:
     """One rollout: three calls under a root span, then the rewards; returns what the agent saw."""
     question = f"What is {index} + {index}?"
-    with tracer.start_as_current_span("episode", attributes={"session.id": f"task-{index % 4}"}) as root:
+    with tracer.start_as_current_span("episode", attributes={"task.id": f"task-{index % 4}"}) as root:
         messages = [{"role": "user", "content": question}]
         plain = client.chat.completions.create(model=model, messages=messages)
         tool = client.chat.completions.create(model=model, messages=messages, tools=[TOOL])

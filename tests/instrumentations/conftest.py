@@ -43,7 +43,8 @@ class Model:
         prompt = load_tokenizer(BUILTIN_MODEL).decode(prompt_ids)
         a, b = re.findall(r"What is (\d+) \+ (\d+)\?", prompt)[-1]
         if "# Tools" in prompt:
-            reply = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{a} + {b}"}}}}\n</tool_call>'
+            call = {"name": "calculator", "arguments": {"expression": f"{a} + {b}"}}
+            reply = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
         else:
             reply = f"The answer is {int(a) + int(b)}."
         self.replies.append(reply)

@@ -88,7 +88,7 @@ def retokenize(con: duckdb.DuckDBPyConnection, tokenizer: Any | None) -> tuple[s
             continue
         try:
             prompt, response = call_ids(tokenizer, conversation)
-        except Exception:  # noqa: BLE001 - a template error is the messages' fault: count it, keep going
+        except Exception:
             not_rebuilt[TEMPLATE_FAILED] += 1
             continue
         for key, value in zip(rows, (call["trace_id"], call["span_id"], prompt, response), strict=True):

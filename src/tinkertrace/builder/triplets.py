@@ -281,17 +281,19 @@ def rewards_from_events(con: duckdb.DuckDBPyConnection) -> None:
         WITH e AS (
             SELECT s.trace_id, s.span_id AS carrier, s.rollout_id, s.task_id, s.attempt, s.split,
                    s.agent_name, s.received_at, s.from_agentlightning, s.implicit_rollout, s.producer,
-                   unnest(CAST(s.events AS JSON[])) AS ev, generate_subscripts(CAST(s.events AS JSON[]), 1) AS i
+                   unnest(CAST(s.events AS JSON[])) AS ev,
+                   generate_subscripts(CAST(s.events AS JSON[]), 1) AS i
             FROM spans s WHERE contains(s.events, '{event}')
         ), scored AS (
             SELECT *, json_extract_string(ev, '$.attributes') AS attributes,
-                   to_timestamp(0) + to_microseconds(CAST(json_extract_string(ev, '$.time_unix_nano') AS BIGINT) // 1000)
+                   to_timestamp(0) + to_microseconds(
+                       CAST(json_extract_string(ev, '$.time_unix_nano') AS BIGINT) // 1000)
                        AS event_time
             FROM e WHERE json_extract_string(ev, '$.name') = '{event}'
         )
         SELECT trace_id, carrier || '/event' || i AS span_id, carrier AS parent_span_id, '{event}' AS name,
-               event_time AS start_time, event_time AS end_time, '{sc.TYPE_REWARD}' AS span_type, rollout_id, task_id,
-               attempt, split, agent_name, received_at, from_agentlightning, implicit_rollout, producer,
+               event_time AS start_time, event_time AS end_time, '{sc.TYPE_REWARD}' AS span_type,
+               rollout_id, task_id, attempt, split, agent_name, received_at, from_agentlightning, implicit_rollout, producer,
                COALESCE({_event_attr(sc.GENAI_EVALUATION_NAME)}, '{sc.PRIMARY_REWARD}') AS reward_name,
                TRY_CAST({_event_attr(sc.GENAI_EVALUATION_SCORE)} AS DOUBLE) AS reward_value,
                {_event_attr(sc.GENAI_RESPONSE_ID)} AS response_id, attributes,
@@ -317,7 +319,6 @@ def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: Buil
                CASE WHEN {keep_attrs} THEN attributes END AS attributes,
                {views.llm_truncated_sql()} AS truncated
         FROM spans""")  # only LLM calls need their file (the token join) and rewards their name
-    rewards_from_events(con)
     summary.spans = _scalar(con, "SELECT count(*) FROM _meta")
     summary.spans_without_rollout = _scalar(con, "SELECT count(*) FROM _meta WHERE rollout_id IS NULL")
     for column, where, counts in (
@@ -328,6 +329,7 @@ def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: Buil
             f"SELECT COALESCE({column}, 'unrecognised'), count(*) FROM _meta WHERE {where} GROUP BY 1"
         )
         counts.update(dict(rows.fetchall()))
+    rewards_from_events(con)
     views.create_derived_views(con, source="_meta")
     _select_rollouts(con, options, summary)
     _repair_parents(con, options, summary)

@@ -60,7 +60,9 @@ ADAPTER = Adapter(
         "prompt_token_ids": f"CASE WHEN {IS_LLM} THEN {PROMPT_IDS} END",
         "response_token_ids": f"CASE WHEN {IS_LLM} THEN {RESPONSE_IDS} END",
         "response_logprobs": f"CASE WHEN {IS_LLM} THEN {LOGPROBS} END",
-        "reward_name": f"CASE WHEN {_VALUE} IS NOT NULL THEN COALESCE({reward_name(0)}, '{sc.PRIMARY_REWARD}') END",
+        "reward_name": (
+            f"CASE WHEN {_VALUE} IS NOT NULL THEN COALESCE({reward_name(0)}, '{sc.PRIMARY_REWARD}') END"
+        ),
         "reward_value": _VALUE,
     },
 )
