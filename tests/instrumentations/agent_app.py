@@ -3,8 +3,9 @@
 Run by ``.venv-instrumentations/bin/python`` (built by ``make instrumentations-env``), never imported by
 the main test environment. Each rollout is one root span of the app's own tracer (task key
 ``task.id``) around a plain chat call, a call offering a tool and a streaming call; the reward is
-written the GenAI way: a ``gen_ai.evaluation.result`` event on the root span and a span of that name
-linked to the tool call by ``gen_ai.response.id``. Spans leave with the stock OTLP/HTTP exporter.
+written the GenAI way: a ``gen_ai.evaluation.result`` event on the root span (an OTLP log record of
+it in the ``-events`` mode) and a span of that name linked to the tool call by ``gen_ai.response.id``.
+Spans leave with the stock OTLP/HTTP exporter.
 
     python agent_app.py INSTRUMENTATION COLLECTOR_URL MODEL_URL ROLLOUTS [--with-sdk]
 """
@@ -88,7 +89,7 @@ def instrument(name: str, collector: str, client: object) -> list[object]:
     return flush
 
 
-def run_rollout(client: object, tracer: object, model: str, index: int) -> dict:
+def run_rollout(client: object, tracer: object, model: str, index: int, *, logs: bool = False) -> dict:
     """One rollout: three calls under a root span, then the rewards; returns what the agent saw."""
     question = f"What is {index} + {index}?"
     with tracer.start_as_current_span("episode", attributes={"task.id": f"task-{index % 4}"}) as root:
@@ -100,10 +101,13 @@ def run_rollout(client: object, tracer: object, model: str, index: int) -> dict:
         )
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         reward = 1.0 if str(2 * index) in streamed else 0.0
-        root.add_event(
-            "gen_ai.evaluation.result",
-            {"gen_ai.evaluation.name": "correct", "gen_ai.evaluation.score.value": reward},
-        )
+        score = {"gen_ai.evaluation.name": "correct", "gen_ai.evaluation.score.value": reward}
+        if logs:  # the event as an OTLP log record of the root span (the logs API's events)
+            from opentelemetry._logs import get_logger
+
+            get_logger("stock-agent").emit(event_name="gen_ai.evaluation.result", attributes=score)
+        else:
+            root.add_event("gen_ai.evaluation.result", score)
         attributes = {
             "gen_ai.evaluation.name": "used_tool",
             "gen_ai.evaluation.score.value": 1.0 if tool.choices[0].message.tool_calls else 0.0,
@@ -139,7 +143,8 @@ def main() -> None:
         results = [rollout({"id": f"task-{i % 4}", "n": i}) for i in range(args.rollouts)]
         tinkertrace.flush()
     else:
-        results = [run_rollout(client, tracer, args.model, i) for i in range(args.rollouts)]
+        logs = args.instrumentation.endswith("events")
+        results = [run_rollout(client, tracer, args.model, i, logs=logs) for i in range(args.rollouts)]
     for item in flush:
         item.force_flush()
     print(json.dumps(results))

@@ -87,3 +87,27 @@ def test_our_sdk_beside_openinference_counts_each_call_once(
     assert summary.llm_spans_by_producer == {"openinference": 60, "tinkertrace": 60}
     assert (summary.rollouts_built, summary.llm_calls, summary.triplets) == (rollouts, 60, 60)
     assert summary.llm_duplicates == 60 and summary.triplets_by_token_source == {"server": 60}
+
+
+@pytest.mark.slow
+def test_event_mode_content_arrives_as_otlp_logs_and_joins_its_spans(
+    endpoint: Any, agent: Any, tmp_path: Path
+) -> None:
+    """The official instrumentation in event mode sends the messages as OTLP log records to
+    ``/v1/logs`` (and the app its reward event): the collector keeps them (``_logs/``), the builder
+    joins them to their spans."""
+    first = len(endpoint.sampler.calls)
+    agent("openai-v2-events", 2, tmp_path / "spans", endpoint.url)
+    prompts, responses = (ids[first:] for ids in sampled(endpoint))
+    assert list((tmp_path / "spans" / "_logs").rglob("*.parquet"))
+    options = BuildOptions(task_key="task.id", tokenizer=BUILTIN_MODEL)
+    built = build_trajectories(tmp_path / "spans", tmp_path / "out", options)
+    assert (built.summary.triplets, built.summary.llm_calls_retokenized) == (6, 6), built.summary
+    assert (built.summary.rewards, built.summary.rewards_matched) == (4, 4)
+    calls = sorted(built.triplets.to_pylist(), key=lambda t: (t["task_id"], t["turn"]))
+    assert [c["response_token_ids"] for c in calls] == responses
+    assert [c["prompt_token_ids"] == p for c, p in zip(calls, prompts, strict=True)] == [
+        True,
+        False,
+        True,
+    ] * 2

@@ -22,7 +22,7 @@ import pyarrow as pa
 from tinkertrace import semconv as sc
 from tinkertrace.builder.adapters import ADAPTERS
 from tinkertrace.builder.summary import NO_TOKENIZER_REASON
-from tinkertrace.builder.views import TYPED_VIEW
+from tinkertrace.builder.views import LOGS_VIEW, TYPED_VIEW
 
 TABLE = "_retokenized"
 # why a call without token ids could not be rebuilt (BuildSummary.llm_calls_not_rebuilt)
@@ -32,12 +32,25 @@ TEMPLATE_FAILED = "chat template failed on the messages"
 
 
 def text_only_calls_sql() -> str:
-    """SQL: LLM spans of producers that can give their messages, without token ids of their own."""
+    """SQL: LLM spans of producers that can give their messages, without token ids of their own; their
+    attributes completed by those of their GenAI event log records (the official instrumentation in
+    ``event_only`` mode sends the messages as a log record of the call's span: the span's own
+    attributes win)."""
     producers = ", ".join(f"'{a.name}'" for a in ADAPTERS if a.conversation is not None)
     return f"""
-    SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, producer, attributes FROM {TYPED_VIEW}
-    WHERE span_type = '{sc.TYPE_LLM}' AND producer IN ({producers})
-      AND (prompt_token_ids IS NULL OR response_token_ids IS NULL)
+    WITH calls AS (
+        SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, producer, attributes FROM {TYPED_VIEW}
+        WHERE span_type = '{sc.TYPE_LLM}' AND producer IN ({producers})
+          AND (prompt_token_ids IS NULL OR response_token_ids IS NULL)
+    ), details AS (
+        SELECT trace_id, span_id, list(attributes ORDER BY time, received_at) AS records FROM {LOGS_VIEW}
+        WHERE span_id IS NOT NULL AND contains(attributes, '{sc.GENAI_INPUT_MESSAGES}')
+        GROUP BY ALL
+    )
+    SELECT c.trace_id, c.span_id, c.producer,
+           CASE WHEN d.records IS NULL THEN c.attributes
+                ELSE CAST(json_merge_patch(d.records[1], c.attributes) AS VARCHAR) END AS attributes
+    FROM calls c LEFT JOIN details d USING (trace_id, span_id)
     """
 
 

@@ -276,24 +276,36 @@ def rewards_from_events(con: duckdb.DuckDBPyConnection) -> None:
     ``gen_ai.evaluation.name``, valued ``gen_ai.evaluation.score.value``, linked to the call of its
     ``gen_ai.response.id``. Only spans whose events mention the name are parsed."""
     event = sc.REWARD_SPAN_NAME
+    carrier = (
+        "s.trace_id, s.span_id AS carrier, s.rollout_id, s.task_id, s.attempt, s.split, s.agent_name, "
+        "s.received_at, s.from_agentlightning, s.implicit_rollout, s.producer"
+    )
+    from_logs = ""
+    if _scalar(con, f"SELECT count(*) FROM {views.LOGS_VIEW} WHERE event_name = '{event}'"):
+        from_logs = f"""UNION ALL BY NAME  -- the same events sent as OTLP log records of the span
+            SELECT {carrier}, 'log' || row_number() OVER (PARTITION BY l.trace_id, l.span_id
+                                                            ORDER BY l.time, l.received_at) AS i,
+                   l.attributes, COALESCE(l.time, l.observed_time)::TIMESTAMPTZ AS event_time
+            FROM {views.LOGS_VIEW} l JOIN spans s ON s.trace_id = l.trace_id AND s.span_id = l.span_id
+            WHERE l.event_name = '{event}'"""
     con.execute(f"""
         INSERT INTO _meta BY NAME
         WITH e AS (
-            SELECT s.trace_id, s.span_id AS carrier, s.rollout_id, s.task_id, s.attempt, s.split,
-                   s.agent_name, s.received_at, s.from_agentlightning, s.implicit_rollout, s.producer,
-                   unnest(CAST(s.events AS JSON[])) AS ev,
-                   generate_subscripts(CAST(s.events AS JSON[]), 1) AS i
+            SELECT {carrier}, unnest(CAST(s.events AS JSON[])) AS ev,
+                   'event' || generate_subscripts(CAST(s.events AS JSON[]), 1) AS i
             FROM spans s WHERE contains(s.events, '{event}')
         ), scored AS (
-            SELECT *, json_extract_string(ev, '$.attributes') AS attributes,
+            SELECT * EXCLUDE (ev), json_extract_string(ev, '$.attributes') AS attributes,
                    to_timestamp(0) + to_microseconds(
                        CAST(json_extract_string(ev, '$.time_unix_nano') AS BIGINT) // 1000)
                        AS event_time
             FROM e WHERE json_extract_string(ev, '$.name') = '{event}'
+            {from_logs}
         )
-        SELECT trace_id, carrier || '/event' || i AS span_id, carrier AS parent_span_id, '{event}' AS name,
+        SELECT trace_id, carrier || '/' || i AS span_id, carrier AS parent_span_id, '{event}' AS name,
                event_time AS start_time, event_time AS end_time, '{sc.TYPE_REWARD}' AS span_type,
-               rollout_id, task_id, attempt, split, agent_name, received_at, from_agentlightning, implicit_rollout, producer,
+               rollout_id, task_id, attempt, split, agent_name, received_at, from_agentlightning,
+               implicit_rollout, producer,
                COALESCE({_event_attr(sc.GENAI_EVALUATION_NAME)}, '{sc.PRIMARY_REWARD}') AS reward_name,
                TRY_CAST({_event_attr(sc.GENAI_EVALUATION_SCORE)} AS DOUBLE) AS reward_value,
                {_event_attr(sc.GENAI_RESPONSE_ID)} AS response_id, attributes,

@@ -19,14 +19,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 
+from tinkertrace import schemas
 from tinkertrace import semconv as sc
 from tinkertrace.builder.adapters import ADAPTERS, OURS, agentlightning
 from tinkertrace.builder.adapters.base import MAPPABLE_COLUMNS, attr
 from tinkertrace.schemas.columns import TOKEN_COLUMNS
-from tinkertrace.spanstore.reader import ReadReport, open_spans
+from tinkertrace.spanstore.logs import LOGS_FOLDER
+from tinkertrace.spanstore.reader import ReadReport, list_span_files, open_spans
 
 RAW_VIEW = "spans_raw"
+LOGS_VIEW = "logs"
 TYPED_VIEW = "spans_typed"
 DEFAULT_TASK_KEY = sc.TASK_ID  # the attribute of a plain trace's root span naming its task
 
@@ -333,9 +338,29 @@ def open_views(
 ) -> ReadReport:
     """Open ``spans_dir`` (or just ``files``) and create all four views; returns the reader's report."""
     report = open_raw(con, spans_dir, files)
+    report.skipped.extend(open_logs(con, spans_dir))
     create_spans_view(con, task_key=task_key)
     create_derived_views(con)
     return report
+
+
+def open_logs(con: duckdb.DuckDBPyConnection, spans_dir: Path) -> list[tuple[Path, str]]:
+    """Create the view ``logs`` (``schemas.logs()`` rows) over the log records the collector wrote
+    under ``spans_dir/_logs``, empty when there are none; returns the unreadable files it skipped."""
+    readable, skipped = [], []
+    for path in list_span_files(Path(spans_dir) / LOGS_FOLDER):
+        try:
+            pq.read_metadata(path)
+            readable.append(path)
+        except (OSError, pa.ArrowException) as exc:
+            skipped.append((path, f"unreadable log file: {exc}"))
+    if readable:
+        listing = ", ".join("'" + str(f).replace("'", "''") + "'" for f in readable)
+        con.execute(f"CREATE OR REPLACE VIEW {LOGS_VIEW} AS SELECT * FROM read_parquet([{listing}])")
+    else:
+        con.register("_no_logs", schemas.logs().empty_table())
+        con.execute(f"CREATE OR REPLACE VIEW {LOGS_VIEW} AS SELECT * FROM _no_logs")
+    return skipped
 
 
 def open_raw(
