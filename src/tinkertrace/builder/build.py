@@ -121,14 +121,13 @@ def _retokenize(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: 
     if table is not None:
         summary.llm_calls_retokenized = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
         views.create_spans_view(con, task_key=options.task_key, retokenized=table)
-        views.create_derived_views(con)
 
 
 def _build_into(spans_dir: Path, out_dir: Path, options: BuildOptions, work: Path) -> BuildSummary:
     summary = BuildSummary()
     con = connect(options, work)
     try:
-        report = views.open_views(con, spans_dir, options.files, task_key=options.task_key)
+        report = views.open_views(con, spans_dir, options.files, task_key=options.task_key, derived=False)
         _retokenize(con, options, summary)
         summary.files = len(report.files)
         summary.corrupt_files = list(report.skipped)

@@ -49,8 +49,10 @@ class BuildSummary:
     triplets_by_token_source: dict[str, int] = field(default_factory=dict)  # server, retokenized, ...
 
     def hints(self) -> list[str]:
-        """What to do when spans were read but no triplet was built (empty otherwise)."""
-        if self.spans == 0 or self.triplets > 0:
+        """What to do when spans were read but no triplet was built (empty otherwise, and when the
+        build's own filters left everything out: that is what was asked)."""
+        filtered = self.rollouts_status_filtered + self.rollouts_filtered + self.rollouts_excluded
+        if self.spans == 0 or self.triplets > 0 or filtered or self.llm_calls_filtered:
             return []
         hints = []
         text_only = self.llm_calls_not_rebuilt.get(NO_TOKENIZER_REASON, 0)
@@ -76,8 +78,8 @@ class BuildSummary:
             hints.append("no rollout: no span carries a rollout id and no trace has a root span")
         elif self.rollouts_built == 0:
             hints.append(
-                f"all {self.rollouts_seen} rollouts were left out (incomplete or filtered): see the "
-                "counts above, --include-incomplete keeps incomplete ones"
+                f"all {self.rollouts_seen} rollouts are incomplete (see the counts above); "
+                "--include-incomplete builds them"
             )
         if self.llm_calls_without_tokens and not self.llm_calls_not_rebuilt:
             hints.append(f"{self.llm_calls_without_tokens} LLM calls have no token ids")

@@ -280,20 +280,27 @@ def rewards_from_events(con: duckdb.DuckDBPyConnection) -> None:
         "s.trace_id, s.span_id AS carrier, s.rollout_id, s.task_id, s.attempt, s.split, s.agent_name, "
         "s.received_at, s.from_agentlightning, s.implicit_rollout, s.producer"
     )
+    # the carriers' columns come from _meta; only the raw events column is scanned, once
+    con.execute(f"""CREATE OR REPLACE TEMP TABLE _carriers AS SELECT DISTINCT trace_id, span_id, events
+        FROM {views.RAW_VIEW} WHERE contains(events, '{event}')""")
+    logged = _scalar(con, f"SELECT count(*) FROM {views.LOGS_VIEW} WHERE event_name = '{event}'")
+    if not logged and not _scalar(con, "SELECT count(*) FROM _carriers"):
+        return
+    meta = "_meta"
     from_logs = ""
-    if _scalar(con, f"SELECT count(*) FROM {views.LOGS_VIEW} WHERE event_name = '{event}'"):
+    if logged:
         from_logs = f"""UNION ALL BY NAME  -- the same events sent as OTLP log records of the span
             SELECT {carrier}, 'log' || row_number() OVER (PARTITION BY l.trace_id, l.span_id
                                                             ORDER BY l.time, l.received_at) AS i,
                    l.attributes, COALESCE(l.time, l.observed_time)::TIMESTAMPTZ AS event_time
-            FROM {views.LOGS_VIEW} l JOIN spans s ON s.trace_id = l.trace_id AND s.span_id = l.span_id
+            FROM {views.LOGS_VIEW} l JOIN {meta} s ON s.trace_id = l.trace_id AND s.span_id = l.span_id
             WHERE l.event_name = '{event}'"""
     con.execute(f"""
         INSERT INTO _meta BY NAME
         WITH e AS (
-            SELECT {carrier}, unnest(CAST(s.events AS JSON[])) AS ev,
-                   'event' || generate_subscripts(CAST(s.events AS JSON[]), 1) AS i
-            FROM spans s WHERE contains(s.events, '{event}')
+            SELECT {carrier}, unnest(CAST(r.events AS JSON[])) AS ev,
+                   'event' || generate_subscripts(CAST(r.events AS JSON[]), 1) AS i
+            FROM _carriers r JOIN {meta} s ON s.trace_id = r.trace_id AND s.span_id = r.span_id
         ), scored AS (
             SELECT * EXCLUDE (ev), json_extract_string(ev, '$.attributes') AS attributes,
                    to_timestamp(0) + to_microseconds(
@@ -342,16 +349,16 @@ def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: Buil
         )
         counts.update(dict(rows.fetchall()))
     rewards_from_events(con)
-    views.create_derived_views(con, source="_meta")
+    server_spans = _scalar(con, "SELECT count(*) FROM _meta WHERE server_side") > 0
+    views.create_derived_views(con, source="_meta", server_spans=server_spans)
     _select_rollouts(con, options, summary)
     _repair_parents(con, options, summary)
     _agent_scopes(con)
     _select_calls(con, options, summary)
     _select_rewards(con, options, summary)
-    # The query views stay defined over the full `spans` view afterwards. Each working table is
-    # dropped once read for the last time, so the later steps (and the token phase) have its memory.
-    views.create_derived_views(con, source="spans")
-    _drop(con, "_meta", "_all_rollouts", "_candidates", "_orphans", "_parent", "_scope")
+    # Each working table is dropped once read for the last time, so the later steps (and the token
+    # phase) have its memory.
+    _drop(con, "_meta", "_all_rollouts", "_candidates", "_orphans", "_parent", "_scope", "_carriers")
     assign_rewards(con, options.reward_policy)
     _reward_counts(con, options, summary)
     _output_calls(con, options, summary)

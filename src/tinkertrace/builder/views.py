@@ -194,7 +194,7 @@ def server_side_sql() -> str:
         AND {side} = '{sc.CAPTURE_SERVER}', false)"""
 
 
-def llm_calls_sql(source: str) -> str:
+def llm_calls_sql(source: str, *, server_spans: bool = True) -> str:
     """One row per distinct LLM call of a rollout.
 
     Spans of the same call are one call: an LLM span nested in another of the same call (one of them
@@ -204,8 +204,23 @@ def llm_calls_sql(source: str) -> str:
     client span of the same response id. Per call the row kept is the client's (its parent chain and
     agent scope), preferring one with token ids, then ours, then the earliest; its token ids come from
     the server side's span when that has them (``tok_trace_id``, ``tok_span_id``, ``filename``: the
-    span whose token columns the triplet takes).
+    span whose token columns the triplet takes). ``server_spans=False`` says ``source`` has no
+    server-side span: the steps that adopt and prefer them are left out (the result is the same).
     """
+    if not server_spans:
+        adopted = "SELECT * FROM keyed"
+        server_tokens = """SELECT NULL::VARCHAR AS rollout_id, NULL::VARCHAR AS call_key,
+            NULL::VARCHAR AS tok_trace_id, NULL::VARCHAR AS tok_span_id, NULL::VARCHAR AS tok_filename,
+            NULL::VARCHAR AS tok_source, NULL::BIGINT AS tok_policy_version LIMIT 0"""
+    else:
+        adopted = """SELECT k.* REPLACE (COALESCE(k.rollout_id, a.rollout_id) AS rollout_id,
+                            COALESCE(k.agent_name, a.agent_name) AS agent_name)
+        FROM keyed k LEFT JOIN adopters a ON k.rollout_id IS NULL AND a.response_id = k.response_id"""
+        server_tokens = """SELECT rollout_id, call_key, trace_id AS tok_trace_id, span_id AS tok_span_id,
+               filename AS tok_filename, token_source AS tok_source, policy_version AS tok_policy_version
+        FROM adopted WHERE server_side AND trainable
+        QUALIFY row_number() OVER (PARTITION BY rollout_id, call_key
+                                   ORDER BY start_time, span_id, received_at, filename) = 1"""
     return f"""
     WITH llm AS (SELECT * FROM {source} WHERE span_type = '{sc.TYPE_LLM}'),
     marked AS (
@@ -229,15 +244,9 @@ def llm_calls_sql(source: str) -> str:
           AND response_id IN (SELECT response_id FROM keyed WHERE rollout_id IS NULL)
         GROUP BY response_id
     ), adopted AS (
-        SELECT k.* REPLACE (COALESCE(k.rollout_id, a.rollout_id) AS rollout_id,
-                            COALESCE(k.agent_name, a.agent_name) AS agent_name)
-        FROM keyed k LEFT JOIN adopters a ON k.rollout_id IS NULL AND a.response_id = k.response_id
+        {adopted}
     ), server_tokens AS (  -- the endpoint's exact record of a call, where it has token ids
-        SELECT rollout_id, call_key, trace_id AS tok_trace_id, span_id AS tok_span_id,
-               filename AS tok_filename, token_source AS tok_source, policy_version AS tok_policy_version
-        FROM adopted WHERE server_side AND trainable
-        QUALIFY row_number() OVER (PARTITION BY rollout_id, call_key
-                                   ORDER BY start_time, span_id, received_at, filename) = 1
+        {server_tokens}
     ), chosen AS (
         SELECT * FROM adopted
         QUALIFY row_number() OVER (
@@ -322,9 +331,12 @@ def create_spans_view(
     con.execute(f"CREATE OR REPLACE VIEW {name} AS {_spans_sql(task_key)}")
 
 
-def create_derived_views(con: duckdb.DuckDBPyConnection, source: str = "spans") -> None:
-    """Create ``llm_calls``, ``rewards`` and ``rollouts`` over ``source`` (a relation with span columns)."""
-    con.execute(f"CREATE OR REPLACE VIEW llm_calls AS {llm_calls_sql(source)}")
+def create_derived_views(
+    con: duckdb.DuckDBPyConnection, source: str = "spans", *, server_spans: bool = True
+) -> None:
+    """Create ``llm_calls``, ``rewards`` and ``rollouts`` over ``source`` (a relation with span columns;
+    ``server_spans=False`` when it is known to hold no server-side LLM span)."""
+    con.execute(f"CREATE OR REPLACE VIEW llm_calls AS {llm_calls_sql(source, server_spans=server_spans)}")
     con.execute(f"CREATE OR REPLACE VIEW rewards AS {rewards_sql(source)}")
     con.execute(f"CREATE OR REPLACE VIEW rollouts AS {rollouts_sql(source)}")
 
@@ -335,12 +347,16 @@ def open_views(
     files: tuple[Path, ...] | None = None,
     *,
     task_key: str = DEFAULT_TASK_KEY,
+    derived: bool = True,
 ) -> ReadReport:
-    """Open ``spans_dir`` (or just ``files``) and create all four views; returns the reader's report."""
+    """Open ``spans_dir`` (or just ``files``) and create the ``spans`` view, ``logs`` and (unless not
+    ``derived``: the builder makes its own over a materialised copy) the three derived views; returns
+    the reader's report."""
     report = open_raw(con, spans_dir, files)
     report.skipped.extend(open_logs(con, spans_dir))
     create_spans_view(con, task_key=task_key)
-    create_derived_views(con)
+    if derived:
+        create_derived_views(con)
     return report
 
 
