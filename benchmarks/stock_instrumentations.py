@@ -56,8 +56,12 @@ def main() -> None:
             built = build_trajectories(spans, Path(tmp) / f"{name}-out", options)
             s = built.summary
             calls = built.triplets.to_pylist()
-            exact_p = sum(c["prompt_token_ids"] in prompts for c in calls)
-            exact_r = sum(c["response_token_ids"] in responses for c in calls)
+            # each call of rollout k answers in its own way (k is in its text): key the sampled ids by
+            # (turn, response) to find each triplet's own sampled call
+            sampled = {(i % 3, tuple(r)): p for i, (p, r) in enumerate(zip(prompts, responses, strict=True))}
+            own = [sampled.get((c["turn"], tuple(c["response_token_ids"]))) for c in calls]
+            exact_r = sum(o is not None for o in own)
+            exact_p = sum(o == c["prompt_token_ids"] for o, c in zip(own, calls, strict=True))
             sources = ", ".join(f"{k} {v}" for k, v in s.triplets_by_token_source.items())
             print(f"| {name} | {s.rollouts_built} | {sum(s.llm_spans_by_producer.values())} | {s.triplets} | "
                   f"{sources} | {exact_p}/{s.triplets} | {exact_r}/{s.triplets} | "
