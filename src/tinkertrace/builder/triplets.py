@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from tinkertrace import semconv as sc
 from tinkertrace.builder import views
+from tinkertrace.builder.adapters import OURS
 from tinkertrace.builder.options import BuildOptions
 from tinkertrace.builder.rewards import assign_rewards
 from tinkertrace.builder.summary import BuildSummary
@@ -349,8 +350,12 @@ def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: Buil
         )
         counts.update(dict(rows.fetchall()))
     rewards_from_events(con)
-    server_spans = _scalar(con, "SELECT count(*) FROM _meta WHERE server_side") > 0
-    views.create_derived_views(con, source="_meta", server_spans=server_spans)
+    mixed = _scalar(
+        con,
+        f"SELECT count(*) FROM _meta WHERE span_type = '{sc.TYPE_LLM}' "
+        f"AND (server_side OR producer IS DISTINCT FROM '{OURS}')",
+    )
+    views.create_derived_views(con, source="_meta", mixed=mixed > 0)
     _select_rollouts(con, options, summary)
     _repair_parents(con, options, summary)
     _agent_scopes(con)

@@ -105,10 +105,17 @@ def _task_sql(task_key: str) -> str:
     return f"COALESCE({attr(task_key)}, {attr(task_key, 'resource_attributes')})"
 
 
-def _spans_sql(task_key: str) -> str:
+PLAIN_ROOTS_SQL = f"""SELECT count(*) FROM {RAW_VIEW}
+    WHERE parent_span_id IS NULL AND span_type IS NULL AND rollout_id IS NULL"""
+"""SQL: how many root spans are not ours and carry no rollout id (0: no plain trace can be a rollout)."""
+
+
+def _spans_sql(task_key: str, plain_roots: bool) -> str:
     foreign = f"r.producer IS DISTINCT FROM '{OURS}'"
     agl_rollout = f"CASE WHEN {foreign} THEN {agentlightning.ROLLOUT_ID} END"
     task = "r.task_id" if task_key == DEFAULT_TASK_KEY else f"COALESCE(r.task_id, {_task_sql(task_key)})"
+    # without a candidate root (the spans of our SDK alone) the implicit rollouts are known empty
+    implicit = "" if plain_roots else "WHERE false"
     return f"""
     WITH roots AS (
         SELECT trace_id, min(rollout_id) AS rollout_id FROM {TYPED_VIEW}
@@ -122,6 +129,7 @@ def _spans_sql(task_key: str) -> str:
           AND (rollout_id IS NOT NULL OR {agl_rollout} IS NOT NULL)
     ), implicit AS (
         SELECT trace_id, span_id AS root_span_id, task_id FROM candidates ANTI JOIN claimed USING (trace_id)
+        {implicit}
         QUALIFY row_number() OVER (PARTITION BY trace_id ORDER BY start_time, span_id) = 1
     ), typed AS (
         SELECT r.* REPLACE (
@@ -194,7 +202,7 @@ def server_side_sql() -> str:
         AND {side} = '{sc.CAPTURE_SERVER}', false)"""
 
 
-def llm_calls_sql(source: str, *, server_spans: bool = True) -> str:
+def llm_calls_sql(source: str, *, mixed: bool = True) -> str:
     """One row per distinct LLM call of a rollout.
 
     Spans of the same call are one call: an LLM span nested in another of the same call (one of them
@@ -204,28 +212,32 @@ def llm_calls_sql(source: str, *, server_spans: bool = True) -> str:
     client span of the same response id. Per call the row kept is the client's (its parent chain and
     agent scope), preferring one with token ids, then ours, then the earliest; its token ids come from
     the server side's span when that has them (``tok_trace_id``, ``tok_span_id``, ``filename``: the
-    span whose token columns the triplet takes). ``server_spans=False`` says ``source`` has no
-    server-side span: the steps that adopt and prefer them are left out (the result is the same).
+    span whose token columns the triplet takes).
+
+    ``mixed=False`` says every LLM span of ``source`` is our SDK's, client side: then the inner span of
+    a nested pair is simply dropped and the earliest span of a response id kept (what the full rule
+    gives on such data), without the steps that key, adopt and prefer across producers and sides.
     """
-    if not server_spans:
-        adopted = "SELECT * FROM keyed"
-        server_tokens = """SELECT NULL::VARCHAR AS rollout_id, NULL::VARCHAR AS call_key,
-            NULL::VARCHAR AS tok_trace_id, NULL::VARCHAR AS tok_span_id, NULL::VARCHAR AS tok_filename,
-            NULL::VARCHAR AS tok_source, NULL::BIGINT AS tok_policy_version LIMIT 0"""
-    else:
-        adopted = """SELECT k.* REPLACE (COALESCE(k.rollout_id, a.rollout_id) AS rollout_id,
-                            COALESCE(k.agent_name, a.agent_name) AS agent_name)
-        FROM keyed k LEFT JOIN adopters a ON k.rollout_id IS NULL AND a.response_id = k.response_id"""
-        server_tokens = """SELECT rollout_id, call_key, trace_id AS tok_trace_id, span_id AS tok_span_id,
-               filename AS tok_filename, token_source AS tok_source, policy_version AS tok_policy_version
-        FROM adopted WHERE server_side AND trainable
-        QUALIFY row_number() OVER (PARTITION BY rollout_id, call_key
-                                   ORDER BY start_time, span_id, received_at, filename) = 1"""
+    nested = """(p.span_id IS NOT NULL AND (p.response_id IS NULL OR l.response_id IS NULL
+                  OR p.response_id = l.response_id))"""
+    order = "start_time, end_time DESC, span_id, received_at, filename"
+    if not mixed:
+        return f"""
+        WITH llm AS (SELECT * FROM {source} WHERE span_type = '{sc.TYPE_LLM}'),
+        marked AS (
+            SELECT l.*, {nested} AS nested_in_same_call
+            FROM llm l LEFT JOIN (SELECT DISTINCT trace_id, span_id, response_id FROM llm) p
+              ON p.trace_id = l.trace_id AND p.span_id = l.parent_span_id
+        )
+        SELECT * EXCLUDE (nested_in_same_call), trace_id AS tok_trace_id, span_id AS tok_span_id
+        FROM marked WHERE NOT nested_in_same_call
+        QUALIFY row_number() OVER (
+            PARTITION BY rollout_id, COALESCE(response_id, trace_id || span_id) ORDER BY {order}) = 1
+        """
     return f"""
     WITH llm AS (SELECT * FROM {source} WHERE span_type = '{sc.TYPE_LLM}'),
     marked AS (
-        SELECT l.*, (p.span_id IS NOT NULL AND (p.response_id IS NULL OR l.response_id IS NULL
-                     OR p.response_id = l.response_id)) AS nested_in_same_call,
+        SELECT l.*, {nested} AS nested_in_same_call,
                COALESCE(l.response_id, p.response_id, p.trace_id || p.span_id) AS nested_key
         FROM llm l LEFT JOIN (SELECT DISTINCT trace_id, span_id, response_id FROM llm) p
           ON p.trace_id = l.trace_id AND p.span_id = l.parent_span_id
@@ -244,17 +256,22 @@ def llm_calls_sql(source: str, *, server_spans: bool = True) -> str:
           AND response_id IN (SELECT response_id FROM keyed WHERE rollout_id IS NULL)
         GROUP BY response_id
     ), adopted AS (
-        {adopted}
+        SELECT k.* REPLACE (COALESCE(k.rollout_id, a.rollout_id) AS rollout_id,
+                            COALESCE(k.agent_name, a.agent_name) AS agent_name)
+        FROM keyed k LEFT JOIN adopters a ON k.rollout_id IS NULL AND a.response_id = k.response_id
     ), server_tokens AS (  -- the endpoint's exact record of a call, where it has token ids
-        {server_tokens}
+        SELECT rollout_id, call_key, trace_id AS tok_trace_id, span_id AS tok_span_id,
+               filename AS tok_filename, token_source AS tok_source, policy_version AS tok_policy_version
+        FROM adopted WHERE server_side AND trainable
+        QUALIFY row_number() OVER (PARTITION BY rollout_id, call_key
+                                   ORDER BY start_time, span_id, received_at, filename) = 1
     ), chosen AS (
         SELECT * FROM adopted
         QUALIFY row_number() OVER (
             PARTITION BY rollout_id, call_key
-            ORDER BY server_side, trainable DESC, producer IS NOT DISTINCT FROM '{OURS}' DESC,
-                     start_time, end_time DESC, span_id, received_at, filename) = 1
+            ORDER BY server_side, trainable DESC, producer IS NOT DISTINCT FROM '{OURS}' DESC, {order}) = 1
     )
-    SELECT c.* REPLACE (COALESCE(s.tok_filename, c.filename) AS filename,
+    SELECT c.* EXCLUDE (call_key) REPLACE (COALESCE(s.tok_filename, c.filename) AS filename,
                         c.trainable OR s.tok_trace_id IS NOT NULL AS trainable,
                         COALESCE(s.tok_source, c.token_source) AS token_source,
                         COALESCE(s.tok_policy_version, c.policy_version) AS policy_version),
@@ -328,15 +345,16 @@ def create_spans_view(
     ``retokenized`` when given) and the normalised ``spans`` view over it; a plain trace's task id is
     its root span's attribute ``task_key``."""
     con.execute(f"CREATE OR REPLACE VIEW {TYPED_VIEW} AS {_typed_sql(retokenized)}")
-    con.execute(f"CREATE OR REPLACE VIEW {name} AS {_spans_sql(task_key)}")
+    plain_roots = con.execute(PLAIN_ROOTS_SQL).fetchone()[0] > 0  # type: ignore[index]
+    con.execute(f"CREATE OR REPLACE VIEW {name} AS {_spans_sql(task_key, plain_roots)}")
 
 
 def create_derived_views(
-    con: duckdb.DuckDBPyConnection, source: str = "spans", *, server_spans: bool = True
+    con: duckdb.DuckDBPyConnection, source: str = "spans", *, mixed: bool = True
 ) -> None:
     """Create ``llm_calls``, ``rewards`` and ``rollouts`` over ``source`` (a relation with span columns;
-    ``server_spans=False`` when it is known to hold no server-side LLM span)."""
-    con.execute(f"CREATE OR REPLACE VIEW llm_calls AS {llm_calls_sql(source, server_spans=server_spans)}")
+    ``mixed=False`` when its LLM spans are known to be all our SDK's, client side)."""
+    con.execute(f"CREATE OR REPLACE VIEW llm_calls AS {llm_calls_sql(source, mixed=mixed)}")
     con.execute(f"CREATE OR REPLACE VIEW rewards AS {rewards_sql(source)}")
     con.execute(f"CREATE OR REPLACE VIEW rollouts AS {rollouts_sql(source)}")
 
