@@ -152,11 +152,15 @@ def _parent_join(options: BuildOptions) -> tuple[str, str]:
     return "NULL::VARCHAR AS parent", ""
 
 
-def _select_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
+def _select_calls(
+    con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary, mixed: bool
+) -> None:
     parent, join = _parent_join(options)
+    # the span whose token columns a call takes, when it is not the call's own (llm_calls_sql)
+    tokens_of = "c.tok_trace_id, c.tok_span_id," if mixed else ""
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _calls AS
-        SELECT c.trace_id, c.span_id, c.tok_trace_id, c.tok_span_id, c.filename, c.received_at, {parent},
+        SELECT c.trace_id, c.span_id, {tokens_of} c.filename, c.received_at, {parent},
                c.rollout_id, r.task_id, r.attempt,
                COALESCE(c.agent_name, c.agent_span_name, s.scope_agent) AS agent_name, s.scope,
                c.model, c.response_id, c.policy_version, c.token_source, c.trainable, c.truncated,
@@ -335,31 +339,32 @@ def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: Buil
         SELECT * EXCLUDE ({", ".join(TOKEN_COLUMNS)}, attributes, resource_attributes, events, links,
                           kind, status_code, status_message, service_name, scope_name, date, hour)
                  REPLACE (CASE WHEN span_type = '{sc.TYPE_LLM}' THEN filename END AS filename,
-                          CASE WHEN span_type = '{sc.TYPE_REWARD}' THEN name END AS name),
+                          CASE WHEN span_type = '{sc.TYPE_REWARD}' THEN name END AS name,
+                          -- null for ours (most rows: nothing to carry), 'unrecognised' for no adapter's
+                          CASE WHEN producer IS DISTINCT FROM '{OURS}'
+                               THEN COALESCE(producer, 'unrecognised') END AS producer),
                CASE WHEN {keep_attrs} THEN attributes END AS attributes,
                {views.llm_truncated_sql()} AS truncated
         FROM spans""")  # only LLM calls need their file (the token join) and rewards their name
     summary.spans = _scalar(con, "SELECT count(*) FROM _meta")
     summary.spans_without_rollout = _scalar(con, "SELECT count(*) FROM _meta WHERE rollout_id IS NULL")
-    for column, where, counts in (
-        ("producer", "true", summary.spans_by_producer),
-        ("producer", f"span_type = '{sc.TYPE_LLM}'", summary.llm_spans_by_producer),
-    ):
+    llm = f"span_type = '{sc.TYPE_LLM}'"
+    for where, counts in (("true", summary.spans_by_producer), (llm, summary.llm_spans_by_producer)):
         rows = con.execute(
-            f"SELECT COALESCE({column}, 'unrecognised'), count(*) FROM _meta WHERE {where} GROUP BY 1"
+            f"SELECT COALESCE(producer, '{OURS}'), count(*) FROM _meta WHERE {where} GROUP BY 1"
         )
         counts.update(dict(rows.fetchall()))
     rewards_from_events(con)
     mixed = _scalar(
         con,
         f"SELECT count(*) FROM _meta WHERE span_type = '{sc.TYPE_LLM}' "
-        f"AND (server_side OR producer IS DISTINCT FROM '{OURS}')",
+        "AND (server_side OR producer IS NOT NULL)",
     )
     views.create_derived_views(con, source="_meta", mixed=mixed > 0)
     _select_rollouts(con, options, summary)
     _repair_parents(con, options, summary)
     _agent_scopes(con)
-    _select_calls(con, options, summary)
+    _select_calls(con, options, summary, mixed > 0)
     _select_rewards(con, options, summary)
     # Each working table is dropped once read for the last time, so the later steps (and the token
     # phase) have its memory.

@@ -212,7 +212,8 @@ def llm_calls_sql(source: str, *, mixed: bool = True) -> str:
     client span of the same response id. Per call the row kept is the client's (its parent chain and
     agent scope), preferring one with token ids, then ours, then the earliest; its token ids come from
     the server side's span when that has them (``tok_trace_id``, ``tok_span_id``, ``filename``: the
-    span whose token columns the triplet takes).
+    span whose token columns the triplet takes; without ``mixed`` they are the row's own, and the
+    ``tok_*`` columns are left out).
 
     ``mixed=False`` says every LLM span of ``source`` is our SDK's, client side: then the inner span of
     a nested pair is simply dropped and the earliest span of a response id kept (what the full rule
@@ -229,8 +230,7 @@ def llm_calls_sql(source: str, *, mixed: bool = True) -> str:
             FROM llm l LEFT JOIN (SELECT DISTINCT trace_id, span_id, response_id FROM llm) p
               ON p.trace_id = l.trace_id AND p.span_id = l.parent_span_id
         )
-        SELECT * EXCLUDE (nested_in_same_call), trace_id AS tok_trace_id, span_id AS tok_span_id
-        FROM marked WHERE NOT nested_in_same_call
+        SELECT * EXCLUDE (nested_in_same_call) FROM marked WHERE NOT nested_in_same_call
         QUALIFY row_number() OVER (
             PARTITION BY rollout_id, COALESCE(response_id, trace_id || span_id) ORDER BY {order}) = 1
         """
@@ -269,7 +269,7 @@ def llm_calls_sql(source: str, *, mixed: bool = True) -> str:
         SELECT * FROM adopted
         QUALIFY row_number() OVER (
             PARTITION BY rollout_id, call_key
-            ORDER BY server_side, trainable DESC, producer IS NOT DISTINCT FROM '{OURS}' DESC, {order}) = 1
+            ORDER BY server_side, trainable DESC, COALESCE(producer, '{OURS}') = '{OURS}' DESC, {order}) = 1
     )
     SELECT c.* EXCLUDE (call_key) REPLACE (COALESCE(s.tok_filename, c.filename) AS filename,
                         c.trainable OR s.tok_trace_id IS NOT NULL AS trainable,
