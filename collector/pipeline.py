@@ -63,7 +63,10 @@ class Signal:
     respond: Callable[[ConversionResult | None], Any]
 
 
-TRACES = Signal("traces", "ExportTraceServiceRequest", body_to_table, lambda r: export_response(r))
+# body_to_table looked up at each call: the module's name is the seam tests patch
+TRACES = Signal(
+    "traces", "ExportTraceServiceRequest", lambda b, t: body_to_table(b, t), lambda r: export_response(r)
+)
 LOGS = Signal("logs", "ExportLogsServiceRequest", convert_logs, logs_response)
 
 
