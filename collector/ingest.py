@@ -57,6 +57,8 @@ class IngestConfig:
     wal_segment_bytes: int = 256 * 1024 * 1024
     retry_after_s: int = 1
     zstd_level: int = ZSTD_LEVEL
+    # request bytes -> table: spans (default) or another signal's converter (logs); replayed alike
+    convert: Callable[[bytes, int], ConversionResult] = body_to_table
 
 
 @dataclass
@@ -148,7 +150,7 @@ class Ingestor:
                 report.files_replaced += 1
             self.writer.file_prefix = tag
             for record in records:
-                result = body_to_table(record.payload, record.received_at_ns)
+                result = self.config.convert(record.payload, record.received_at_ns)
                 with self._lock:
                     self._count_decoder(result)
                 self.writer.write(result.table)

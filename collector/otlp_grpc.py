@@ -1,4 +1,5 @@
-"""OTLP/gRPC receiver: ``opentelemetry.proto.collector.trace.v1.TraceService/Export``.
+"""OTLP/gRPC receiver: ``opentelemetry.proto.collector.trace.v1.TraceService/Export`` (and
+``...logs.v1.LogsService/Export`` when the collector keeps logs).
 
 The method is registered with raw-bytes request handling so the exact bytes go to the ingest pipeline
 (and the WAL) without re-serialising. Overload answers RESOURCE_EXHAUSTED with a
@@ -16,15 +17,16 @@ from google.rpc import error_details_pb2
 
 from tinkertrace.collector.ingest import Ingestor, Overloaded, Unavailable
 from tinkertrace.collector.otlp_http import bearer_matches
-from tinkertrace.collector.pipeline import IngestPipeline, InternalError, InvalidRequest
+from tinkertrace.collector.pipeline import LOGS, TRACES, IngestPipeline, InternalError, InvalidRequest, Signal
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
 
 
 class _Export:
-    def __init__(self, ingestor: Ingestor, token: str | None) -> None:
+    def __init__(self, ingestor: Ingestor, token: str | None, signal: Signal = TRACES) -> None:
         self.ingestor = ingestor
-        self.pipeline = IngestPipeline(ingestor)
+        self.pipeline = IngestPipeline(ingestor, signal)
         self.token = None if token is None else token.encode()
 
     def __call__(self, body: bytes, context: grpc.ServicerContext) -> bytes:
@@ -50,9 +52,17 @@ class _Export:
 
 
 def start_grpc_server(
-    ingestor: Ingestor, host: str, port: int, *, token: str | None, max_request_bytes: int, workers: int = 8
+    ingestor: Ingestor,
+    host: str,
+    port: int,
+    *,
+    token: str | None,
+    max_request_bytes: int,
+    workers: int = 8,
+    logs: Ingestor | None = None,
 ) -> grpc.Server:
-    """Start (and return) a gRPC server exporting TraceService/Export on ``host:port``."""
+    """Start (and return) a gRPC server exporting TraceService/Export (and LogsService/Export into
+    ``logs`` when given) on ``host:port``."""
     server = grpc.server(
         ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tt-grpc"),
         options=[
@@ -62,7 +72,11 @@ def start_grpc_server(
         maximum_concurrent_rpcs=workers * 4,
     )
     handler = grpc.unary_unary_rpc_method_handler(_Export(ingestor, token))  # raw bytes in and out
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),))
+    handlers = [grpc.method_handlers_generic_handler(SERVICE, {"Export": handler})]
+    if logs is not None:
+        logs_handler = grpc.unary_unary_rpc_method_handler(_Export(logs, token, LOGS))
+        handlers.append(grpc.method_handlers_generic_handler(LOGS_SERVICE, {"Export": logs_handler}))
+    server.add_generic_rpc_handlers(tuple(handlers))
     if server.add_insecure_port(f"{host}:{port}") == 0:
         raise OSError(f"cannot listen for OTLP/gRPC on {host}:{port}")
     server.start()

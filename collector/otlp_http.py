@@ -1,4 +1,5 @@
-"""OTLP/HTTP receiver: ``POST /v1/traces`` (protobuf or JSON, optional gzip), served by :mod:`.http_server`.
+"""OTLP/HTTP receiver: ``POST /v1/traces`` and ``POST /v1/logs`` (protobuf or JSON, optional gzip),
+served by :mod:`.http_server`.
 
 Status codes follow the OTLP spec: 200 with an ``ExportTraceServiceResponse`` (``partial_success``
 for rejected spans), 400 malformed, 401 missing/wrong bearer token, 413 too large, 415 unsupported
@@ -18,16 +19,19 @@ import zlib
 from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.message import Message
 from google.rpc import status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tinkertrace.collector.http_server import Request, Response
 from tinkertrace.collector.ingest import Ingestor, Overloaded, Unavailable
-from tinkertrace.collector.pipeline import IngestPipeline, InternalError, InvalidRequest
+from tinkertrace.collector.pipeline import LOGS, IngestPipeline, InternalError, InvalidRequest
 
 log = logging.getLogger("tinkertrace.collector")
 
 TRACES_PATH = "/v1/traces"
+LOGS_PATH = "/v1/logs"
 HEALTH_PATHS = ("/health", "/healthz")
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 JSON_TYPE = "application/json"
@@ -52,6 +56,10 @@ def hex_ids_to_base64(document: Any) -> None:
                 _convert_ids(span, where)
                 for link in span.get("links") or []:
                     _convert_ids(link, f"{where} link")
+    for r_index, resource_logs in enumerate(document.get("resourceLogs") or []):
+        for scope_logs in resource_logs.get("scopeLogs") or []:
+            for l_index, record in enumerate(scope_logs.get("logRecords") or []):
+                _convert_ids(record, f"resourceLogs[{r_index}] logRecords[{l_index}]")
 
 
 def _convert_ids(holder: dict[str, Any], where: str) -> None:
@@ -64,7 +72,7 @@ def _convert_ids(holder: dict[str, Any], where: str) -> None:
                 raise BadRequest(400, f"{where}: {key} {value!r} is not hex") from None
 
 
-def parse_json_request(body: bytes) -> ExportTraceServiceRequest:
+def parse_json_request(body: bytes, message: type[Message] = ExportTraceServiceRequest) -> Message:
     try:
         document = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -72,14 +80,15 @@ def parse_json_request(body: bytes) -> ExportTraceServiceRequest:
     except RecursionError:
         raise BadRequest(400, "body is not valid JSON: nested too deeply") from None
     if not isinstance(document, dict):
-        raise BadRequest(400, "body must be a JSON object with resourceSpans")
+        raise BadRequest(400, "body must be a JSON object with resourceSpans (or resourceLogs)")
+    name = message.DESCRIPTOR.name
     try:
         hex_ids_to_base64(document)
-        return json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+        return json_format.ParseDict(document, message(), ignore_unknown_fields=True)
     except (json_format.ParseError, TypeError, ValueError, AttributeError) as exc:
-        raise BadRequest(400, f"not an OTLP ExportTraceServiceRequest: {exc}") from None
+        raise BadRequest(400, f"not an OTLP {name}: {exc}") from None
     except RecursionError:
-        raise BadRequest(400, "JSON body is nested too deeply for an ExportTraceServiceRequest") from None
+        raise BadRequest(400, f"JSON body is nested too deeply for an {name}") from None
 
 
 def gunzip(body: bytes, limit: int) -> bytes:
@@ -96,11 +105,24 @@ def gunzip(body: bytes, limit: int) -> bytes:
 
 
 class OtlpHttpHandler:
-    """Answers OTLP/HTTP requests (see the module docstring) through an :class:`IngestPipeline`."""
+    """Answers OTLP/HTTP requests (see the module docstring) through an :class:`IngestPipeline` per
+    signal: spans to ``ingestor``, log records to ``logs`` (when given; else ``/v1/logs`` is 404)."""
 
-    def __init__(self, ingestor: Ingestor, *, token: str | None = None, max_request_bytes: int) -> None:
+    def __init__(
+        self,
+        ingestor: Ingestor,
+        *,
+        logs: Ingestor | None = None,
+        token: str | None = None,
+        max_request_bytes: int,
+    ) -> None:
         self.ingestor = ingestor
         self.pipeline = IngestPipeline(ingestor)
+        self.routes: dict[str, tuple[Ingestor, IngestPipeline, type[Message]]] = {
+            TRACES_PATH: (ingestor, self.pipeline, ExportTraceServiceRequest)
+        }
+        if logs is not None:
+            self.routes[LOGS_PATH] = (logs, IngestPipeline(logs, LOGS), ExportLogsServiceRequest)
         self.token = token
         self.max_request_bytes = max_request_bytes
         self.started = time.time()
@@ -111,11 +133,13 @@ class OtlpHttpHandler:
         if request.path in HEALTH_PATHS:
             health = self.health()
             return Response(200 if health["status"] == "ok" else 503, json.dumps(health).encode(), JSON)
-        if request.path != TRACES_PATH:
-            return Response(404, _json_status(404, f"no route {request.path}; use POST {TRACES_PATH}"), JSON)
+        route = self.routes.get(request.path)
+        if route is None:
+            paths = " or ".join(self.routes)
+            return Response(404, _json_status(404, f"no route {request.path}; use POST {paths}"), JSON)
         try:
             if request.method != "POST":
-                raise BadRequest(405, f"use POST for {TRACES_PATH}", [(b"allow", b"POST")])
+                raise BadRequest(405, f"use POST for {request.path}", [(b"allow", b"POST")])
             self._authorize(request.headers)
             content_type = _content_type(request)
             if content_type != JSON_TYPE and content_type not in PROTOBUF_TYPES:
@@ -125,14 +149,14 @@ class OtlpHttpHandler:
             declared, limit = request.content_length, self.max_request_bytes
             if declared is not None and declared > limit:
                 raise BadRequest(413, f"body of {declared} bytes is over the {limit}-byte limit")
-            request.reserved = self.ingestor.admit(declared or 0)
+            request.reserved = route[0].admit(declared or 0)
         except (BadRequest, Overloaded, Unavailable) as exc:
             return _error(request, exc)
         return None
 
     def abandon(self, request: Request) -> None:
         """The connection of an admitted request went away before its body was complete."""
-        self.ingestor.budget.release(request.reserved)
+        self.routes[request.path][0].budget.release(request.reserved)
         request.reserved = 0
 
     def body_too_large(self, request: Request) -> Response:
@@ -141,14 +165,15 @@ class OtlpHttpHandler:
     async def respond(self, request: Request) -> Response:
         use_json = _content_type(request) == JSON_TYPE
         reserved, request.reserved = request.reserved, 0
+        ingestor, pipeline, message = self.routes[request.path]
         try:
             try:
                 body = self._decoded_body(request)
-                payload = parse_json_request(body).SerializeToString() if use_json else body
+                payload = parse_json_request(body, message).SerializeToString() if use_json else body
             except BaseException:
-                self.ingestor.budget.release(reserved)
+                ingestor.budget.release(reserved)
                 raise
-            response = await asyncio.wrap_future(self.pipeline.accept(payload, reserved=reserved))
+            response = await asyncio.wrap_future(pipeline.accept(payload, reserved=reserved))
         except (BadRequest, InvalidRequest, InternalError, Overloaded, Unavailable) as exc:
             return _error(request, exc)
         if use_json:

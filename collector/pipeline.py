@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from google.protobuf.message import DecodeError
@@ -22,6 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from tinkertrace.collector.ingest import Ingestor
 from tinkertrace.futures import map_future
 from tinkertrace.spanstore.convert import ConversionResult, body_to_table
+from tinkertrace.spanstore.logs import convert_logs, logs_response
 
 log = logging.getLogger("tinkertrace.collector")
 
@@ -49,13 +53,31 @@ def export_response(result: ConversionResult | None) -> ExportTraceServiceRespon
     return response
 
 
-def convert_request(payload: bytes, received_at_ns: int) -> ConversionResult:
-    """Convert one serialized ``ExportTraceServiceRequest``; :class:`InvalidRequest` if it is malformed,
-    :class:`InternalError` if the conversion fails for another reason."""
+@dataclass(frozen=True)
+class Signal:
+    """What one OTLP signal's requests are: the converter into its table, the answer, the names."""
+
+    name: str  # "traces" or "logs"
+    request_type: str  # the protobuf message a request body is
+    convert: Callable[[bytes, int], ConversionResult]
+    respond: Callable[[ConversionResult | None], Any]
+
+
+# body_to_table looked up at each call: the module's name is the seam tests patch
+TRACES = Signal(
+    "traces", "ExportTraceServiceRequest", lambda b, t: body_to_table(b, t), lambda r: export_response(r)
+)
+LOGS = Signal("logs", "ExportLogsServiceRequest", convert_logs, logs_response)
+
+
+def convert_request(payload: bytes, received_at_ns: int, signal: Signal = TRACES) -> ConversionResult:
+    """Convert one serialized request of ``signal`` (``ExportTraceServiceRequest`` by default);
+    :class:`InvalidRequest` if it is malformed, :class:`InternalError` if the conversion fails for
+    another reason."""
     try:
-        return body_to_table(payload, received_at_ns)
+        return signal.convert(payload, received_at_ns)
     except _INPUT_ERRORS as exc:
-        raise InvalidRequest(f"body is not a valid OTLP protobuf ExportTraceServiceRequest: {exc}") from None
+        raise InvalidRequest(f"body is not a valid OTLP protobuf {signal.request_type}: {exc}") from None
     except Exception as exc:
         log.exception("converting a %d-byte request failed", len(payload))
         raise InternalError(f"internal error converting the request: {exc!r}") from None
@@ -64,10 +86,11 @@ def convert_request(payload: bytes, received_at_ns: int) -> ConversionResult:
 class IngestPipeline:
     """Takes raw requests from any transport, thread-safe; see the module docstring."""
 
-    def __init__(self, ingestor: Ingestor) -> None:
+    def __init__(self, ingestor: Ingestor, signal: Signal = TRACES) -> None:
         self.ingestor = ingestor
+        self.signal = signal
 
-    def accept(self, payload: bytes, *, reserved: int = 0) -> Future[ExportTraceServiceResponse]:
+    def accept(self, payload: bytes, *, reserved: int = 0) -> Future[Any]:
         """Convert ``payload`` and queue it; the future resolves once it is in the WAL (or with
         ``Overloaded``/``Unavailable``). ``reserved`` bytes of the memory budget, taken when the body
         was admitted, pass to the queued request (or are given back). Raises :class:`InvalidRequest`,
@@ -77,17 +100,17 @@ class IngestPipeline:
             received = time.time_ns()
             if not payload:  # protobuf's encoding of an empty request: nothing to log
                 self.ingestor.count_request()
-                return _done(ExportTraceServiceResponse())
-            result = convert_request(payload, received)
+                return _done(self.signal.respond(None))
+            result = convert_request(payload, received, self.signal)
             logged = self.ingestor.submit(payload, result, received, reserved=reserved)
         except BaseException:
             budget.release(reserved)
             raise
-        response = export_response(result)
+        response = self.signal.respond(result)
         return map_future(logged, lambda _: response)
 
 
-def _done(response: ExportTraceServiceResponse) -> Future[ExportTraceServiceResponse]:
-    future: Future[ExportTraceServiceResponse] = Future()
+def _done(response: Any) -> Future[Any]:
+    future: Future[Any] = Future()
     future.set_result(response)
     return future

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from tinkertrace.collector.ingest import IngestConfig, Ingestor, RecoveryReport
 from tinkertrace.spanstore.convert import compiled_decoder, warm_up_kernels
+from tinkertrace.spanstore.logs import LOGS_FOLDER, convert_logs
 from tinkertrace.spanstore.writer import ZSTD_LEVEL
 
 if TYPE_CHECKING:
@@ -101,29 +102,34 @@ def run_collector(config: CollectorConfig) -> int:
         return 2
     open_files = raise_open_files_limit()
     max_connections = connection_cap(config.max_connections, open_files)
-    ingestor = _make_ingestor(config)
+    ingestor, logs = _make_ingestor(config), _make_logs_ingestor(config)
     _prepare_converter()
     _report_recovery(ingestor.recover())
+    _report_recovery(logs.recover(), "log records")
     gc.freeze()  # start-up objects (modules, compiled kernels) are not garbage: keep them out of GC passes
     ingestor.start()
+    logs.start()
     stop = _stop_on_signals()
     try:
-        servers = _start_servers(config, ingestor, max_connections)
+        servers = _start_servers(config, ingestor, max_connections, logs)
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         ingestor.stop()
+        logs.stop()
         return 1
     _announce(config, ingestor, f"up to {max_connections} HTTP connections, open-files limit {open_files}")
     stop.wait()
     print("tinkertrace collector: shutting down, flushing spans…", flush=True)
     servers.stop()
     ingestor.stop()
+    logs.stop()
     print(
         f"tinkertrace collector: stopped; {ingestor.stats['spans']} spans accepted, "
-        f"{ingestor.writer.rows_written} rows written to {len(ingestor.writer.files_written)} file(s)",
+        f"{ingestor.writer.rows_written} rows written to {len(ingestor.writer.files_written)} file(s); "
+        f"{logs.stats['spans']} log records accepted",
         flush=True,
     )
-    return 1 if ingestor.failure else 0
+    return 1 if ingestor.failure or logs.failure else 0
 
 
 def _make_ingestor(config: CollectorConfig) -> Ingestor:
@@ -142,10 +148,32 @@ def _make_ingestor(config: CollectorConfig) -> Ingestor:
     )
 
 
-def _report_recovery(recovered: RecoveryReport) -> None:
+LOGS_QUEUE_SHARE = 8  # the log ingestor's memory budget: this fraction of the spans'
+
+
+def _make_logs_ingestor(config: CollectorConfig) -> Ingestor:
+    """The OTLP logs' own durable path: its WAL beside the spans' one, Parquet under ``<out>/_logs``."""
+    out = config.out.resolve()
+    instance = config.resolved_instance()
+    spans_wal = (config.wal_dir or out / "_wal" / instance).resolve()
+    return Ingestor(
+        IngestConfig(
+            out=out / LOGS_FOLDER,
+            wal_dir=spans_wal.with_name(spans_wal.name + "-logs"),
+            instance=instance,
+            max_queue_bytes=max(1 << 20, config.max_queue_bytes // LOGS_QUEUE_SHARE),
+            max_file_bytes=config.max_file_bytes,
+            roll_seconds=config.roll_seconds,
+            zstd_level=config.zstd_level,
+            convert=convert_logs,
+        )
+    )
+
+
+def _report_recovery(recovered: RecoveryReport, what: str = "spans") -> None:
     if recovered.segments:
         print(
-            f"tinkertrace collector: recovered {recovered.spans} spans from {recovered.records} WAL records "
+            f"tinkertrace collector: recovered {recovered.spans} {what} from {recovered.records} WAL records "
             f"in {recovered.segments} segment(s) (replaced {recovered.files_replaced} partial file(s))",
             flush=True,
         )
@@ -179,7 +207,9 @@ class _Servers:
             self.grpc.stop(grace=5).wait()
 
 
-def _start_servers(config: CollectorConfig, ingestor: Ingestor, max_connections: int) -> _Servers:
+def _start_servers(
+    config: CollectorConfig, ingestor: Ingestor, max_connections: int, logs: Ingestor | None = None
+) -> _Servers:
     """Start OTLP/gRPC and OTLP/HTTP as configured; ``OSError`` (with gRPC stopped) if HTTP cannot."""
     servers = _Servers()
     if config.grpc_port is not None:
@@ -192,12 +222,15 @@ def _start_servers(config: CollectorConfig, ingestor: Ingestor, max_connections:
             token=config.token,
             max_request_bytes=config.max_request_bytes,
             workers=config.grpc_workers,
+            logs=logs,
         )
     if config.http_port is not None:
         from tinkertrace.collector.http_server import HttpServer
         from tinkertrace.collector.otlp_http import OtlpHttpHandler
 
-        handler = OtlpHttpHandler(ingestor, token=config.token, max_request_bytes=config.max_request_bytes)
+        handler = OtlpHttpHandler(
+            ingestor, logs=logs, token=config.token, max_request_bytes=config.max_request_bytes
+        )
         servers.http = HttpServer(
             handler,
             config.host,

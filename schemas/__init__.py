@@ -1,4 +1,4 @@
-"""The one definition of every stored table (spans, triplets, trajectories), loaded from JSON.
+"""The one definition of every stored table (spans, logs, triplets, trajectories), loaded from JSON.
 
 Each ``<table>.v<N>.json`` file lists the table's columns; :func:`load` turns the newest version (or
 a named one) into a :class:`pyarrow.Schema` whose metadata records the table name and version.
@@ -71,6 +71,10 @@ def triplets() -> pa.Schema:
 
 def trajectories() -> pa.Schema:
     return load("trajectories")
+
+
+def logs() -> pa.Schema:
+    return load("logs")
 
 
 def sort_keys(table: str) -> list[str]:

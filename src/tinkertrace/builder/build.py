@@ -16,6 +16,7 @@ from tinkertrace.builder import stream, views
 from tinkertrace.builder import triplets as trip
 from tinkertrace.builder.options import BuildOptions
 from tinkertrace.builder.output import AtomicParquetWriter
+from tinkertrace.builder.retokenize import retokenize
 from tinkertrace.builder.summary import BuildSummary
 from tinkertrace.builder.trajectories import merge_turns
 
@@ -105,11 +106,29 @@ def _sort_trajectories(
         out.write(pa.Table.from_batches([b]))
 
 
+def _retokenize(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
+    """Give text-only calls token ids from ``options.tokenizer`` (the views then read them)."""
+    tokenizer = None
+    if options.tokenizer is not None:
+        from tinkertrace.tokenizer import TokenizerNotFoundError, load_tokenizer  # transformers: only here
+
+        try:
+            tokenizer = load_tokenizer(options.tokenizer)
+        except TokenizerNotFoundError as exc:
+            raise ValueError(str(exc)) from exc
+    table, not_rebuilt = retokenize(con, tokenizer)
+    summary.llm_calls_not_rebuilt = dict(sorted(not_rebuilt.items()))
+    if table is not None:
+        summary.llm_calls_retokenized = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
+        views.create_spans_view(con, task_key=options.task_key, retokenized=table)
+
+
 def _build_into(spans_dir: Path, out_dir: Path, options: BuildOptions, work: Path) -> BuildSummary:
     summary = BuildSummary()
     con = connect(options, work)
     try:
-        report = views.open_views(con, spans_dir, options.files)
+        report = views.open_views(con, spans_dir, options.files, task_key=options.task_key, derived=False)
+        _retokenize(con, options, summary)
         summary.files = len(report.files)
         summary.corrupt_files = list(report.skipped)
         summary.buckets = options.buckets or stream.choose_buckets(
@@ -148,6 +167,11 @@ def _build_into(spans_dir: Path, out_dir: Path, options: BuildOptions, work: Pat
             {"f": str(out_dir / TRAJECTORIES_FILE)},
         ).fetchall()
         summary.trajectory_splits = dict(sorted(splits))
+        sources = con.execute(
+            "SELECT COALESCE(token_source, 'unknown'), count(*) FROM read_parquet($f) GROUP BY ALL",
+            {"f": str(out_dir / TRIPLETS_FILE)},
+        ).fetchall()
+        summary.triplets_by_token_source = dict(sorted(sources))
     finally:
         con.close()
     return summary

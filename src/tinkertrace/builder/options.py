@@ -30,6 +30,10 @@ class BuildOptions:
     ``min_policy_version`` select LLM calls after rewards were assigned, so filtering never changes
     which reward a call gets.
 
+    Traces without our SDK: where no span carries a rollout id, a trace's root span is a rollout, its
+    task id the root's attribute ``task_key`` (e.g. ``session.id``); calls whose producer stored text
+    only are re-tokenised with ``tokenizer`` (the served model's), else counted as not rebuilt.
+
     Incremental builds (the online trainer): ``exclude_rollouts`` skips rollouts already built;
     ``files`` reads only these Parquet files instead of every file under the spans folder (a rollout
     whose spans are split between listed and unlisted files then looks incomplete and is left out).
@@ -52,6 +56,10 @@ class BuildOptions:
     threads: int | None = None
     batch_rows: int = 4096
     buckets: int | None = None  # token-join slices; None: from the data size and memory_limit
+    # a plain trace's (no rollout id anywhere) root span attribute naming its task (GRPO group key)
+    task_key: str = "tinkertrace.task.id"
+    # tokenizer (built-in name or local Hugging Face folder) re-tokenising calls recorded as text only
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if self.reward_policy not in REWARD_POLICIES:
@@ -62,6 +70,8 @@ class BuildOptions:
             raise ValueError(f"batch_rows must be positive, got {self.batch_rows}")
         if self.buckets is not None and not 1 <= self.buckets <= MAX_BUCKETS:
             raise ValueError(f"buckets must be between 1 and {MAX_BUCKETS}, got {self.buckets}")
+        if not self.task_key:
+            raise ValueError("task_key must name an attribute")
         unknown = sorted(set(self.statuses) - set(STATUSES))
         if unknown:
             raise ValueError(f"statuses must be among {STATUSES}, got {unknown}")

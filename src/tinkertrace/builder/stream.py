@@ -61,16 +61,20 @@ def choose_buckets(data_bytes: int, limit_bytes: int) -> int:
     return max(1, min(MAX_BUCKETS, math.ceil(data_bytes / max(1.0, limit_bytes * BUCKET_SHARE))))
 
 
-def _tokens_sql() -> str:
+def _tokens_sql(con: duckdb.DuckDBPyConnection) -> str:
     """``bucket``, ``call_no`` and the token columns of the chosen calls, in no particular order.
     Joined on (trace_id, span_id, source file), so a span delivered twice contributes one row;
     calls without prompt or response ids are dropped."""
     tokens = ", ".join(f"t.{c}" for c in TOKEN_COLUMNS)
+    # a call takes the token columns of span tok_trace_id/tok_span_id where _out names one (calls seen
+    # by several producers or sides: views.llm_calls_sql), else of its own span
+    columns = [d[0] for d in con.execute("SELECT * FROM _out LIMIT 0").description]
+    tok = "tok_" if "tok_span_id" in columns else ""
     return f"""
         SELECT c.bucket, c.call_no, {tokens}
         FROM ({views.span_tokens_sql()}) t
-        JOIN (SELECT bucket, call_no, trace_id, span_id, filename FROM _out) c
-          ON t.trace_id = c.trace_id AND t.span_id = c.span_id AND t.filename = c.filename
+        JOIN (SELECT bucket, call_no, {tok}trace_id, {tok}span_id, filename FROM _out) c
+          ON t.trace_id = c.{tok}trace_id AND t.span_id = c.{tok}span_id AND t.filename = c.filename
         WHERE t.prompt_token_ids IS NOT NULL AND t.response_token_ids IS NOT NULL"""
 
 
@@ -82,7 +86,7 @@ def _spill(con: duckdb.DuckDBPyConnection, buckets: int, batch_rows: int, work: 
     # rows, the token lists, and emit them in no useful order.
     con.execute("SET disabled_optimizers = 'build_side_probe_side'")
     try:
-        reader = con.sql(_tokens_sql()).to_arrow_reader(batch_rows)
+        reader = con.sql(_tokens_sql(con)).to_arrow_reader(batch_rows)
     except BaseException:
         con.execute("RESET disabled_optimizers")
         raise

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+NO_TOKENIZER_REASON = "no ids, text only: pass --tokenizer"
+
 
 @dataclass
 class BuildSummary:
@@ -40,6 +42,48 @@ class BuildSummary:
     rollout_ids: list[str] = field(default_factory=list)  # built rollouts, sorted
     incomplete_rollout_ids: list[str] = field(default_factory=list)  # left out as incomplete, sorted
     buckets: int = 1  # slices the token data was joined and sorted in (memory bound)
+    spans_by_producer: dict[str, int] = field(default_factory=dict)  # tinkertrace, openinference, ...
+    llm_spans_by_producer: dict[str, int] = field(default_factory=dict)  # LLM spans recognised, by producer
+    llm_calls_retokenized: int = 0  # text-only calls given ids by --tokenizer
+    llm_calls_not_rebuilt: dict[str, int] = field(default_factory=dict)  # reason -> text-only calls left
+    triplets_by_token_source: dict[str, int] = field(default_factory=dict)  # server, retokenized, ...
+
+    def hints(self) -> list[str]:
+        """What to do when spans were read but no triplet was built (empty otherwise, and when the
+        build's own filters left everything out: that is what was asked)."""
+        filtered = self.rollouts_status_filtered + self.rollouts_filtered + self.rollouts_excluded
+        if self.spans == 0 or self.triplets > 0 or filtered or self.llm_calls_filtered:
+            return []
+        hints = []
+        text_only = self.llm_calls_not_rebuilt.get(NO_TOKENIZER_REASON, 0)
+        if text_only:
+            hints.append(
+                f"{text_only} LLM spans carry text but no token ids: pass --tokenizer NAME_OR_FOLDER (the "
+                "served model's tokenizer) to re-tokenise them, or have the endpoint return token ids "
+                "(vLLM's return_token_ids; `tinkertrace serve` always does) and trace with OpenInference "
+                "or tinkertrace's SDK"
+            )
+        for reason, count in sorted(self.llm_calls_not_rebuilt.items()):
+            if reason != NO_TOKENIZER_REASON:
+                hints.append(f"{count} LLM spans could not be rebuilt: {reason}")
+        if not self.llm_spans_by_producer:
+            seen = ", ".join(f"{k}: {v}" for k, v in sorted(self.spans_by_producer.items())) or "none"
+            hints.append(
+                f"no LLM span recognised among {self.spans} spans (by producer: {seen}); recognised are "
+                "tinkertrace's SDK, OpenInference (openinference.span.kind = LLM), the GenAI conventions "
+                "(gen_ai.operation.name = chat, ...; OpenLLMetry, opentelemetry-instrumentation-openai-v2 "
+                "with message content on, Logfire) and Agent-lightning's spans"
+            )
+        if self.rollouts_seen == 0:
+            hints.append("no rollout: no span carries a rollout id and no trace has a root span")
+        elif self.rollouts_built == 0:
+            hints.append(
+                f"all {self.rollouts_seen} rollouts are incomplete (see the counts above); "
+                "--include-incomplete builds them"
+            )
+        if self.llm_calls_without_tokens and not self.llm_calls_not_rebuilt:
+            hints.append(f"{self.llm_calls_without_tokens} LLM calls have no token ids")
+        return hints
 
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) pairs for printing."""
@@ -74,6 +118,11 @@ class BuildSummary:
             ("rewards unmatched", str(self.rewards_unmatched)),
             ("rewards superseded (final policy)", str(self.rewards_superseded)),
             ("rewards missing the named dimension", str(self.rewards_missing_dimension)),
+            ("spans by producer", by_reason(self.spans_by_producer)),
+            ("LLM spans by producer", by_reason(self.llm_spans_by_producer)),
+            ("LLM calls re-tokenised (--tokenizer)", str(self.llm_calls_retokenized)),
+            ("LLM calls not rebuilt", by_reason(self.llm_calls_not_rebuilt)),
+            ("triplets by token source", by_reason(self.triplets_by_token_source)),
             ("token buckets (memory bound)", str(self.buckets)),
         ]
 

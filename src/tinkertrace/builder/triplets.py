@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from tinkertrace import semconv as sc
 from tinkertrace.builder import views
+from tinkertrace.builder.adapters import OURS
 from tinkertrace.builder.options import BuildOptions
 from tinkertrace.builder.rewards import assign_rewards
 from tinkertrace.builder.summary import BuildSummary
@@ -151,11 +152,16 @@ def _parent_join(options: BuildOptions) -> tuple[str, str]:
     return "NULL::VARCHAR AS parent", ""
 
 
-def _select_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
+def _select_calls(
+    con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary, mixed: bool
+) -> None:
     parent, join = _parent_join(options)
+    # the span whose token columns a call takes, when it is not the call's own (llm_calls_sql)
+    tokens_of = "c.tok_trace_id, c.tok_span_id," if mixed else ""
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _calls AS
-        SELECT c.trace_id, c.span_id, c.filename, c.received_at, {parent}, c.rollout_id, r.task_id, r.attempt,
+        SELECT c.trace_id, c.span_id, {tokens_of} c.filename, c.received_at, {parent},
+               c.rollout_id, r.task_id, r.attempt,
                COALESCE(c.agent_name, c.agent_span_name, s.scope_agent) AS agent_name, s.scope,
                c.model, c.response_id, c.policy_version, c.token_source, c.trainable, c.truncated,
                c.start_time, c.end_time, r.split, r.end_time AS rollout_end,
@@ -269,6 +275,60 @@ def _output_calls(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary
     )
 
 
+def rewards_from_events(con: duckdb.DuckDBPyConnection) -> None:
+    """Add a reward row to ``_meta`` for every ``gen_ai.evaluation.result`` event on a span (the GenAI
+    way of scoring, from any language): a child of that span at the event's time, named by
+    ``gen_ai.evaluation.name``, valued ``gen_ai.evaluation.score.value``, linked to the call of its
+    ``gen_ai.response.id``. Only spans whose events mention the name are parsed."""
+    event = sc.REWARD_SPAN_NAME
+    carrier = (
+        "s.trace_id, s.span_id AS carrier, s.rollout_id, s.task_id, s.attempt, s.split, s.agent_name, "
+        "s.received_at, s.from_agentlightning, s.implicit_rollout, s.producer"
+    )
+    # the carriers' columns come from _meta; only the raw events column is scanned, once
+    con.execute(f"""CREATE OR REPLACE TEMP TABLE _carriers AS SELECT DISTINCT trace_id, span_id, events
+        FROM {views.RAW_VIEW} WHERE contains(events, '{event}')""")
+    logged = _scalar(con, f"SELECT count(*) FROM {views.LOGS_VIEW} WHERE event_name = '{event}'")
+    if not logged and not _scalar(con, "SELECT count(*) FROM _carriers"):
+        return
+    meta = "_meta"
+    from_logs = ""
+    if logged:
+        from_logs = f"""UNION ALL BY NAME  -- the same events sent as OTLP log records of the span
+            SELECT {carrier}, 'log' || row_number() OVER (PARTITION BY l.trace_id, l.span_id
+                                                            ORDER BY l.time, l.received_at) AS i,
+                   l.attributes, COALESCE(l.time, l.observed_time)::TIMESTAMPTZ AS event_time
+            FROM {views.LOGS_VIEW} l JOIN {meta} s ON s.trace_id = l.trace_id AND s.span_id = l.span_id
+            WHERE l.event_name = '{event}'"""
+    con.execute(f"""
+        INSERT INTO _meta BY NAME
+        WITH e AS (
+            SELECT {carrier}, unnest(CAST(r.events AS JSON[])) AS ev,
+                   'event' || generate_subscripts(CAST(r.events AS JSON[]), 1) AS i
+            FROM _carriers r JOIN {meta} s ON s.trace_id = r.trace_id AND s.span_id = r.span_id
+        ), scored AS (
+            SELECT * EXCLUDE (ev), json_extract_string(ev, '$.attributes') AS attributes,
+                   to_timestamp(0) + to_microseconds(
+                       CAST(json_extract_string(ev, '$.time_unix_nano') AS BIGINT) // 1000)
+                       AS event_time
+            FROM e WHERE json_extract_string(ev, '$.name') = '{event}'
+            {from_logs}
+        )
+        SELECT trace_id, carrier || '/' || i AS span_id, carrier AS parent_span_id, '{event}' AS name,
+               event_time AS start_time, event_time AS end_time, '{sc.TYPE_REWARD}' AS span_type,
+               rollout_id, task_id, attempt, split, agent_name, received_at, from_agentlightning,
+               implicit_rollout, producer,
+               COALESCE({_event_attr(sc.GENAI_EVALUATION_NAME)}, '{sc.PRIMARY_REWARD}') AS reward_name,
+               TRY_CAST({_event_attr(sc.GENAI_EVALUATION_SCORE)} AS DOUBLE) AS reward_value,
+               {_event_attr(sc.GENAI_RESPONSE_ID)} AS response_id, attributes,
+               NULL AS agent_span_name, false AS trainable, false AS server_side
+        FROM scored WHERE {_event_attr(sc.GENAI_EVALUATION_SCORE)} IS NOT NULL""")
+
+
+def _event_attr(name: str) -> str:
+    return f"json_extract_string(attributes, '$.\"{name}\"')"
+
+
 def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
     """Materialise the token-free build tables (``_meta``, ``_sel``, ``_calls``, ``_rewards``,
     ``_assign``, ``_out`` numbered into ``summary.buckets`` buckets) and fill the summary's rollout,
@@ -279,22 +339,36 @@ def prepare(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: Buil
         SELECT * EXCLUDE ({", ".join(TOKEN_COLUMNS)}, attributes, resource_attributes, events, links,
                           kind, status_code, status_message, service_name, scope_name, date, hour)
                  REPLACE (CASE WHEN span_type = '{sc.TYPE_LLM}' THEN filename END AS filename,
-                          CASE WHEN span_type = '{sc.TYPE_REWARD}' THEN name END AS name),
+                          CASE WHEN span_type = '{sc.TYPE_REWARD}' THEN name END AS name,
+                          -- null for ours (most rows: nothing to carry), 'unrecognised' for no adapter's
+                          CASE WHEN producer IS DISTINCT FROM '{OURS}'
+                               THEN COALESCE(producer, 'unrecognised') END AS producer),
                CASE WHEN {keep_attrs} THEN attributes END AS attributes,
-               {views.llm_trainable_sql()} AS trainable, {views.llm_truncated_sql()} AS truncated
+               {views.llm_truncated_sql()} AS truncated
         FROM spans""")  # only LLM calls need their file (the token join) and rewards their name
     summary.spans = _scalar(con, "SELECT count(*) FROM _meta")
     summary.spans_without_rollout = _scalar(con, "SELECT count(*) FROM _meta WHERE rollout_id IS NULL")
-    views.create_derived_views(con, source="_meta")
+    llm = f"span_type = '{sc.TYPE_LLM}'"
+    for where, counts in (("true", summary.spans_by_producer), (llm, summary.llm_spans_by_producer)):
+        rows = con.execute(
+            f"SELECT COALESCE(producer, '{OURS}'), count(*) FROM _meta WHERE {where} GROUP BY 1"
+        )
+        counts.update(dict(rows.fetchall()))
+    rewards_from_events(con)
+    mixed = _scalar(
+        con,
+        f"SELECT count(*) FROM _meta WHERE span_type = '{sc.TYPE_LLM}' "
+        "AND (server_side OR producer IS NOT NULL)",
+    )
+    views.create_derived_views(con, source="_meta", mixed=mixed > 0)
     _select_rollouts(con, options, summary)
     _repair_parents(con, options, summary)
     _agent_scopes(con)
-    _select_calls(con, options, summary)
+    _select_calls(con, options, summary, mixed > 0)
     _select_rewards(con, options, summary)
-    # The query views stay defined over the full `spans` view afterwards. Each working table is
-    # dropped once read for the last time, so the later steps (and the token phase) have its memory.
-    views.create_derived_views(con, source="spans")
-    _drop(con, "_meta", "_all_rollouts", "_candidates", "_orphans", "_parent", "_scope")
+    # Each working table is dropped once read for the last time, so the later steps (and the token
+    # phase) have its memory.
+    _drop(con, "_meta", "_all_rollouts", "_candidates", "_orphans", "_parent", "_scope", "_carriers")
     assign_rewards(con, options.reward_policy)
     _reward_counts(con, options, summary)
     _output_calls(con, options, summary)

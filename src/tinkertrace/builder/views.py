@@ -1,13 +1,14 @@
 """DuckDB views over a spans folder: ``spans``, ``llm_calls``, ``rewards`` and ``rollouts``.
 
-``spans`` is the raw span table normalised so that Agent-lightning's span forms look like ours: its
-LLM spans (``openai.chat.completion`` ...) become ``span_type = 'llm'`` with token ids and logprobs
-pulled out of the JSON attributes, its reward spans (``agentlightning.annotation``,
-``agentlightning.reward``, AgentOps ``{"type": "reward"}`` outputs) become ``span_type = 'reward'``,
-and its resource attribute ``agentlightning.rollout_id`` fills ``rollout_id``. Spans that carry no
-rollout id inherit the one of the rollout root span in their trace. ``agent_span_name`` is the agent
-name of agent spans (ours, GenAI ``invoke_agent``, or ``agent.name`` as Agent-lightning, OpenInference
-and AgentOps write it), null on other spans.
+``spans_typed`` is the raw span table with every other producer's spans mapped onto our columns by
+its adapter (:mod:`tinkertrace.builder.adapters`; column ``producer`` names who wrote the row), and,
+when a build re-tokenised text-only calls, their token ids joined in. ``spans`` adds the rollout each
+span belongs to: ours (``tinkertrace.rollout.id``), Agent-lightning's (resource attribute
+``agentlightning.rollout_id``), the one of the rollout root span in its trace, or, for a trace where
+no span carries a rollout id at all, the trace itself (its root span is the rollout, ``rollout_id`` the
+trace id, the task id read from ``task_key``). ``agent_span_name`` is the agent name of agent spans
+(ours, GenAI ``invoke_agent``, or ``agent.name`` as Agent-lightning, OpenInference and AgentOps write
+it), null on other spans.
 
 The other three views are defined over any relation with the ``spans`` columns, so the builder can
 run them over a materialised, token-free copy (:func:`create_derived_views` with ``source``).
@@ -18,83 +19,77 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 
+from tinkertrace import schemas
 from tinkertrace import semconv as sc
-from tinkertrace.spanstore.reader import ReadReport, open_spans
+from tinkertrace.builder.adapters import ADAPTERS, OURS, agentlightning
+from tinkertrace.builder.adapters.base import MAPPABLE_COLUMNS, attr
+from tinkertrace.schemas.columns import TOKEN_COLUMNS
+from tinkertrace.spanstore.logs import LOGS_FOLDER
+from tinkertrace.spanstore.reader import ReadReport, list_span_files, open_spans
 
 RAW_VIEW = "spans_raw"
+LOGS_VIEW = "logs"
+TYPED_VIEW = "spans_typed"
+DEFAULT_TASK_KEY = sc.TASK_ID  # the attribute of a plain trace's root span naming its task
 
-# JSON paths into the attributes / resource_attributes text columns.
 _A = "attributes"
 
 
 def _attr(name: str) -> str:
     """SQL: the JSON value of attribute ``name`` as text (null when absent)."""
-    return f"json_extract_string({_A}, '$.\"{name}\"')"
+    return attr(name, _A)
 
 
 def _attr_json(name: str) -> str:
     return f"json_extract({_A}, '$.\"{name}\"')"
 
 
-_AGL_LLM = ", ".join(f"'{n}'" for n in sc.AGL_LLM_SPAN_NAMES)
-_AGENTOPS = ("agentops.task.output", "agentops.entity.output")
-_AGL_DIMENSIONS = 8  # agentlightning.reward.<i>.* read for i < this
+def _producer_sql() -> str:
+    """SQL over a raw row: who wrote it (``tinkertrace`` when it has our span type, else the first
+    adapter whose ``match`` holds, else null)."""
+    whens = " ".join(f"WHEN {a.match} THEN '{a.name}'" for a in ADAPTERS)
+    return f"CASE WHEN span_type IS NOT NULL THEN '{OURS}' {whens} END"
 
 
-def _agentops_reward_value() -> str:
-    """SQL: the value of an AgentOps ``{"type": "reward", "value": x}`` output attribute, else null."""
-    parts = []
-    for key in _AGENTOPS:
-        text = _attr(key)
-        parts.append(
-            f"CASE WHEN json_valid({text}) AND json_extract_string({text}, '$.type') = 'reward' "
-            f"THEN TRY_CAST(json_extract_string({text}, '$.value') AS DOUBLE) END"
+def _typed_sql(retokenized: str | None) -> str:
+    """SQL of ``spans_typed``: each mapped column is ours where the row has it, else its adapter's
+    expression (evaluated only for that adapter's rows), else the re-tokenised ids."""
+    replaced = []
+    for column in MAPPABLE_COLUMNS:
+        branches = " ".join(
+            f"WHEN '{a.name}' THEN {a.columns[column]}" for a in ADAPTERS if column in a.columns
         )
-    return f"COALESCE({', '.join(parts)})"
-
-
-def _agl_name(i: int) -> str:
-    return _attr(sc.AGL_REWARD_NAME_FMT.format(i=i))
-
-
-def _agl_value(i: int) -> str:
-    return f"TRY_CAST({_attr(sc.AGL_REWARD_VALUE_FMT.format(i=i))} AS DOUBLE)"
-
-
-def _agl_token_sql() -> tuple[str, str, str]:
-    """SQL reading Agent-lightning's prompt ids, response ids and logprobs from the attributes."""
-    prompt_ids = (
-        f"COALESCE(TRY_CAST({_attr_json(sc.AGL_PROMPT_TOKEN_IDS)} AS INTEGER[]), "
-        f"TRY_CAST({_attr(sc.AGL_VLLM_PROMPT_TOKEN_IDS)} AS INTEGER[]))"
+        parts = [f"t.{column}"]
+        if branches:
+            parts.append(f"CASE t.producer {branches} END")
+        if retokenized and (column in TOKEN_COLUMNS or column == "token_source"):
+            parts.append(f"rt.{column}")
+        replaced.append(f"COALESCE({', '.join(parts)}) AS {column}" if len(parts) > 1 else "")
+    join = (
+        f"LEFT JOIN {retokenized} rt ON rt.trace_id = t.trace_id AND rt.span_id = t.span_id"
+        if retokenized
+        else ""
     )
-    response_ids = (
-        f"COALESCE(TRY_CAST({_attr_json(sc.AGL_RESPONSE_TOKEN_IDS)} AS INTEGER[]), "
-        f"TRY_CAST({_attr(sc.AGL_VLLM_RESPONSE_TOKEN_IDS)} AS INTEGER[]))"
-    )
-    logprobs = (
-        f"CASE WHEN json_valid({_attr(sc.AGL_LOGPROBS_CONTENT)}) THEN "
-        f"TRY_CAST(json_extract({_attr(sc.AGL_LOGPROBS_CONTENT)}, '$[*].logprob') AS FLOAT[]) END"
-    )
-    return prompt_ids, response_ids, logprobs
+    return f"""
+    SELECT t.* REPLACE ({", ".join(r for r in replaced if r)})
+    FROM (SELECT r.*, {_producer_sql()} AS producer FROM {RAW_VIEW} r) t {join}
+    """
 
 
 def span_tokens_sql() -> str:
-    """Token columns of LLM spans (ours or Agent-lightning's), keyed by (trace_id, span_id, filename):
-    what the builder joins its chosen calls with, without the rest of the ``spans`` view's work."""
-    prompt_ids, response_ids, logprobs = _agl_token_sql()
-    agl = f"span_type IS NULL AND name IN ({_AGL_LLM})"
+    """Token columns of LLM spans (any producer's, re-tokenised ones included), keyed by (trace_id,
+    span_id, filename): what the builder joins its chosen calls with."""
     return f"""
-    SELECT trace_id, span_id, filename,
-           COALESCE(prompt_token_ids, CASE WHEN {agl} THEN {prompt_ids} END) AS prompt_token_ids,
-           COALESCE(response_token_ids, CASE WHEN {agl} THEN {response_ids} END) AS response_token_ids,
-           COALESCE(response_logprobs, CASE WHEN {agl} THEN {logprobs} END) AS response_logprobs
-    FROM {RAW_VIEW} WHERE span_type = '{sc.TYPE_LLM}' OR ({agl})
+    SELECT trace_id, span_id, filename, {", ".join(TOKEN_COLUMNS)}
+    FROM {TYPED_VIEW} WHERE span_type = '{sc.TYPE_LLM}'
     """
 
 
 def _agent_span_name_sql() -> str:
-    """SQL (over the raw row ``r``): the agent name of an agent span, else null. Agent spans are ours
+    """SQL (over the typed row ``r``): the agent name of an agent span, else null. Agent spans are ours
     (``span_type = 'agent'``), the GenAI convention's ``invoke_agent`` spans (name in
     ``gen_ai.agent.name``, else in the span name ``invoke_agent {name}``) and spans carrying
     ``agent.name`` (Agent-lightning, OpenInference, AgentOps)."""
@@ -105,45 +100,52 @@ def _agent_span_name_sql() -> str:
             CASE WHEN {invoke} THEN COALESCE(r.agent_name, {named}) END) END"""
 
 
-def _spans_sql() -> str:
-    prompt_ids, response_ids, logprobs = _agl_token_sql()
-    is_agl_llm = f"name IN ({_AGL_LLM})"
-    is_agl_reward = f"name IN ('{sc.AGL_ANNOTATION_SPAN}', '{sc.AGL_REWARD_SPAN}')"
-    agl_rollout = f"json_extract_string(resource_attributes, '$.\"{sc.AGL_ROLLOUT_ID}\"')"
-    agl_attempt = (
-        f"TRY_CAST(json_extract_string(resource_attributes, '$.\"{sc.AGL_ATTEMPT_ID}\"') AS INTEGER)"
-    )
-    agl_value = (
-        f"COALESCE({_agl_value(0)}, TRY_CAST({_attr('reward')} AS DOUBLE), {_agentops_reward_value()})"
-    )
-    # Only rows without our span_type pay for the JSON work (CASE evaluates branches lazily).
-    foreign = "r.span_type IS NULL"
+def _task_sql(task_key: str) -> str:
+    """SQL: the task id a plain trace's root span names with attribute ``task_key`` (or its resource)."""
+    return f"COALESCE({attr(task_key)}, {attr(task_key, 'resource_attributes')})"
+
+
+PLAIN_ROOTS_SQL = f"""SELECT count(*) FROM {RAW_VIEW}
+    WHERE parent_span_id IS NULL AND span_type IS NULL AND rollout_id IS NULL"""
+"""SQL: how many root spans are not ours and carry no rollout id (0: no plain trace can be a rollout)."""
+
+
+def _spans_sql(task_key: str, plain_roots: bool) -> str:
+    foreign = f"r.producer IS DISTINCT FROM '{OURS}'"
+    agl_rollout = f"CASE WHEN {foreign} THEN {agentlightning.ROLLOUT_ID} END"
+    task = "r.task_id" if task_key == DEFAULT_TASK_KEY else f"COALESCE(r.task_id, {_task_sql(task_key)})"
+    # without a candidate root (the spans of our SDK alone) the implicit rollouts are known empty
+    implicit = "" if plain_roots else "WHERE false"
     return f"""
     WITH roots AS (
-        SELECT trace_id, min(rollout_id) AS rollout_id FROM {RAW_VIEW}
+        SELECT trace_id, min(rollout_id) AS rollout_id FROM {TYPED_VIEW}
         WHERE span_type = '{sc.TYPE_ROLLOUT}' AND rollout_id IS NOT NULL GROUP BY trace_id
+    ), candidates AS (  -- root spans of traces that may carry no rollout id at all
+        SELECT trace_id, span_id, {task} AS task_id, start_time FROM {TYPED_VIEW} r
+        WHERE parent_span_id IS NULL AND rollout_id IS NULL AND {foreign} AND {agl_rollout} IS NULL
+    ), claimed AS (
+        SELECT DISTINCT trace_id FROM {TYPED_VIEW} r
+        WHERE trace_id IN (SELECT trace_id FROM candidates)
+          AND (rollout_id IS NOT NULL OR {agl_rollout} IS NOT NULL)
+    ), implicit AS (
+        SELECT trace_id, span_id AS root_span_id, task_id FROM candidates ANTI JOIN claimed USING (trace_id)
+        {implicit}
+        QUALIFY row_number() OVER (PARTITION BY trace_id ORDER BY start_time, span_id) = 1
     ), typed AS (
         SELECT r.* REPLACE (
-            COALESCE(r.span_type, CASE
-                WHEN {is_agl_llm} THEN '{sc.TYPE_LLM}'
-                WHEN {is_agl_reward} THEN '{sc.TYPE_REWARD}'
-                WHEN {_agentops_reward_value()} IS NOT NULL THEN '{sc.TYPE_REWARD}' END) AS span_type,
-            COALESCE(r.rollout_id, CASE WHEN {foreign} THEN {agl_rollout} END, roots.rollout_id)
-                AS rollout_id,
-            COALESCE(r.attempt, CASE WHEN {foreign} THEN {agl_attempt} END) AS attempt,
-            COALESCE(r.prompt_token_ids, CASE WHEN {foreign} AND {is_agl_llm} THEN {prompt_ids} END)
-                AS prompt_token_ids,
-            COALESCE(r.response_token_ids, CASE WHEN {foreign} AND {is_agl_llm} THEN {response_ids} END)
-                AS response_token_ids,
-            COALESCE(r.response_logprobs, CASE WHEN {foreign} AND {is_agl_llm} THEN {logprobs} END)
-                AS response_logprobs,
-            COALESCE(r.reward_name, CASE WHEN {foreign} AND {agl_value} IS NOT NULL
-                THEN COALESCE({_agl_name(0)}, '{sc.PRIMARY_REWARD}') END) AS reward_name,
-            COALESCE(r.reward_value, CASE WHEN {foreign} THEN {agl_value} END) AS reward_value
+            CASE WHEN r.span_id = i.root_span_id AND r.span_type IS NULL THEN '{sc.TYPE_ROLLOUT}'
+                 ELSE r.span_type END AS span_type,
+            COALESCE(r.rollout_id, {agl_rollout}, roots.rollout_id, i.trace_id) AS rollout_id,
+            COALESCE(r.task_id, i.task_id) AS task_id,
+            COALESCE(r.attempt, CASE WHEN {foreign} THEN {agentlightning.ATTEMPT} END) AS attempt
         ),
-        r.span_type IS NULL AND {agl_rollout} IS NOT NULL AS from_agentlightning,
-        {_agent_span_name_sql()} AS agent_span_name
-        FROM {RAW_VIEW} r LEFT JOIN roots ON roots.trace_id = r.trace_id
+        {foreign} AND {agentlightning.ROLLOUT_ID} IS NOT NULL AS from_agentlightning,
+        i.trace_id IS NOT NULL AS implicit_rollout,
+        {_agent_span_name_sql()} AS agent_span_name,
+        {llm_trainable_sql()} AS trainable,
+        {server_side_sql()} AS server_side
+        FROM {TYPED_VIEW} r LEFT JOIN roots ON roots.trace_id = r.trace_id
+        LEFT JOIN implicit i ON i.trace_id = r.trace_id
     )
     SELECT * FROM typed
     """
@@ -153,8 +155,7 @@ def _dimensions_sql() -> str:
     """SQL: MAP(name -> value) of a reward span's dimensions (ours or Agent-lightning's)."""
     # the SDK stores the dimensions as JSON text; accept a JSON object too
     ours = f"TRY_CAST(TRY_CAST({_attr(sc.REWARD_DIMENSIONS)} AS JSON) AS MAP(VARCHAR, DOUBLE))"
-    entries = ", ".join(f"{{'k': {_agl_name(i)}, 'v': {_agl_value(i)}}}" for i in range(_AGL_DIMENSIONS))
-    agl = f"map_from_entries(list_filter([{entries}], lambda e: e.k IS NOT NULL AND e.v IS NOT NULL))"
+    agl = agentlightning.dimensions_sql()
     return (
         f"COALESCE({ours}, CASE WHEN from_agentlightning OR name = '{sc.AGL_ANNOTATION_SPAN}' THEN {agl} END)"
     )
@@ -192,20 +193,91 @@ def llm_truncated_sql() -> str:
                  false) END"""
 
 
-def llm_calls_sql(source: str) -> str:
-    """One row per distinct LLM call: nested spans of the same call dropped, duplicates by response id."""
+def server_side_sql() -> str:
+    """SQL: whether an LLM span was recorded by the serving endpoint (``tinkertrace.llm.capture_side``
+    = server) rather than by the client (the SDK writes no side: client). Only spans whose attributes
+    mention the key pay for the JSON parsing."""
+    side = _attr(sc.LLM_CAPTURE_SIDE)
+    return f"""COALESCE(span_type = '{sc.TYPE_LLM}' AND contains(attributes, 'capture_side')
+        AND {side} = '{sc.CAPTURE_SERVER}', false)"""
+
+
+def llm_calls_sql(source: str, *, mixed: bool = True) -> str:
+    """One row per distinct LLM call of a rollout.
+
+    Spans of the same call are one call: an LLM span nested in another of the same call (one of them
+    without a response id, or the same one: an HTTP-level span, or our SDK's span inside OpenInference's)
+    and spans sharing a ``gen_ai.response.id`` (the client's and the endpoint's record of a call, or
+    two instrumentations in one process). A server-side span without a rollout takes the rollout of a
+    client span of the same response id. Per call the row kept is the client's (its parent chain and
+    agent scope), preferring one with token ids, then ours, then the earliest; its token ids come from
+    the server side's span when that has them (``tok_trace_id``, ``tok_span_id``, ``filename``: the
+    span whose token columns the triplet takes; without ``mixed`` they are the row's own, and the
+    ``tok_*`` columns are left out).
+
+    ``mixed=False`` says every LLM span of ``source`` is our SDK's, client side: then the inner span of
+    a nested pair is simply dropped and the earliest span of a response id kept (what the full rule
+    gives on such data), without the steps that key, adopt and prefer across producers and sides.
+    """
+    nested = """(p.span_id IS NOT NULL AND (p.response_id IS NULL OR l.response_id IS NULL
+                  OR p.response_id = l.response_id))"""
+    order = "start_time, end_time DESC, span_id, received_at, filename"
+    if not mixed:
+        return f"""
+        WITH llm AS (SELECT * FROM {source} WHERE span_type = '{sc.TYPE_LLM}'),
+        marked AS (
+            SELECT l.*, {nested} AS nested_in_same_call
+            FROM llm l LEFT JOIN (SELECT DISTINCT trace_id, span_id, response_id FROM llm) p
+              ON p.trace_id = l.trace_id AND p.span_id = l.parent_span_id
+        )
+        SELECT * EXCLUDE (nested_in_same_call) FROM marked WHERE NOT nested_in_same_call
+        QUALIFY row_number() OVER (
+            PARTITION BY rollout_id, COALESCE(response_id, trace_id || span_id) ORDER BY {order}) = 1
+        """
     return f"""
     WITH llm AS (SELECT * FROM {source} WHERE span_type = '{sc.TYPE_LLM}'),
     marked AS (
-        SELECT l.*, (p.span_id IS NOT NULL AND (p.response_id IS NULL OR l.response_id IS NULL
-                     OR p.response_id = l.response_id)) AS nested_in_same_call
+        SELECT l.*, {nested} AS nested_in_same_call,
+               COALESCE(l.response_id, p.response_id, p.trace_id || p.span_id) AS nested_key
         FROM llm l LEFT JOIN (SELECT DISTINCT trace_id, span_id, response_id FROM llm) p
           ON p.trace_id = l.trace_id AND p.span_id = l.parent_span_id
+    ), inner_keys AS (  -- an outer span of a nested pair is keyed like its inner one
+        SELECT trace_id, parent_span_id, min(nested_key) AS key FROM marked
+        WHERE nested_in_same_call GROUP BY ALL
+    ), keyed AS (
+        SELECT m.* EXCLUDE (nested_in_same_call, nested_key),
+               CASE WHEN m.nested_in_same_call THEN m.nested_key
+                    ELSE COALESCE(m.response_id, i.key, m.trace_id || m.span_id) END AS call_key
+        FROM marked m LEFT JOIN inner_keys i
+          ON i.trace_id = m.trace_id AND i.parent_span_id = m.span_id
+    ), adopters AS (  -- rollout of a client span answering a server-side span that has none
+        SELECT response_id, min(rollout_id) AS rollout_id, min(agent_name) AS agent_name FROM keyed
+        WHERE rollout_id IS NOT NULL AND NOT server_side
+          AND response_id IN (SELECT response_id FROM keyed WHERE rollout_id IS NULL)
+        GROUP BY response_id
+    ), adopted AS (
+        SELECT k.* REPLACE (COALESCE(k.rollout_id, a.rollout_id) AS rollout_id,
+                            COALESCE(k.agent_name, a.agent_name) AS agent_name)
+        FROM keyed k LEFT JOIN adopters a ON k.rollout_id IS NULL AND a.response_id = k.response_id
+    ), server_tokens AS (  -- the endpoint's exact record of a call, where it has token ids
+        SELECT rollout_id, call_key, trace_id AS tok_trace_id, span_id AS tok_span_id,
+               filename AS tok_filename, token_source AS tok_source, policy_version AS tok_policy_version
+        FROM adopted WHERE server_side AND trainable
+        QUALIFY row_number() OVER (PARTITION BY rollout_id, call_key
+                                   ORDER BY start_time, span_id, received_at, filename) = 1
+    ), chosen AS (
+        SELECT * FROM adopted
+        QUALIFY row_number() OVER (
+            PARTITION BY rollout_id, call_key
+            ORDER BY server_side, trainable DESC, COALESCE(producer, '{OURS}') = '{OURS}' DESC, {order}) = 1
     )
-    SELECT * EXCLUDE (nested_in_same_call) FROM marked WHERE NOT nested_in_same_call
-    QUALIFY row_number() OVER (
-        PARTITION BY rollout_id, COALESCE(response_id, trace_id || span_id)
-        ORDER BY start_time, end_time DESC, span_id, received_at, filename) = 1
+    SELECT c.* EXCLUDE (call_key) REPLACE (COALESCE(s.tok_filename, c.filename) AS filename,
+                        c.trainable OR s.tok_trace_id IS NOT NULL AS trainable,
+                        COALESCE(s.tok_source, c.token_source) AS token_source,
+                        COALESCE(s.tok_policy_version, c.policy_version) AS policy_version),
+           COALESCE(s.tok_trace_id, c.trace_id) AS tok_trace_id,
+           COALESCE(s.tok_span_id, c.span_id) AS tok_span_id
+    FROM chosen c LEFT JOIN server_tokens s USING (rollout_id, call_key)
     """
 
 
@@ -241,7 +313,8 @@ def rollouts_sql(source: str) -> str:
                count(*) FILTER (WHERE span_type = '{sc.TYPE_REWARD}') AS reward_spans,
                min(start_time) AS first_start, max(end_time) AS last_end,
                min(task_id) AS any_task, min(attempt) AS any_attempt, min(split) AS any_split,
-               bool_and(from_agentlightning) AS agentlightning
+               bool_and(from_agentlightning) AS agentlightning,
+               bool_and(implicit_rollout) AS implicit
         FROM u GROUP BY rollout_id
     )
     SELECT s.rollout_id,
@@ -252,7 +325,7 @@ def rollouts_sql(source: str) -> str:
            COALESCE(root.end_time, s.last_end) AS end_time,
            root.status, root.root_span_id, root.expected_llm_calls, root.expected_rewards,
            s.spans, s.llm_spans, s.reward_spans, s.agentlightning,
-           CASE WHEN s.agentlightning THEN NULL
+           CASE WHEN s.agentlightning OR s.implicit THEN NULL  -- no root counts to check
                 WHEN root.rollout_id IS NULL THEN 'root_missing'
                 WHEN s.llm_spans < COALESCE(root.expected_llm_calls, 0) THEN 'missing_llm_spans'
                 WHEN s.reward_spans < COALESCE(root.expected_rewards, 0) THEN 'missing_reward_spans'
@@ -261,26 +334,67 @@ def rollouts_sql(source: str) -> str:
     """
 
 
-def create_spans_view(con: duckdb.DuckDBPyConnection, *, name: str = "spans") -> None:
-    """Create the normalised ``spans`` view over the raw view ``spans_raw``."""
-    con.execute(f"CREATE OR REPLACE VIEW {name} AS {_spans_sql()}")
+def create_spans_view(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    name: str = "spans",
+    task_key: str = DEFAULT_TASK_KEY,
+    retokenized: str | None = None,
+) -> None:
+    """Create ``spans_typed`` over the raw view ``spans_raw`` (with the token ids of the table
+    ``retokenized`` when given) and the normalised ``spans`` view over it; a plain trace's task id is
+    its root span's attribute ``task_key``."""
+    con.execute(f"CREATE OR REPLACE VIEW {TYPED_VIEW} AS {_typed_sql(retokenized)}")
+    plain_roots = con.execute(PLAIN_ROOTS_SQL).fetchone()[0] > 0  # type: ignore[index]
+    con.execute(f"CREATE OR REPLACE VIEW {name} AS {_spans_sql(task_key, plain_roots)}")
 
 
-def create_derived_views(con: duckdb.DuckDBPyConnection, source: str = "spans") -> None:
-    """Create ``llm_calls``, ``rewards`` and ``rollouts`` over ``source`` (a relation with span columns)."""
-    con.execute(f"CREATE OR REPLACE VIEW llm_calls AS {llm_calls_sql(source)}")
+def create_derived_views(
+    con: duckdb.DuckDBPyConnection, source: str = "spans", *, mixed: bool = True
+) -> None:
+    """Create ``llm_calls``, ``rewards`` and ``rollouts`` over ``source`` (a relation with span columns;
+    ``mixed=False`` when its LLM spans are known to be all our SDK's, client side)."""
+    con.execute(f"CREATE OR REPLACE VIEW llm_calls AS {llm_calls_sql(source, mixed=mixed)}")
     con.execute(f"CREATE OR REPLACE VIEW rewards AS {rewards_sql(source)}")
     con.execute(f"CREATE OR REPLACE VIEW rollouts AS {rollouts_sql(source)}")
 
 
 def open_views(
-    con: duckdb.DuckDBPyConnection, spans_dir: Path, files: tuple[Path, ...] | None = None
+    con: duckdb.DuckDBPyConnection,
+    spans_dir: Path,
+    files: tuple[Path, ...] | None = None,
+    *,
+    task_key: str = DEFAULT_TASK_KEY,
+    derived: bool = True,
 ) -> ReadReport:
-    """Open ``spans_dir`` (or just ``files``) and create all four views; returns the reader's report."""
+    """Open ``spans_dir`` (or just ``files``) and create the ``spans`` view, ``logs`` and (unless not
+    ``derived``: the builder makes its own over a materialised copy) the three derived views; returns
+    the reader's report."""
     report = open_raw(con, spans_dir, files)
-    create_spans_view(con)
-    create_derived_views(con)
+    report.skipped.extend(open_logs(con, spans_dir))
+    create_spans_view(con, task_key=task_key)
+    if derived:
+        create_derived_views(con)
     return report
+
+
+def open_logs(con: duckdb.DuckDBPyConnection, spans_dir: Path) -> list[tuple[Path, str]]:
+    """Create the view ``logs`` (``schemas.logs()`` rows) over the log records the collector wrote
+    under ``spans_dir/_logs``, empty when there are none; returns the unreadable files it skipped."""
+    readable, skipped = [], []
+    for path in list_span_files(Path(spans_dir) / LOGS_FOLDER):
+        try:
+            pq.read_metadata(path)
+            readable.append(path)
+        except (OSError, pa.ArrowException) as exc:
+            skipped.append((path, f"unreadable log file: {exc}"))
+    if readable:
+        listing = ", ".join("'" + str(f).replace("'", "''") + "'" for f in readable)
+        con.execute(f"CREATE OR REPLACE VIEW {LOGS_VIEW} AS SELECT * FROM read_parquet([{listing}])")
+    else:
+        con.register("_no_logs", schemas.logs().empty_table())
+        con.execute(f"CREATE OR REPLACE VIEW {LOGS_VIEW} AS SELECT * FROM _no_logs")
+    return skipped
 
 
 def open_raw(
