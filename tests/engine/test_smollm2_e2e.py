@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from tinkertrace.evaluation import load_ref
+from tinkertrace.rollouts import load_ref
 from tinkertrace.tokenizer import load_tokenizer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
