@@ -278,3 +278,48 @@ def test_an_idle_rollout_is_forgotten_when_the_next_one_starts(
     assert recorder.stats()["open_rollouts"] == 1
     assert httpx.post(f"{server.url}/v1/rollouts/old/reward", json={"value": 1}).status_code == 404
     assert httpx.post(f"{server.url}/v1/rollouts/new/reward", json={"value": 1}).status_code == 200
+
+
+def test_a_call_seen_by_the_sdk_and_by_the_endpoint_builds_one_triplet(
+    tokenizer: Any, scripted: Any, start_server: Callable[..., BackgroundServer], tmp_path: Path
+) -> None:
+    """A traced agent (client-side capture) calls a recording endpoint (server-side capture), both
+    writing to one spans folder: every call is stored twice and built once, in the SDK's rollout."""
+    import tinkertrace
+
+    spans = tmp_path / "spans"
+    recorder = CallRecorder(spans_dir=spans)
+    server = start_server(PolicyHolder(scripted(["first", "second"]), tokenizer, MODEL), recorder=recorder)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    tinkertrace.init(spans_dir=spans)
+    seen: list[str] = []
+
+    @tinkertrace.traced_rollout
+    def agent(task: dict) -> float:
+        turns = [{"role": "user", "content": "hi"}]
+        first = client.chat.completions.create(model=MODEL, messages=turns)
+        turns += [{"role": "assistant", "content": first.choices[0].message.content or ""}]
+        second = client.chat.completions.create(
+            model=MODEL, messages=[*turns, {"role": "user", "content": "?"}]
+        )
+        seen.extend([first.id, second.id])
+        return 1.0
+
+    try:
+        agent({"id": "t-both"})
+        assert tinkertrace.flush()
+    finally:
+        tinkertrace.shutdown()
+    assert recorder.close(30)
+    side = f"coalesce(json_extract_string(attributes, '$.\"{semconv.LLM_CAPTURE_SIDE}\"'), 'client')"
+    stored = _query(
+        spans, f"SELECT {side}, count(*) FROM spans WHERE span_type = 'llm' GROUP BY 1 ORDER BY 1"
+    )
+    assert stored == [(semconv.CAPTURE_CLIENT, 2), (semconv.CAPTURE_SERVER, 2)]
+
+    result = build_trajectories(spans)
+    triplets = result.triplets.select(["response_id", "task_id"]).to_pylist()
+    assert [t["response_id"] for t in triplets] == seen
+    assert {t["task_id"] for t in triplets} == {"t-both"}
+    [trajectory] = result.trajectories.select(["num_turns", "reward"]).to_pylist()
+    assert trajectory["num_turns"] == 2 and trajectory["reward"] == pytest.approx(1.0)
