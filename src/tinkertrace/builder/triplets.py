@@ -124,7 +124,13 @@ def _agent_scopes(con: duckdb.DuckDBPyConnection) -> None:
     """Create ``_scope(trace_id, span_id, scope, scope_agent)``: for each LLM and reward span of the
     built rollouts, its nearest enclosing agent span (``views`` column ``agent_span_name``) and that
     span's agent name; spans under no agent span have no row. One recursive walk up the parent ids,
-    through the spans that can enclose others (neither LLM calls nor rewards)."""
+    through the spans that can enclose others (neither LLM calls nor rewards).
+
+    An LLM call whose parent chain holds no agent span (made on a thread without context: a root span
+    of its own trace, or its parent lost) takes, as Agent-lightning's adapter repairs hierarchies, the
+    agent span of its rollout that encloses it in time: the innermost one whose [start, end] holds the
+    call's start (the latest-starting; ties: the shortest), of the call's own agent name if it has one.
+    """
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _scope AS
         WITH RECURSIVE built AS (SELECT * FROM _meta SEMI JOIN _sel USING (rollout_id)),
@@ -141,8 +147,27 @@ def _agent_scopes(con: duckdb.DuckDBPyConnection) -> None:
                    CASE WHEN n.agent_span_name IS NOT NULL THEN n.span_id END, n.agent_span_name, w.depth + 1
             FROM walk w JOIN nodes n ON n.trace_id = w.trace_id AND n.span_id = w.cur
             WHERE w.scope IS NULL AND w.depth < {MAX_AGENT_DEPTH}
+        ), found AS (
+            SELECT trace_id, span_id, scope, scope_agent FROM walk WHERE scope IS NOT NULL
+        ), agents AS (
+            SELECT rollout_id, span_id, any_value(agent_span_name) AS name,
+                   min(start_time) AS start_time, max(end_time) AS end_time
+            FROM built WHERE agent_span_name IS NOT NULL GROUP BY rollout_id, trace_id, span_id
+        ), lost AS (  -- calls under no agent span, in rollouts that have agent spans
+            SELECT trace_id, span_id, any_value(rollout_id) AS rollout_id,
+                   any_value(start_time) AS start_time, any_value(agent_name) AS agent_name
+            FROM (SELECT * FROM built SEMI JOIN agents USING (rollout_id)) b
+            ANTI JOIN found USING (trace_id, span_id)
+            WHERE span_type = '{sc.TYPE_LLM}' GROUP BY trace_id, span_id
+        ), by_time AS (
+            SELECT l.trace_id, l.span_id, a.span_id AS scope, a.name AS scope_agent
+            FROM lost l JOIN agents a ON a.rollout_id = l.rollout_id
+                 AND a.start_time <= l.start_time AND l.start_time <= a.end_time
+                 AND (l.agent_name IS NULL OR l.agent_name = a.name)
+            QUALIFY row_number() OVER (PARTITION BY l.trace_id, l.span_id
+                                       ORDER BY a.start_time DESC, a.end_time, a.span_id) = 1
         )
-        SELECT trace_id, span_id, scope, scope_agent FROM walk WHERE scope IS NOT NULL""")
+        SELECT * FROM found UNION ALL SELECT * FROM by_time""")
 
 
 def _parent_join(options: BuildOptions) -> tuple[str, str]:

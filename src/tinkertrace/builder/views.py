@@ -6,7 +6,8 @@ when a build re-tokenised text-only calls, their token ids joined in. ``spans`` 
 span belongs to: ours (``tinkertrace.rollout.id``), Agent-lightning's (resource attribute
 ``agentlightning.rollout_id``), the one of the rollout root span in its trace, or, for a trace where
 no span carries a rollout id at all, the trace itself (its root span is the rollout, ``rollout_id`` the
-trace id, the task id read from ``task_key``). ``agent_span_name`` is the agent name of agent spans
+trace id, the task id read from ``task_key``, its status in ``plain_status`` from the root span's
+OTel status). ``agent_span_name`` is the agent name of agent spans
 (ours, GenAI ``invoke_agent``, or ``agent.name`` as Agent-lightning, OpenInference and AgentOps write
 it), null on other spans.
 
@@ -110,6 +111,12 @@ PLAIN_ROOTS_SQL = f"""SELECT count(*) FROM {RAW_VIEW}
 """SQL: how many root spans are not ours and carry no rollout id (0: no plain trace can be a rollout)."""
 
 
+_PLAIN_STATUS_SQL = f"""CASE WHEN r.status_code = 'ERROR' THEN '{sc.STATUS_FAILED}'
+    WHEN r.end_time IS NOT NULL THEN '{sc.STATUS_SUCCEEDED}' END"""
+"""SQL: a plain trace's rollout status from its root span's OTel status: ``failed`` on ERROR, else
+``succeeded`` once the span ended (OK or UNSET: OTel leaves a span that went well UNSET)."""
+
+
 def _spans_sql(task_key: str, plain_roots: bool) -> str:
     foreign = f"r.producer IS DISTINCT FROM '{OURS}'"
     agl_rollout = f"CASE WHEN {foreign} THEN {agentlightning.ROLLOUT_ID} END"
@@ -141,6 +148,7 @@ def _spans_sql(task_key: str, plain_roots: bool) -> str:
         ),
         {foreign} AND {agentlightning.ROLLOUT_ID} IS NOT NULL AS from_agentlightning,
         i.trace_id IS NOT NULL AS implicit_rollout,
+        CASE WHEN r.span_id = i.root_span_id THEN {_PLAIN_STATUS_SQL} END AS plain_status,
         {_agent_span_name_sql()} AS agent_span_name,
         {llm_trainable_sql()} AS trainable,
         {server_side_sql()} AS server_side
@@ -302,7 +310,7 @@ def rollouts_sql(source: str) -> str:
         QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received_at) = 1
     ), root AS (
         SELECT rollout_id, span_id AS root_span_id, start_time, end_time, task_id, attempt, split,
-               {_attr(sc.ROLLOUT_STATUS)} AS status,
+               COALESCE({_attr(sc.ROLLOUT_STATUS)}, plain_status) AS status,
                TRY_CAST({_attr(sc.ROLLOUT_LLM_CALLS)} AS BIGINT) AS expected_llm_calls,
                TRY_CAST({_attr(sc.ROLLOUT_REWARDS)} AS BIGINT) AS expected_rewards
         FROM u WHERE span_type = '{sc.TYPE_ROLLOUT}'
