@@ -92,7 +92,7 @@ def test_aliases_metadata_across_a_restart_and_the_request_log(tmp_path: Path) -
         (["--model", "/no/such/folder"], "a .gguf file or a local Hugging Face model folder"),
         (["--api-key", "secret"], "must start with 'tml-'"),
         (["--model-alias", "Qwen/Qwen3-8B"], "must look like NAME=MODEL"),
-        (["--model-alias", "Qwen/Qwen3-8B=/no/such/folder"], "neither a built-in model"),
+        (["--model-alias", "Qwen/Qwen3-8B=/no/such/folder"], "a .gguf file or a local Hugging Face"),
     ],
 )
 def test_engine_refuses_bad_options_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
