@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tinkertrace import extras
+from tinkertrace.testing.environments import require_built
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT_PYTHON = ROOT / ".venv-agents" / "bin" / "python"  # tinkertrace's core + [parquet] + openai-agents
@@ -37,10 +38,7 @@ def test_a_missing_distribution_names_its_extra(monkeypatch: pytest.MonkeyPatch)
 
 
 def _agent_env(code: str) -> subprocess.CompletedProcess[str]:
-    if not AGENT_PYTHON.exists():
-        if os.environ.get("CI"):
-            raise RuntimeError(f"{AGENT_PYTHON} is missing: `make agents-env` should have built it")
-        pytest.skip("the agents' environment is not built: run `make agents-env`")
+    require_built(AGENT_PYTHON.exists(), "the agents' environment (.venv-agents)", "agents-env")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TINKERTRACE_")}
     return subprocess.run(
         [str(AGENT_PYTHON), "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env

@@ -17,18 +17,14 @@ from pathlib import Path
 import pytest
 
 from tinkertrace.engine_server.process import EngineProcess
+from tinkertrace.testing.environments import require_built
 from tinkertrace.tokenizer import load_tokenizer
 
 from .conftest import NANO
 
 ROOT = Path(__file__).resolve().parents[2]
 COOKBOOK_PYTHON = ROOT / ".venv-cookbook" / "bin" / "python"
-if not COOKBOOK_PYTHON.exists():
-    if os.environ.get("CI"):  # `make test` builds it: its absence on CI is a failure, not a skip
-        raise RuntimeError(f"{COOKBOOK_PYTHON} is missing: `make cookbook-env` should have built it")
-    pytest.skip(
-        "tinker-cookbook's environment is not built: run `make cookbook-env`", allow_module_level=True
-    )
+require_built(COOKBOOK_PYTHON.exists(), "tinker-cookbook's environment (.venv-cookbook)", "cookbook-env")
 
 RECIPE_MODEL = "Qwen/Qwen3-8B-Base"
 

@@ -10,7 +10,6 @@ sampled, and build into one two-turn trajectory.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -23,17 +22,13 @@ from tinkertrace.netutil import BackgroundServer
 from tinkertrace.rollouts import load_ref
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
+from tinkertrace.testing.environments import require_built
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
 from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS_PYTHON = ROOT / ".venv-agents" / "bin" / "python"
-if not AGENTS_PYTHON.exists():
-    if os.environ.get("CI"):  # `make test` builds it: its absence on CI is a failure, not a skip
-        raise RuntimeError(f"{AGENTS_PYTHON} is missing: `make agents-env` should have built it")
-    pytest.skip(
-        "the Agents SDK example's environment is not built: run `make agents-env`", allow_module_level=True
-    )
+require_built(AGENTS_PYTHON.exists(), "the Agents SDK example's environment (.venv-agents)", "agents-env")
 
 RUN_ONE = """
 import json, sys

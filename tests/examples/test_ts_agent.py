@@ -8,7 +8,6 @@ compiles the agent.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.serving.recording import CallRecorder
 from tinkertrace.spanstore.reader import open_spans
+from tinkertrace.testing.environments import require_built
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
 from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
@@ -32,10 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from examples.ts_agent.train import AGENT_JS, agent_command, train  # noqa: E402
 
-if shutil.which("node") is None or not AGENT_JS.exists():
-    if os.environ.get("CI"):  # `make test` builds it: its absence on CI is a failure, not a skip
-        raise RuntimeError(f"node or {AGENT_JS} is missing: `make ts-agent` should have built them")
-    pytest.skip("Node or the compiled agent is missing: run `make ts-agent`", allow_module_level=True)
+require_built(shutil.which("node") is not None and AGENT_JS.exists(), f"node or {AGENT_JS}", "ts-agent")
 
 
 def _spans(folder: Path, sql: str) -> list[tuple]:

@@ -4,7 +4,6 @@ sampling endpoint (scripted model, built-in tokenizer) and our real collector pr
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -18,19 +17,18 @@ from tinkertrace.collector.launch import collector_command, wait_until_healthy
 from tinkertrace.netutil import BackgroundServer, free_ports
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
+from tinkertrace.testing.environments import require_built
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
 from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venv-instrumentations" / "bin" / "python"
 APP = Path(__file__).with_name("agent_app.py")
-if not PYTHON.exists():
-    if os.environ.get("CI"):  # `make test` builds it: its absence on CI is a failure, not a skip
-        raise RuntimeError(f"{PYTHON} is missing: `make instrumentations-env` should have built it")
-    pytest.skip(
-        "the instrumentation packages' environment is not built: run `make instrumentations-env`",
-        allow_module_level=True,
-    )
+require_built(
+    PYTHON.exists(),
+    "the instrumentation packages' environment (.venv-instrumentations)",
+    "instrumentations-env",
+)
 
 
 @dataclass
