@@ -18,13 +18,15 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from tinkertrace.sdk.stats import ExportStats
+
+if TYPE_CHECKING:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 log = logging.getLogger("tinkertrace")
 
@@ -38,6 +40,9 @@ _DROP_WARNINGS = {
 
 def encode_batch(spans: Sequence[ReadableSpan], stats: ExportStats) -> ExportTraceServiceRequest | None:
     """The batch as an OTLP request, or None (logged, counted as rejected) if it cannot be encoded."""
+    # imported on the export thread's first batch, not at init: the protobuf classes take ~45 ms to load
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
     try:
         return encode_spans(spans)
     except Exception:

@@ -26,7 +26,6 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from tinkertrace.extras import require
 from tinkertrace.sdk import config as cfg
 from tinkertrace.sdk import context
 from tinkertrace.sdk.export import TrainingDataProcessor
@@ -75,6 +74,8 @@ class Runtime:
         """The configured tokenizer (loaded on first use), or None."""
         if self._tokenizer is None and self.config.tokenizer and not self._tokenizer_failed:
             try:
+                from tinkertrace.extras import require
+
                 require("build", f"re-tokenising with tokenizer {self.config.tokenizer!r}")
                 from tinkertrace.tokenizer import load_tokenizer
 
@@ -170,6 +171,8 @@ def init(
 def _own_exporters(config: cfg.TraceConfig, stats: ExportStats) -> list[SpanExporter]:
     exporters: list[SpanExporter] = []
     if config.spans_dir is not None:
+        from tinkertrace.extras import require  # here: it reads package metadata (~20 ms)
+
         require("parquet", "init(spans_dir=...), the embedded Parquet sink,")
         from tinkertrace.sdk.parquet_exporter import ParquetSpanExporter
 
@@ -178,6 +181,8 @@ def _own_exporters(config: cfg.TraceConfig, stats: ExportStats) -> list[SpanExpo
         from tinkertrace.sdk.otlp import OtlpSpoolingExporter
 
         if config.protocol == "grpc":
+            from tinkertrace.extras import require
+
             require("grpc", "init(protocol='grpc')")
         assert config.spool_dir is not None
         exporters.append(
