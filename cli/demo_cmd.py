@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from tinkertrace.cli.extras import needs_extra
-from tinkertrace.cli.options import OptionsOf, validated, with_settings
+from tinkertrace.cli.options import OptionsOf, config_option, validated, with_settings
 from tinkertrace.online.settings import DemoSettings
 
 
@@ -20,6 +20,7 @@ def demo(
         typer.Option(help="Output folder (default: a new ./tinkertrace-demo-<timestamp>/)."),
     ] = None,
     settings: dict[str, Any] = OptionsOf(DemoSettings),
+    config: Annotated[Path | None, config_option(DemoSettings, section="demo")] = None,
     ui: Annotated[
         bool,
         typer.Option(
@@ -39,7 +40,7 @@ def demo(
     from tinkertrace.online.demo import run_demo
 
     folder = out or Path(f"tinkertrace-demo-{datetime.now():%Y%m%d-%H%M%S}")
-    checked = validated(DemoSettings, out=folder, **settings)
+    checked = validated(DemoSettings, {**settings, "out": folder}, config, section="demo")
     if not ui:
         run_demo(checked)
         return

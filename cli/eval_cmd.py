@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
 from tinkertrace.cli.extras import needs_extra
-from tinkertrace.cli.options import OptionsOf, validated, with_settings
+from tinkertrace.cli.options import OptionsOf, config_option, validated, with_settings
 from tinkertrace.evaluation_settings import EvalSettings
 
 
 @with_settings
-def eval_command(settings: dict[str, Any] = OptionsOf(EvalSettings)) -> None:
+def eval_command(
+    settings: dict[str, Any] = OptionsOf(EvalSettings),
+    config: Annotated[Path | None, config_option(EvalSettings, section="eval")] = None,
+) -> None:
     """Run AGENT on every task of a split several times and report pass@k (unbiased estimator)."""
     from rich.console import Console
     from rich.progress import Progress
@@ -21,7 +25,7 @@ def eval_command(settings: dict[str, Any] = OptionsOf(EvalSettings)) -> None:
     from tinkertrace.evaluation import evaluate, summary_path
 
     console = Console(soft_wrap=True)
-    run = validated(EvalSettings, **settings)
+    run = validated(EvalSettings, settings, config, section="eval")
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task("rollouts", total=None)
         try:

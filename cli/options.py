@@ -1,11 +1,12 @@
 """Command-line options made from settings dataclasses, so each setting is written once.
 
-A field declared with :func:`tinkertrace.training.config.setting` carries its help text (and its
-flag names, where the default ``--field-name`` will not do). A command wrapped by
+A field declared with :func:`tinkertrace.settings.setting` carries its help text (and its flag names,
+where the default ``--field-name`` will not do, and its environment variable). A command wrapped by
 :func:`with_settings` takes a parameter ``name: dict[str, Any] = OptionsOf(SomeSettings)``: that
 parameter becomes one option per field (an argument where the field says so), in its place, and
 the command receives the values given on the command line as a dict, field name → value, to lay
-over a config file or the dataclass defaults (an option left at its default is not in the dict).
+over a config file or the dataclass defaults (an option left at its default is not in the dict):
+:func:`validated` does that, with :func:`config_option` for the command's ``--config`` file.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import typer
+
+from tinkertrace.settings import field_kinds, is_required
 
 F = TypeVar("F", bound=Callable[..., Any])
 S = TypeVar("S")
@@ -40,15 +45,35 @@ def cli_fields(settings: type) -> list[dataclasses.Field[Any]]:
 
 def file_only_fields(settings: type) -> list[str]:
     """Names of the documented fields that are set in a config file (or code) only."""
-    return [f.name for f in dataclasses.fields(settings) if "help" in f.metadata and not f.metadata["cli"]]
+    return [f.name for f in dataclasses.fields(settings) if f.metadata.get("help") and not f.metadata["cli"]]
 
 
-def validated(settings: type[S], **values: Any) -> S:
-    """``settings(**values).validate()``; its ConfigError as a bad parameter of the command."""
+def config_option(*settings: type, section: str | None = None) -> Any:
+    """The ``--config FILE`` option of a command whose settings are ``settings``: its help lists the keys
+    that only a file sets (the options' names are keys too)."""
+    only = sorted({name for kind in settings for name in file_only_fields(kind)})
+    where = f" (flat, or under a '{section}' table)" if section else ""
+    extra = f", and also {', '.join(only)}" if only else ""
+    return typer.Option(
+        "--config",
+        help=f"YAML or TOML file of settings{where}: these options' names{extra}; options and environment "
+        "variables win.",
+    )
+
+
+def validated(
+    settings: type[S],
+    given: dict[str, Any],
+    file: Path | None = None,
+    section: str | None = None,
+    flat: bool = True,
+) -> S:
+    """:func:`tinkertrace.settings.load` of ``settings``; its ConfigError as the command's bad parameter."""
+    from tinkertrace.settings import load
     from tinkertrace.training.errors import ConfigError
 
     try:
-        return settings(**values).validate()  # type: ignore[attr-defined, no-any-return]
+        return load(settings, file, given, section=section, flat=flat, what="option")
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -63,7 +88,7 @@ def with_settings(command: F) -> F:
         if not isinstance(marker, OptionsOf):
             params.append(param.replace(kind=inspect.Parameter.KEYWORD_ONLY))
             continue
-        hints = typing.get_type_hints(marker.settings)
+        hints = field_kinds(marker.settings)
         fields = [_parameter(f, marker, hints[f.name]) for f in cli_fields(marker.settings)]
         groups[param.name] = [f.name for f in fields]
         params.extend(fields)
@@ -94,20 +119,16 @@ def with_settings(command: F) -> F:
 def _parameter(field: dataclasses.Field[Any], marker: OptionsOf, hint: Any) -> inspect.Parameter:
     meta = field.metadata
     kind = _cli_type(hint)
+    text = meta["help"] + (" Required (here or in --config)." if is_required(field) else "")
     info: Any
     if meta["argument"]:
-        info = typer.Argument(help=meta["help"], show_default=False)
+        info = typer.Argument(help=text, show_default=False)
     else:
-        text = meta["help"]
         if marker.help_prefix:
             text = marker.help_prefix + text[:1].lower() + text[1:]
         info = typer.Option(*meta["flags"], help=text, envvar=meta["envvar"])
-    if field.default is not dataclasses.MISSING:
-        default = field.default
-    elif field.default_factory is dataclasses.MISSING:
-        default = inspect.Parameter.empty  # a setting without a default: a required option
-    else:
-        default = None
+    # a factory's value, or a required setting (which a --config file may give instead): None
+    default = None if field.default is dataclasses.MISSING else field.default
     return inspect.Parameter(
         field.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind | None, info]
     )
@@ -120,8 +141,8 @@ def _cli_type(kind: Any) -> Any:
     if origin in (typing.Union, types.UnionType):
         (kind,) = [a for a in typing.get_args(kind) if a is not type(None)]
         origin = typing.get_origin(kind)
-    if origin is Literal:
+    if origin is Literal or kind is datetime:
         return str
-    if origin is dict:
+    if origin in (dict, tuple, list):
         return list[str]
     return kind

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from tinkertrace.cli.collector_cmd import zstd_level_option
 from tinkertrace.cli.extras import needs_extra
+from tinkertrace.spanstore import ZSTD_LEVELS
 
 spans_app = typer.Typer(
     help="Inspect and maintain span Parquet folders (written by the collector or the SDK)."
@@ -28,22 +28,24 @@ def compact(
     ] = 300,
     zstd_level: Annotated[
         int,
-        zstd_level_option(
-            "zstd level of the merged files (the collector writes level 1; higher levels, e.g. 3 to "
-            "9, store closed hours smaller for more CPU once)."
+        typer.Option(
+            min=ZSTD_LEVELS[0],
+            max=ZSTD_LEVELS[1],
+            help="zstd level of the merged files (the collector writes level 1; higher levels, e.g. 3 to "
+            "9, store closed hours smaller for more CPU once).",
         ),
     ] = 1,
 ) -> None:
     """Merge small files of closed partitions (atomic, no duplicates, safe while a collector runs)."""
     from rich.console import Console
 
-    from tinkertrace.cli.collector_cmd import mib_bytes
+    from tinkertrace.collector.settings import MiB
     from tinkertrace.spanstore.compact import compact as run_compact
 
     report = run_compact(
         spans_dir,
-        small_file_bytes=mib_bytes(small_mb),
-        target_file_bytes=mib_bytes(target_mb),
+        small_file_bytes=int(small_mb * MiB),
+        target_file_bytes=int(target_mb * MiB),
         grace_s=grace_seconds,
         zstd_level=zstd_level,
     )

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from tinkertrace.cli.extras import needs_extra
-from tinkertrace.cli.options import OptionsOf, file_only_fields, with_settings
+from tinkertrace.cli.options import OptionsOf, config_option, validated, with_settings
 from tinkertrace.online.settings import FollowOptions
 from tinkertrace.training.config import TrainConfig, make_config
 
@@ -16,15 +16,7 @@ from tinkertrace.training.config import TrainConfig, make_config
 @with_settings
 def train(
     settings: dict[str, Any] = OptionsOf(TrainConfig),  # type: ignore[assignment]
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            help="YAML or TOML file of settings: these options' names, and also "
-            + ", ".join(file_only_fields(TrainConfig))
-            + "; options win.",
-        ),
-    ] = None,
+    config: Annotated[Path | None, config_option(TrainConfig, FollowOptions, section="train")] = None,
     progress: Annotated[bool, typer.Option(help="Show the live progress bar.")] = True,
     follow: Annotated[
         bool,
@@ -51,7 +43,8 @@ def train(
     try:
         train_config = make_config(config, settings)
         if follow:
-            _follow(train_config, FollowOptions(**follow_settings), console, progress)
+            options = validated(FollowOptions, follow_settings, config, section="follow", flat=False)
+            _follow(train_config, options, console, progress)
             return
         result = run_training(train_config, progress=progress, console=console)
     except TrainingError as exc:

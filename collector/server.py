@@ -5,52 +5,24 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import re
 import resource
 import signal
-import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from tinkertrace.collector.ingest import IngestConfig, Ingestor, RecoveryReport
+from tinkertrace.collector.settings import CollectorConfig
 from tinkertrace.spanstore.convert import compiled_decoder, warm_up_kernels
 from tinkertrace.spanstore.logs import LOGS_FOLDER, convert_logs
-from tinkertrace.spanstore.writer import ZSTD_LEVEL
 
 if TYPE_CHECKING:
     import grpc
 
     from tinkertrace.collector.http_server import HttpServer
-
-MiB = 1024 * 1024
-
-
-@dataclass
-class CollectorConfig:
-    out: Path
-    host: str = "127.0.0.1"
-    http_port: int | None = 4318  # None: no OTLP/HTTP
-    grpc_port: int | None = 4317  # None: no OTLP/gRPC
-    token: str | None = None
-    instance: str | None = None  # names this collector's WAL folder and files; default host-port
-    wal_dir: Path | None = None
-    max_request_bytes: int = 64 * MiB
-    max_queue_bytes: int = 384 * MiB
-    max_file_bytes: int = 128 * MiB
-    roll_seconds: float = 30.0
-    zstd_level: int = ZSTD_LEVEL
-    grpc_workers: int = 8
-    max_connections: int = 1024  # open HTTP connections; more get 503 (lowered to fit RLIMIT_NOFILE)
-
-    def resolved_instance(self) -> str:
-        raw = self.instance or f"{socket.gethostname()}-{self.http_port or self.grpc_port or 0}"
-        return re.sub(r"[^A-Za-z0-9_.]+", "_", raw)
-
 
 FILES_RESERVED = 256  # descriptors kept for the WAL, Parquet files, gRPC and the runtime
 
@@ -97,7 +69,7 @@ def _prepare_converter() -> None:
 def run_collector(config: CollectorConfig) -> int:
     """Serve until SIGINT/SIGTERM; returns the process exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if config.http_port is None and config.grpc_port is None:
+    if not (config.http or config.grpc):
         print("error: both OTLP/HTTP and OTLP/gRPC are turned off; nothing to serve", file=sys.stderr)
         return 2
     open_files = raise_open_files_limit()
@@ -212,7 +184,7 @@ def _start_servers(
 ) -> _Servers:
     """Start OTLP/gRPC and OTLP/HTTP as configured; ``OSError`` (with gRPC stopped) if HTTP cannot."""
     servers = _Servers()
-    if config.grpc_port is not None:
+    if config.grpc:
         from tinkertrace.collector.otlp_grpc import start_grpc_server
 
         servers.grpc = start_grpc_server(
@@ -224,7 +196,7 @@ def _start_servers(
             workers=config.grpc_workers,
             logs=logs,
         )
-    if config.http_port is not None:
+    if config.http:
         from tinkertrace.collector.http_server import HttpServer
         from tinkertrace.collector.otlp_http import OtlpHttpHandler
 
@@ -249,9 +221,9 @@ def _start_servers(
 
 def _announce(config: CollectorConfig, ingestor: Ingestor, limits: str) -> None:
     where = []
-    if config.http_port is not None:
+    if config.http:
         where.append(f"OTLP/HTTP http://{config.host}:{config.http_port}/v1/traces")
-    if config.grpc_port is not None:
+    if config.grpc:
         where.append(f"OTLP/gRPC {config.host}:{config.grpc_port}")
     auth = "bearer token required" if config.token else "no auth"
     print(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinkertrace.builtin import BUILTIN_MODEL
-from tinkertrace.training.config import setting
+from tinkertrace.settings import setting
 from tinkertrace.training.errors import raise_problems
 
 

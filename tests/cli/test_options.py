@@ -12,14 +12,14 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from tinkertrace.builder.options import GroupBy as BuilderGroupBy
 from tinkertrace.cli.main import app
 from tinkertrace.cli.options import OptionsOf, cli_fields, with_settings
 from tinkertrace.evaluation_settings import EvalSettings
 from tinkertrace.online.settings import DemoSettings, FollowOptions
 from tinkertrace.tokenizer import BUILTIN_MODEL
 from tinkertrace.training.advantages import ADVANTAGE_MODES
-from tinkertrace.training.config import TrainConfig, setting
+from tinkertrace.settings import setting
+from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.datums import LOSS_FUNCTIONS
 
 
@@ -112,7 +112,6 @@ def test_config_choices_match_what_the_training_code_accepts() -> None:
     hints = typing.get_type_hints(TrainConfig)
     assert set(typing.get_args(hints["loss"])) == set(LOSS_FUNCTIONS)  # derived from one Literal
     assert set(typing.get_args(hints["advantage"])) == set(ADVANTAGE_MODES)
-    assert typing.get_args(hints["group_by"]) == typing.get_args(BuilderGroupBy)
     assert TrainConfig().model == BUILTIN_MODEL
 
 

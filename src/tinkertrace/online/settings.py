@@ -1,6 +1,6 @@
 """The online loop's settings: follow training, the local stack, the demo.
 
-Each field is declared once with its help text (:func:`~tinkertrace.training.config.setting`);
+Each field is declared once with its help text (:func:`~tinkertrace.settings.setting`);
 ``tinkertrace train --follow`` and ``tinkertrace demo`` make their options from these fields. Light
 on purpose: the command line imports this module to build its help.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from tinkertrace.builtin import DEMO_MODEL
-from tinkertrace.training.config import check_choices, setting
+from tinkertrace.settings import check_choices, setting
 from tinkertrace.training.errors import raise_problems
 
 

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from tinkertrace.schemas import sort_keys
 from tinkertrace.schemas.columns import JSON_COLUMNS, TOKEN_COLUMNS
+from tinkertrace.spanstore import ZSTD_LEVEL
 from tinkertrace.spanstore.encoding import lists_as_binary, lists_from_packed
 from tinkertrace.spanstore.list_splice import splice
 
@@ -50,9 +51,6 @@ DICTIONARY_COLUMNS = [
     "resource_attributes",
 ]
 
-# zstd level 1: ~30% less CPU than the default (3) for the same size on token arrays (measured by
-# benchmarks/collector_convert.py); compaction may rewrite with a higher level.
-ZSTD_LEVEL = 1
 # min/max statistics of token arrays (~1 µs per span) and of the JSON columns are never used for pruning
 NO_STATISTICS_COLUMNS = (*TOKEN_COLUMNS, *JSON_COLUMNS)
 # BYTE_STREAM_SPLIT values of the token arrays: the high bytes of token ids (and of logprobs' exponents)

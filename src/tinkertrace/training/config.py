@@ -4,59 +4,26 @@ Precedence: defaults < config file < command-line overrides. A file holds the fi
 ``train`` table/mapping; dashes in keys are read as underscores. Unknown keys and bad values raise
 :class:`ConfigError` naming the key.
 
-Every field is declared once, with its help text, by :func:`setting`; ``tinkertrace train`` makes
-its options from these fields (``tinkertrace.cli.options``), so a new setting is written only here.
+Every field is declared once, with its help text, by :func:`tinkertrace.settings.setting`;
+``tinkertrace train`` makes its options from these fields, so a new setting is written only here.
 This module stays light (no torch, no tokenizer): the command line imports it to build its help.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
-import types as pytypes
-import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
+from tinkertrace.builder.options import GroupBy
 from tinkertrace.builtin import BUILTIN_MODEL
+from tinkertrace.settings import check_choices, load, setting
 from tinkertrace.training.backends import Backend
-from tinkertrace.training.errors import ConfigError, raise_problems
-
-
-def setting(
-    default: Any = dataclasses.MISSING,
-    help: str = "",
-    *,
-    flags: tuple[str, ...] = (),
-    cli: bool = True,
-    argument: bool = False,
-    envvar: str | None = None,
-    default_factory: Any = dataclasses.MISSING,
-) -> Any:
-    """A dataclass field with its help text: a command-line option unless ``cli=False`` (then it
-    is set in a config file or in code only). ``flags`` replace the option's default name
-    (``--field-name``, and ``--no-field-name`` for a bool); ``argument`` makes it positional."""
-    metadata = {"help": help, "cli": cli, "flags": flags, "argument": argument, "envvar": envvar}
-    if default_factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-def check_choices(settings: Any) -> list[tuple[bool, str]]:
-    """A ``(ok, problem)`` check per ``Literal``-typed field of a settings dataclass instance."""
-    checks = []
-    for name, kind in typing.get_type_hints(type(settings)).items():
-        if get_origin(kind) is Literal:
-            choices = get_args(kind)
-            checks.append((getattr(settings, name) in choices, f"{name} must be one of {', '.join(choices)}"))
-    return checks
-
+from tinkertrace.training.errors import raise_problems
 
 Loss = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
 AdvantageMode = Literal["group", "std", "none"]
-# builder.options.GroupBy, restated: importing the builder package loads DuckDB (tests hold them equal)
-GroupBy = Literal["task", "task+agent"]
 
 
 @dataclass
@@ -147,97 +114,6 @@ class TrainConfig:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
 
 
-def _field_types() -> dict[str, Any]:
-    return typing.get_type_hints(TrainConfig)
-
-
-def _coerce(key: str, value: Any, kind: Any) -> Any:
-    origin, args = get_origin(kind), get_args(kind)
-    if origin in (typing.Union, pytypes.UnionType):
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _coerce(key, value, inner)
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, args))}")
-        return value
-    if origin is dict:
-        if isinstance(value, str | list | tuple) and all(isinstance(v, str) for v in value):
-            value = parse_key_values([value] if isinstance(value, str) else list(value), what=key)
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping of name to number, got {value!r}")
-        return {str(k): _coerce(f"{key}.{k}", v, args[1]) for k, v in value.items()}
-    try:
-        if kind is bool:
-            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-                return value.lower() in ("true", "1", "yes")
-            if not isinstance(value, bool):
-                raise TypeError
-            return value
-        if kind is int and isinstance(value, float) and not value.is_integer():
-            raise TypeError
-        if kind in (int, float) and isinstance(value, bool):
-            raise TypeError
-        return kind(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key}: {value!r} is not a valid {getattr(kind, '__name__', kind)}") from None
-
-
-def parse_key_values(items: list[str], what: str = "loss_config") -> dict[str, float]:
-    """``["clip_low_threshold=0.8", ...]`` → ``{"clip_low_threshold": 0.8}``; comma-separated also works."""
-    out: dict[str, float] = {}
-    for item in items:
-        for part in filter(None, (p.strip() for p in item.split(","))):
-            name, sep, raw = part.partition("=")
-            if not sep or not name.strip():
-                raise ConfigError(f"{what}: expected key=value, got {part!r}")
-            try:
-                out[name.strip()] = float(raw)
-            except ValueError:
-                raise ConfigError(
-                    f"{what}: value of {name.strip()!r} must be a number, got {raw!r}"
-                ) from None
-    return out
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    """The settings in a ``.yaml``/``.yml``/``.toml`` file (flat, or under a ``train`` key)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    import yaml  # here, not at the top: the command line's help imports this module
-
-    text = path.read_text()
-    try:
-        if path.suffix.lower() == ".toml":
-            data: Any = tomllib.loads(text)
-        elif path.suffix.lower() in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
-        else:
-            raise ConfigError(f"config file {path} must end in .yaml, .yml or .toml")
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"config file {path} is not valid: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of settings")
-    if isinstance(data.get("train"), dict):
-        data = data["train"]
-    return data
-
-
 def make_config(file: Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults, updated by ``file`` then by ``overrides`` (entries that are None are ignored)."""
-    kinds = _field_types()
-    merged: dict[str, Any] = {}
-    layers = [
-        read_config_file(file) if file else {},
-        {k: v for k, v in (overrides or {}).items() if v is not None},
-    ]
-    for origin, layer in zip(("config file", "option"), layers, strict=True):
-        for raw_key, value in layer.items():
-            key = str(raw_key).replace("-", "_")
-            if key not in kinds:
-                raise ConfigError(f"unknown {origin} setting {raw_key!r}; known: {', '.join(sorted(kinds))}")
-            value = _coerce(key, value, kinds[key])
-            merged[key] = {**merged[key], **value} if isinstance(value, dict) and key in merged else value
-    return TrainConfig(**merged).validate()
+    """Defaults, updated by ``file`` (flat, or its ``train`` table), then by ``overrides`` (None: unset)."""
+    return load(TrainConfig, file, overrides, section="train", what="option")

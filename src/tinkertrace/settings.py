@@ -1,0 +1,228 @@
+"""Settings, each declared once: a dataclass field made by :func:`setting` carries its type, default,
+help text and environment variable. Everything else is derived from that declaration:
+
+- a command's options (``tinkertrace.cli.options.with_settings``) and its ``--config`` file keys;
+- the environment lookups (``load`` reads each field's variable; typer reads the same one);
+- validation: values are coerced to the field's type (a ``Literal`` is a set of choices) with a
+  :class:`ConfigError` naming the key, then the class's own ``validate()`` (or ``__post_init__``) runs.
+
+Precedence: defaults < config file < environment < values given (options, ``init()`` arguments).
+Light on purpose (no third-party import at module level): the SDK and every command's help import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+from tinkertrace.training.errors import ConfigError
+
+S = TypeVar("S")
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    flags: tuple[str, ...] = (),
+    cli: bool = True,
+    argument: bool = False,
+    envvar: str | None = None,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
+    """A dataclass field with its help text: a command-line option unless ``cli=False`` (then it is set
+    in a config file or in code only). ``flags`` replace the option's default name (``--field-name``,
+    and ``--no-field-name`` for a bool); ``argument`` makes it positional; ``envvar`` names the
+    environment variable that sets it. A field without help is internal: not an option, not a file key."""
+    metadata = {"help": help, "cli": cli and bool(help), "flags": flags, "argument": argument}
+    metadata["envvar"] = envvar
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def documented_fields(settings: type) -> list[dataclasses.Field[Any]]:
+    """The fields declared with help text: a config file's keys."""
+    return [f for f in dataclasses.fields(settings) if f.metadata.get("help")]
+
+
+def is_required(field: dataclasses.Field[Any]) -> bool:
+    """Whether a field has no default (nor default factory)."""
+    return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+
+
+def field_kinds(settings: type) -> dict[str, Any]:
+    """Each field's type; ``Any`` for one whose annotation names a type only imported for checking."""
+    namespace = vars(sys.modules[settings.__module__])
+    kinds = {}
+    for f in dataclasses.fields(settings):
+        try:
+            kinds[f.name] = eval(f.type, namespace) if isinstance(f.type, str) else f.type
+        except NameError:
+            kinds[f.name] = Any
+    return kinds
+
+
+def check_choices(settings: Any) -> list[tuple[bool, str]]:
+    """A ``(ok, problem)`` check per ``Literal``-typed field of a settings dataclass instance."""
+    checks = []
+    for name, kind in field_kinds(type(settings)).items():
+        if get_origin(kind) is Literal:
+            choices = get_args(kind)
+            checks.append((getattr(settings, name) in choices, f"{name} must be one of {', '.join(choices)}"))
+    return checks
+
+
+def coerce(key: str, value: Any, kind: Any) -> Any:
+    """``value`` (from a file, the environment or an option) as a ``kind``; ConfigError naming ``key``."""
+    origin, args = get_origin(kind), get_args(kind)
+    if kind is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return coerce(key, value, inner)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, args))}")
+        return value
+    if origin is dict:
+        if isinstance(value, str | list | tuple) and all(isinstance(v, str) for v in value):
+            value = parse_key_values([value] if isinstance(value, str) else list(value), what=key)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of name to {args[1].__name__}, got {value!r}")
+        return {str(k): coerce(f"{key}.{k}", v, args[1]) for k, v in value.items()}
+    if origin in (tuple, list, frozenset):
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple | set | frozenset):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return origin(coerce(key, item, args[0]) for item in items)
+    try:
+        if kind is datetime:
+            return _datetime(value)
+        if kind is bool:
+            if isinstance(value, str) and value.strip().lower() in _BOOLS:
+                return _BOOLS[value.strip().lower()]
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise TypeError
+        if kind in (int, float) and isinstance(value, bool):
+            raise TypeError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: {value!r} is not a valid {getattr(kind, '__name__', kind)}") from None
+
+
+_BOOLS = dict.fromkeys(("true", "1", "yes", "on"), True) | dict.fromkeys(("false", "0", "no", "off"), False)
+
+
+def _datetime(value: Any) -> datetime:
+    """An ISO-8601 date or time (UTC unless it names a zone)."""
+    parsed = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def parse_key_values(items: list[str], what: str = "loss_config") -> dict[str, float]:
+    """``["clip_low_threshold=0.8", ...]`` → ``{"clip_low_threshold": 0.8}``; comma-separated also works."""
+    out: dict[str, float] = {}
+    for item in items:
+        for part in filter(None, (p.strip() for p in item.split(","))):
+            name, sep, raw = part.partition("=")
+            if not sep or not name.strip():
+                raise ConfigError(f"{what}: expected key=value, got {part!r}")
+            try:
+                out[name.strip()] = float(raw)
+            except ValueError:
+                problem = f"value of {name.strip()!r} must be a number, got {raw!r}"
+                raise ConfigError(f"{what}: {problem}") from None
+    return out
+
+
+def read_config_file(path: Path, section: str | None = None, flat: bool = True) -> dict[str, Any]:
+    """The settings in a ``.yaml``/``.yml``/``.toml`` file: its ``section`` table when it has one, else
+    the whole file (flat) or, with ``flat=False``, nothing."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    import yaml  # here, not at the top: the SDK and the command line's help import this module
+
+    text = path.read_text()
+    try:
+        if path.suffix.lower() == ".toml":
+            data: Any = tomllib.loads(text)
+        elif path.suffix.lower() in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"config file {path} must end in .yaml, .yml or .toml")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"config file {path} is not valid: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of settings")
+    if section is not None and isinstance(data.get(section), dict):
+        return data[section]
+    return data if flat else {}
+
+
+def environment(settings: type, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The fields of ``settings`` whose environment variable is set (and not empty), as raw text."""
+    environ = os.environ if environ is None else environ
+    values = {}
+    for f in dataclasses.fields(settings):
+        name = f.metadata.get("envvar")
+        if name and environ.get(name, "").strip():
+            values[f.name] = environ[name]
+    return values
+
+
+def load(
+    settings: type[S],
+    file: Path | None = None,
+    given: Mapping[str, Any] | None = None,
+    *,
+    section: str | None = None,
+    flat: bool = True,
+    environ: Mapping[str, str] | None = None,
+    what: str = "setting",
+) -> S:
+    """A validated ``settings`` instance: defaults, updated by ``file`` (its ``section`` table, else the
+    whole file when ``flat``), then by the environment, then by ``given`` (None values are ignored).
+    Keys may use dashes.
+    ConfigError names an unknown key, a bad value, or the class's own validation problems."""
+    kinds = field_kinds(settings)
+    internal = {f.name for f in dataclasses.fields(settings) if not f.metadata.get("help")}
+    merged: dict[str, Any] = {}
+    layers = [
+        ("config file", read_config_file(file, section, flat) if file else {}),
+        ("environment", environment(settings, environ)),
+        (what, {k: v for k, v in (given or {}).items() if v is not None}),
+    ]
+    for origin, layer in layers:
+        for raw_key, value in layer.items():
+            key = str(raw_key).replace("-", "_")
+            if key not in kinds or (origin == "config file" and key in internal):
+                known = ", ".join(sorted(set(kinds) - internal))
+                raise ConfigError(f"unknown {origin} {raw_key!r}; known: {known}")
+            value = coerce(key, value, kinds[key])
+            merged[key] = {**merged[key], **value} if isinstance(value, dict) and key in merged else value
+    required = [f.name for f in dataclasses.fields(settings) if is_required(f) and f.name not in merged]
+    if required:
+        raise ConfigError(f"missing required {what}(s): {', '.join(required)}")
+    try:
+        instance = settings(**merged)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:  # a missing required field, or __post_init__'s own checks
+        raise ConfigError(str(exc)) from None
+    validate = getattr(instance, "validate", None)
+    return validate() if callable(validate) else instance
