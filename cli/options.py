@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -75,7 +76,17 @@ def validated(
     try:
         return load(settings, file, given, section=section, flat=flat, what="option")
     except ConfigError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        raise typer.BadParameter(_as_flags(str(exc), settings)) from None
+
+
+def _as_flags(message: str, settings: type) -> str:
+    """``message`` with each problem's leading field name written as its option (``--tool-parser``)."""
+    for field in cli_fields(settings):
+        if field.metadata["argument"]:
+            continue
+        flag = (field.metadata["flags"] or (f"--{field.name.replace('_', '-')}",))[0].split("/")[0]
+        message = re.sub(rf"(^|: |; )({field.name})\b", rf"\g<1>{flag}", message)
+    return message
 
 
 def with_settings(command: F) -> F:

@@ -2,60 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
 from tinkertrace.cli.extras import needs_extra
-from tinkertrace.cli.serve_cmd import (
-    CollectorOption,
-    RecordContentOption,
-    SpansDirOption,
-    SpoolDirOption,
-    make_recorder,
-    recording_note,
-)
+from tinkertrace.cli.options import OptionsOf, config_option, validated, with_settings
+from tinkertrace.cli.serve_cmd import make_recorder
+from tinkertrace.serving.settings import ProxySettings
 
 
+@with_settings
 def proxy(
-    upstream: Annotated[
-        str,
-        typer.Option(
-            help="The OpenAI-compatible server to pass calls on to, as a base URL ending in /v1 "
-            "(vLLM, SGLang, a hosted endpoint, tinkertrace serve)."
-        ),
-    ],
-    host: Annotated[str, typer.Option(help="Address to bind (loopback by default; 0.0.0.0 exposes it).")] = (
-        "127.0.0.1"
-    ),
-    port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8010,
-    api_key: Annotated[
-        str | None,
-        typer.Option(
-            envvar="TINKERTRACE_API_KEY",
-            help="Require 'Authorization: Bearer KEY' from agents (default: open). Also guards the reward "
-            "and finish routes.",
-        ),
-    ] = None,
-    upstream_api_key: Annotated[
-        str | None,
-        typer.Option(
-            envvar="TINKERTRACE_UPSTREAM_API_KEY",
-            help="The key sent to the upstream (default: the agent's own Authorization header, unless "
-            "--api-key is set).",
-        ),
-    ] = None,
-    collector: CollectorOption = None,
-    spans_dir: SpansDirOption = None,
-    spool_dir: SpoolDirOption = None,
-    record_content: RecordContentOption = True,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the upstream's answer.")] = 600.0,
+    settings: dict[str, Any] = OptionsOf(ProxySettings),
+    config: Annotated[Path | None, config_option(ProxySettings, section="proxy")] = None,
 ) -> None:
     """Pass calls on to --upstream and record each as a token-exact LLM span (see docs/serving.md)."""
-    if not upstream.startswith(("http://", "https://")):
-        example = "http://127.0.0.1:8000/v1"
-        raise typer.BadParameter(f"must be an http(s) URL such as {example}", param_hint="--upstream")
-    if not collector and not spans_dir:
+    run = validated(ProxySettings, settings, config, section="proxy")
+    if not run.records:
         raise typer.BadParameter(
             "the proxy records calls: give --collector URL or --spans-dir DIR", param_hint="--collector"
         )
@@ -64,16 +29,18 @@ def proxy(
 
     from tinkertrace.serving.proxy import create_proxy_app
 
-    recorder = make_recorder(collector, spans_dir, spool_dir, record_content)
     app = create_proxy_app(
-        upstream, recorder=recorder, api_key=api_key, upstream_api_key=upstream_api_key, timeout_s=timeout
+        run.upstream,
+        recorder=make_recorder(run),
+        api_key=run.api_key,
+        upstream_api_key=run.upstream_api_key,
+        timeout_s=run.timeout,
     )
     Console(stderr=True).print(
-        f"[bold]tinkertrace proxy[/]: [green]http://{host}:{port}/v1[/] → {upstream}, "
-        f"{recording_note(collector, spans_dir)}, API key {'required' if api_key else 'not required'}. "
-        "Ctrl-C stops."
+        f"[bold]tinkertrace proxy[/]: [green]http://{run.host}:{run.port}/v1[/] → {run.upstream}, "
+        f"{run.note()}, API key {'required' if run.api_key else 'not required'}. Ctrl-C stops."
     )
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.run(app, host=run.host, port=run.port, log_level="warning")
 
 
 def register(app: typer.Typer) -> None:

@@ -133,19 +133,15 @@ def _datetime(value: Any) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def parse_key_values(items: list[str], what: str = "loss_config") -> dict[str, float]:
-    """``["clip_low_threshold=0.8", ...]`` → ``{"clip_low_threshold": 0.8}``; comma-separated also works."""
-    out: dict[str, float] = {}
+def parse_key_values(items: list[str], what: str) -> dict[str, str]:
+    """``["a=1", "b=x,c=2"]`` → ``{"a": "1", "b": "x", "c": "2"}`` (repeated or comma-separated pairs)."""
+    out: dict[str, str] = {}
     for item in items:
         for part in filter(None, (p.strip() for p in item.split(","))):
             name, sep, raw = part.partition("=")
-            if not sep or not name.strip():
+            if not sep or not name.strip() or not raw.strip():
                 raise ConfigError(f"{what}: expected key=value, got {part!r}")
-            try:
-                out[name.strip()] = float(raw)
-            except ValueError:
-                problem = f"value of {name.strip()!r} must be a number, got {raw!r}"
-                raise ConfigError(f"{what}: {problem}") from None
+            out[name.strip()] = raw.strip()
     return out
 
 
@@ -203,14 +199,14 @@ def load(
     internal = {f.name for f in dataclasses.fields(settings) if not f.metadata.get("help")}
     merged: dict[str, Any] = {}
     layers = [
-        ("config file", read_config_file(file, section, flat) if file else {}),
-        ("environment", environment(settings, environ)),
+        ("config file setting", read_config_file(file, section, flat) if file else {}),
+        ("environment setting", environment(settings, environ)),
         (what, {k: v for k, v in (given or {}).items() if v is not None}),
     ]
     for origin, layer in layers:
         for raw_key, value in layer.items():
             key = str(raw_key).replace("-", "_")
-            if key not in kinds or (origin == "config file" and key in internal):
+            if key not in kinds or (origin == "config file setting" and key in internal):
                 known = ", ".join(sorted(set(kinds) - internal))
                 raise ConfigError(f"unknown {origin} {raw_key!r}; known: {known}")
             value = coerce(key, value, kinds[key])

@@ -16,9 +16,9 @@ from tinkertrace.cli.main import app
 from tinkertrace.cli.options import OptionsOf, cli_fields, with_settings
 from tinkertrace.evaluation_settings import EvalSettings
 from tinkertrace.online.settings import DemoSettings, FollowOptions
+from tinkertrace.settings import setting
 from tinkertrace.tokenizer import BUILTIN_MODEL
 from tinkertrace.training.advantages import ADVANTAGE_MODES
-from tinkertrace.settings import setting
 from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.datums import LOSS_FUNCTIONS
 

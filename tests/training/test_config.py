@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tinkertrace.training.config import TrainConfig, make_config, parse_key_values
+from tinkertrace.settings import parse_key_values
+from tinkertrace.training.config import TrainConfig, make_config
 from tinkertrace.training.errors import ConfigError
 
 
@@ -65,8 +66,9 @@ def test_bad_settings_name_the_problem(tmp_path: Path, text: str, message: str) 
 def test_missing_file_and_bad_key_values() -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         make_config(Path("/nonexistent/train.yaml"))
-    assert parse_key_values(["beta=0.1", "a=1,b=2"]) == {"beta": 0.1, "a": 1.0, "b": 2.0}
+    given = make_config(None, {"loss_config": ["beta=0.1", "a=1,b=2"]})
+    assert given.loss_config == {"beta": 0.1, "a": 1.0, "b": 2.0}
     with pytest.raises(ConfigError, match="expected key=value"):
-        parse_key_values(["beta"])
-    with pytest.raises(ConfigError, match="must be a number"):
-        parse_key_values(["beta=high"])
+        parse_key_values(["beta"], "loss_config")
+    with pytest.raises(ConfigError, match=r"loss_config\.beta: 'high' is not a valid float"):
+        make_config(None, {"loss_config": ["beta=high"]})

@@ -1,9 +1,12 @@
 """``tinkertrace engine``: the local engine served over Tinker's own REST API.
 
 The unchanged ``tinker`` SDK (0.38) talks to it: ``tinker.ServiceClient(base_url=...,
-api_key="tml-...")``. See :mod:`.app` for the routes and docs/engine.md for what is served.
+api_key="tml-...")``. See :mod:`.app` for the routes and docs/engine.md for what is served. The app
+(starlette, tinker, torch) loads on first use; the settings alone are light.
 """
 
-from tinkertrace.engine_server.app import EngineSettings, create_app
+from tinkertrace.engine_server.settings import EngineSettings
+from tinkertrace.lazy import lazy_attributes
 
 __all__ = ["EngineSettings", "create_app"]
+__getattr__ = lazy_attributes(__name__, {"create_app": "tinkertrace.engine_server.app"})

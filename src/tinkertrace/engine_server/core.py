@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
@@ -19,34 +18,9 @@ from tinker import types
 from tinkertrace.engine import ServiceClient
 from tinkertrace.engine_server.downloads import DownloadSigner
 from tinkertrace.engine_server.http import ApiError, log
+from tinkertrace.engine_server.settings import EngineSettings
 from tinkertrace.engine_server.state import Encoding, ServerState
 from tinkertrace.engine_server.wire import decode_json_model
-
-RETRIEVE_POLL_S = 20.0
-"""How long one ``retrieve_future`` call waits for a result before answering ``try_again`` (the SDK
-gives each call 45 s)."""
-
-SESSION_TIMEOUT_S = 600.0
-CHECKPOINT_SWEEP_S = 60.0
-"""How often expired checkpoints (saved with a TTL) are deleted."""
-
-
-@dataclass
-class EngineSettings:
-    """How the server behaves: authentication, advertised models, long-poll time."""
-
-    api_key: str | None = None
-    """Accept exactly this key; None accepts any key that starts with ``tml-``."""
-    models: list[str] = field(default_factory=list)
-    """Local model folders (or built-in names) advertised by ``get_server_capabilities``."""
-    retrieve_poll_s: float = RETRIEVE_POLL_S
-    session_timeout_s: float = SESSION_TIMEOUT_S
-    """A session without a heartbeat for this long is finished and its models released (the SDK
-    sends one every 10 s while its ServiceClient lives)."""
-    model_aliases: dict[str, str] = field(default_factory=dict)
-    """Model names a client may ask for (e.g. a recipe's ``Qwen/Qwen3-8B-Base``) → the local model
-    (built-in name or folder) that serves them."""
-    checkpoint_sweep_s: float = CHECKPOINT_SWEEP_S
 
 
 def dump(model: Any) -> Any:

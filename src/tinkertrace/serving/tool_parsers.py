@@ -21,9 +21,11 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, get_args
 
-TOOL_PARSERS = ("auto", "hermes", "qwen", "none")
+from tinkertrace.serving.settings import ToolParserName
+
+TOOL_PARSERS: tuple[str, ...] = get_args(ToolParserName)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,12 @@
 """``tinkertrace ui``: a local, read-only web app over a run's files (spans, built tables, metrics).
 
-``create_app(RunIndex([run_dir]))`` gives the Starlette app; see docs/ui.md.
+``create_app(RunIndex([run_dir]))`` gives the Starlette app; see docs/ui.md. The app loads on first use;
+the settings alone are light.
 """
 
-from tinkertrace.ui.app import create_app
-from tinkertrace.ui.index import RunIndex
+from tinkertrace.lazy import lazy_attributes
 
 __all__ = ["RunIndex", "create_app"]
+__getattr__ = lazy_attributes(
+    __name__, {"RunIndex": "tinkertrace.ui.index", "create_app": "tinkertrace.ui.app"}
+)

@@ -14,9 +14,9 @@ from pathlib import Path
 import uvicorn
 from rich.console import Console
 
-from tinkertrace.cli.ui_cmd import DEFAULT_PORT, ui_url
 from tinkertrace.ui.app import create_app
 from tinkertrace.ui.index import RunIndex
+from tinkertrace.ui.settings import UiSettings, ui_url
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -79,7 +79,7 @@ class UiServer:
 
 
 @contextmanager
-def serve_beside(folder: Path, port: int = DEFAULT_PORT) -> Iterator[str]:
+def serve_beside(folder: Path, port: int = UiSettings.port) -> Iterator[str]:
     """The ui over ``folder`` (which may not exist yet) on a background thread, for ``demo --ui``:
     yields its URL (printed), on ``port`` or a free one when that is taken."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,75 @@
+"""The settings of ``tinkertrace ui``, each declared once (the command's options come from them).
+
+Light on purpose: the command line imports it to build its help.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinkertrace.serving.settings import LOOPBACK
+from tinkertrace.settings import setting
+from tinkertrace.training.errors import raise_problems
+
+TOKEN_ENV = "TINKERTRACE_UI_TOKEN"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only listens on this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def ui_url(host: str, port: int, token: str | None) -> str:
+    """The address to open (with the token, which the app then keeps in a cookie)."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+
+
+@dataclass
+class UiSettings:
+    """What the web app shows and where it listens."""
+
+    paths: list[Path] = setting(
+        help="Run folders (a demo's output, a training log folder, a build-trajectories output) or span "
+        "folders. Default: the current folder.",
+        argument=True,
+        default_factory=list,
+    )
+    host: str = setting(LOOPBACK, "Address to listen on (loopback by default).")
+    port: int = setting(8400, "Port to listen on (0: a free one).")
+    token: str | None = setting(
+        None,
+        "Require this token on every request; required when --host is not a loopback address. Open the "
+        "printed URL once: the browser then keeps it in a cookie.",
+        envvar=TOKEN_ENV,
+    )
+    refresh_seconds: float = setting(1.0, "Look for new span files and steps at most this often.")
+    memory_limit: str = setting("1GB", "DuckDB memory limit of the app's index.")
+
+    @property
+    def folders(self) -> list[Path]:
+        """The folders to show: the paths given, else the current folder."""
+        return self.paths or [Path.cwd()]
+
+    def validate(self) -> UiSettings:
+        """Check the folders exist and that a non-loopback address has a token; returns self."""
+        missing = [str(p) for p in self.folders if not p.exists()]
+        checks = [
+            (not missing, f"{', '.join(missing)} does not exist"),
+            (
+                is_loopback(self.host) or self.token is not None,
+                f"listening on {self.host} (not loopback) needs --token (or {TOKEN_ENV}): span text is "
+                "training data",
+            ),
+            (self.refresh_seconds >= 0.1, "refresh_seconds must be at least 0.1"),
+            (0 <= self.port <= 65535, "port must be in 0..65535"),
+        ]
+        raise_problems(checks, "invalid ui settings")
+        return self
