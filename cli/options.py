@@ -133,7 +133,7 @@ def _parameter(field: dataclasses.Field[Any], marker: OptionsOf, hint: Any) -> i
     text = meta["help"] + (" Required (here or in --config)." if is_required(field) else "")
     info: Any
     if meta["argument"]:
-        info = typer.Argument(help=text, show_default=False)
+        info = typer.Argument(metavar=field.name.upper(), help=text, show_default=False)
     else:
         if marker.help_prefix:
             text = marker.help_prefix + text[:1].lower() + text[1:]

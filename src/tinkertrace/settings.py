@@ -106,9 +106,12 @@ def coerce(key: str, value: Any, kind: Any) -> Any:
         if not isinstance(items, list | tuple | set | frozenset):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         return origin(coerce(key, item, args[0]) for item in items)
-    try:
-        if kind is datetime:
+    if kind is datetime:
+        try:
             return _datetime(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: {value!r} is not an ISO-8601 date/time") from None
+    try:
         if kind is bool:
             if isinstance(value, str) and value.strip().lower() in _BOOLS:
                 return _BOOLS[value.strip().lower()]

@@ -72,7 +72,7 @@ def test_build_trajectories_rejects_bad_input(spans: Path, tmp_path: Path) -> No
     policy = runner.invoke(
         app, ["build-trajectories", str(spans), "-o", str(tmp_path / "o"), "--reward-policy", "x"]
     )
-    assert policy.exit_code == 2 and "reward_policymustbeoneof" in flat(policy.output)
+    assert policy.exit_code == 2 and "--reward-policy:'x'isnotoneof" in flat(policy.output)
     since = runner.invoke(
         app, ["build-trajectories", str(spans), "-o", str(tmp_path / "o"), "--since", "yesterday"]
     )
@@ -119,4 +119,4 @@ def test_build_status_filter_and_bad_status(spans: Path, tmp_path: Path) -> None
     assert "rollouts left out by status" in ok.output
     assert pq.read_table(out / "triplets.parquet").num_rows == 0  # both rollouts succeeded
     bad = CliRunner().invoke(app, ["build-trajectories", str(spans), "-o", str(out), "--status", "oops"])
-    assert bad.exit_code == 2 and "statuses must be among" in bad.output
+    assert bad.exit_code == 2 and "--status must be among" in bad.output

@@ -99,8 +99,8 @@ def test_eval_rejects_k_above_samples_and_bad_refs(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "problem"),
     [
-        (["--concurrency", "0"], "concurrency must be at least 1"),
-        (["--max-tasks", "0"], "max_tasks must be at least 1"),
+        (["--concurrency", "0"], "--concurrency must be at least 1"),
+        (["--max-tasks", "0"], "--max-tasks must be at least 1"),
     ],
 )
 def test_eval_refuses_bad_settings_before_running(tmp_path: Path, args: list[str], problem: str) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
+
+from tinkertrace.settings import setting
 
 RewardPolicy = Literal["nearest", "sibling", "link", "final"]
 GroupBy = Literal["task", "task+agent"]
@@ -20,7 +22,8 @@ MAX_BUCKETS = 256
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """Options of :func:`tinkertrace.builder.build_trajectories`.
+    """Options of :func:`tinkertrace.builder.build_trajectories` (and of ``build-trajectories``: each
+    field with help text is an option and a ``--config`` key).
 
     Rollout filters (``since``/``until`` on the rollout's start time, ``splits``, ``tasks``,
     ``statuses``) select whole rollouts; ``statuses`` empty (the default) keeps every status, so a
@@ -39,27 +42,68 @@ class BuildOptions:
     whose spans are split between listed and unlisted files then looks incomplete and is left out).
     """
 
-    since: datetime | None = None
-    until: datetime | None = None
-    splits: tuple[str, ...] = ()
-    tasks: tuple[str, ...] = ()
-    statuses: tuple[str, ...] = ()
-    agent: str | None = None
-    min_policy_version: int | None = None
-    reward_policy: RewardPolicy = "nearest"
-    reward_name: str | None = None
-    group_by: GroupBy = "task"
-    include_incomplete: bool = False
-    exclude_rollouts: frozenset[str] = field(default_factory=frozenset)
-    files: tuple[Path, ...] | None = None
-    memory_limit: str = "512MB"
-    threads: int | None = None
-    batch_rows: int = 4096
-    buckets: int | None = None  # token-join slices; None: from the data size and memory_limit
-    # a plain trace's (no rollout id anywhere) root span attribute naming its task (GRPO group key)
-    task_key: str = "tinkertrace.task.id"
-    # tokenizer (built-in name or local Hugging Face folder) re-tokenising calls recorded as text only
-    tokenizer: str | None = None
+    since: datetime | None = setting(
+        None, "Only rollouts that started at or after this ISO date/time (UTC unless it names a zone)."
+    )
+    until: datetime | None = setting(
+        None, "Only rollouts that started before this ISO date/time (UTC unless it names a zone)."
+    )
+    splits: tuple[str, ...] = setting(
+        (), "Only rollouts of this split (train, eval); repeatable.", flags=("--split",)
+    )
+    tasks: tuple[str, ...] = setting((), "Only rollouts of this task id; repeatable.", flags=("--task",))
+    statuses: tuple[str, ...] = setting(
+        (),
+        "Only rollouts with this status: succeeded, failed (the agent raised) or unknown (no root span or no "
+        "status recorded); repeatable. Default: all, failed ones included.",
+        flags=("--status",),
+    )
+    agent: str | None = setting(
+        None, "Only LLM calls whose agent name matches this regular expression (searched, RE2)."
+    )
+    min_policy_version: int | None = setting(None, "Only LLM calls sampled by this policy version or newer.")
+    reward_policy: RewardPolicy = setting(
+        "nearest",
+        "How rewards reach LLM calls (calls with token ids only): nearest (newest earlier unrewarded call of "
+        "the reward's agent span, else of the rollout), sibling (same, under the same parent span), link (by "
+        "gen_ai.response.id, else nearest), final (the rollout's final reward on every call).",
+    )
+    reward_name: str | None = setting(
+        None, "Reward dimension to use (default: each reward's primary dimension)."
+    )
+    group_by: GroupBy = setting("task", "GRPO group key of trajectories: task or task+agent.")
+    include_incomplete: bool = setting(
+        False,
+        "Also build rollouts whose root span is missing or that lack LLM/reward spans their root counted.",
+    )
+    exclude_rollouts: frozenset[str] = setting(frozenset())
+    files: tuple[Path, ...] | None = setting(None)
+    memory_limit: str = setting(
+        "512MB",
+        "DuckDB memory limit (e.g. 512MB, 2GB); DuckDB spills past it to a temporary folder and the token "
+        "data is processed in buckets sized from it. Peak memory is about this limit + ~200 MB, whatever "
+        "the data size.",
+    )
+    threads: int | None = setting(None, "DuckDB threads (default: all cores).")
+    batch_rows: int = setting(4096)
+    buckets: int | None = setting(
+        None,
+        f"Process the token data in this many slices (1-{MAX_BUCKETS}); default: from the token data's size "
+        "and --memory-limit. Output is identical whatever the count.",
+    )
+    task_key: str = setting(
+        "tinkertrace.task.id",
+        "For traces without tinkertrace's SDK (no span carries a rollout id: each trace's root span is a "
+        "rollout), the root span's (or resource's) attribute naming the task, the GRPO group key: e.g. "
+        "session.id, gen_ai.conversation.id.",
+    )
+    tokenizer: str | None = setting(
+        None,
+        "Tokenizer of the served model (tinkertrace/tiny-chat, smollm2-135m-instruct, a .gguf file or a "
+        "local Hugging Face folder): re-tokenises LLM calls whose producer stored text only (OpenLLMetry, "
+        "the official GenAI instrumentation, Logfire) with its chat template, tools included; those "
+        "triplets say token_source = retokenized. Without it such calls are counted, not built.",
+    )
 
     def __post_init__(self) -> None:
         if self.reward_policy not in REWARD_POLICIES:
