@@ -106,6 +106,8 @@ def coerce(key: str, value: Any, kind: Any) -> Any:
         if not isinstance(items, list | tuple | set | frozenset):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         return origin(coerce(key, item, args[0]) for item in items)
+    if kind not in (str, int, float, bool, Path, datetime):  # an object given in code (a callable, ...)
+        return value
     if kind is datetime:
         try:
             return _datetime(value)

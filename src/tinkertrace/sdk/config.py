@@ -1,13 +1,16 @@
-"""SDK configuration: ``init()`` arguments merged over ``TINKERTRACE_*`` environment variables."""
+"""SDK configuration: ``init()`` arguments merged over ``TINKERTRACE_*`` environment variables, each
+setting declared once (:mod:`tinkertrace.settings`)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from tinkertrace.settings import load, setting
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -15,32 +18,50 @@ if TYPE_CHECKING:
 Messages = list[dict[str, Any]]
 Redactor = Callable[[Messages], Messages]
 
-ENV_ENDPOINT = "TINKERTRACE_ENDPOINT"
-ENV_SPANS_DIR = "TINKERTRACE_SPANS_DIR"
-ENV_PROTOCOL = "TINKERTRACE_PROTOCOL"
-ENV_SERVICE_NAME = "TINKERTRACE_SERVICE_NAME"
-ENV_CAPTURE_CONTENT = "TINKERTRACE_CAPTURE_CONTENT"
-ENV_TOKENIZER = "TINKERTRACE_TOKENIZER"
-ENV_REQUEST_TOKEN_IDS = "TINKERTRACE_REQUEST_TOKEN_IDS"
-ENV_SPOOL_DIR = "TINKERTRACE_SPOOL_DIR"
 ENV_HOME = "TINKERTRACE_HOME"
 DEFAULT_SPANS_DIR = "spans"
-PROTOCOLS = ("http", "grpc")
+Protocol = Literal["http", "grpc"]
 
 
 @dataclass(frozen=True)
 class TraceConfig:
-    """The resolved SDK configuration (see :func:`tinkertrace.init` for each field)."""
+    """The resolved SDK configuration: each field an argument of :func:`tinkertrace.init`, the documented
+    ones also set by their environment variable (an argument wins)."""
 
-    endpoint: str | None = None
-    spans_dir: Path | None = None
-    protocol: str = "http"
-    service_name: str = "tinkertrace-agent"
-    capture_content: bool = True
-    request_token_ids: bool = True
-    tokenizer: str | None = None
+    endpoint: str | None = setting(
+        None,
+        "OTLP endpoint: http://host:4318 for HTTP/protobuf, host:4317 with protocol grpc.",
+        envvar="TINKERTRACE_ENDPOINT",
+    )
+    spans_dir: Path | None = setting(
+        None,
+        "A folder the embedded Parquet sink writes to (the parquet extra). With neither this nor an "
+        "endpoint, spans go to ./spans.",
+        envvar="TINKERTRACE_SPANS_DIR",
+    )
+    protocol: Protocol = setting(
+        "http", "OTLP protocol: http or grpc (the grpc extra).", envvar="TINKERTRACE_PROTOCOL"
+    )
+    service_name: str = setting(
+        "tinkertrace-agent", "The service.name resource of the spans.", envvar="TINKERTRACE_SERVICE_NAME"
+    )
+    capture_content: bool = setting(True, "Record messages.", envvar="TINKERTRACE_CAPTURE_CONTENT")
+    request_token_ids: bool = setting(
+        True,
+        "Ask servers for token ids and logprobs inside rollouts.",
+        envvar="TINKERTRACE_REQUEST_TOKEN_IDS",
+    )
+    tokenizer: str | None = setting(
+        None,
+        "Re-tokenise when the server returns no ids (a tinkertrace.tokenizer.load_tokenizer name or folder).",
+        envvar="TINKERTRACE_TOKENIZER",
+    )
     redact: Redactor | None = None
-    spool_dir: Path | None = None
+    spool_dir: Path | None = setting(
+        None,
+        "Where undeliverable OTLP batches wait (default $TINKERTRACE_HOME/spool/<endpoint hash>).",
+        envvar="TINKERTRACE_SPOOL_DIR",
+    )
     headers: Mapping[str, str] = field(default_factory=dict)
     exporters: tuple[SpanExporter, ...] = ()  # stock exporters that receive every span too
     capture_http: bool = True
@@ -66,17 +87,6 @@ class TraceConfig:
         return url if url.endswith("/v1/traces") else url + "/v1/traces"
 
 
-def _env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None or value.strip() == "":
-        return default
-    if value.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.strip().lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name}={value!r}: expected one of 1/0, true/false, yes/no, on/off")
-
-
 def tinkertrace_home() -> Path:
     """``$TINKERTRACE_HOME``, default ``~/.cache/tinkertrace``."""
     return Path(os.environ.get(ENV_HOME) or Path.home() / ".cache" / "tinkertrace")
@@ -84,30 +94,13 @@ def tinkertrace_home() -> Path:
 
 def resolve(**given: Any) -> TraceConfig:
     """Merge explicit ``init()`` arguments (``None`` = not given) over the environment and defaults."""
-    args = {k: v for k, v in given.items() if v is not None}
-    env = os.environ
-    endpoint = args.pop("endpoint", None) or env.get(ENV_ENDPOINT) or None
-    spans_dir = args.pop("spans_dir", None) or env.get(ENV_SPANS_DIR) or None
-    if endpoint is None and spans_dir is None:
-        spans_dir = DEFAULT_SPANS_DIR
-    protocol = (args.pop("protocol", None) or env.get(ENV_PROTOCOL) or "http").lower()
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol {protocol!r} is not supported: use one of {', '.join(PROTOCOLS)}")
-    values: dict[str, Any] = {
-        "endpoint": endpoint,
-        "spans_dir": Path(spans_dir) if spans_dir else None,
-        "protocol": protocol,
-        "service_name": args.pop("service_name", None) or env.get(ENV_SERVICE_NAME) or "tinkertrace-agent",
-        "capture_content": args.pop("capture_content", _env_bool(ENV_CAPTURE_CONTENT, True)),
-        "request_token_ids": args.pop("request_token_ids", _env_bool(ENV_REQUEST_TOKEN_IDS, True)),
-        "tokenizer": args.pop("tokenizer", None) or env.get(ENV_TOKENIZER) or None,
-    }
-    spool = args.pop("spool_dir", None) or env.get(ENV_SPOOL_DIR)
-    if spool is None and endpoint is not None:
-        digest = hashlib.sha1(f"{protocol}:{endpoint}".encode()).hexdigest()[:12]
-        spool = tinkertrace_home() / "spool" / digest
-    values["spool_dir"] = Path(spool) if spool else None
-    unknown = set(args) - set(TraceConfig.__dataclass_fields__)
+    unknown = set(given) - {f.name for f in fields(TraceConfig)}
     if unknown:
         raise TypeError(f"unknown tinkertrace.init() option(s): {', '.join(sorted(unknown))}")
-    return TraceConfig(**values, **args)
+    config = load(TraceConfig, given=given, what="tinkertrace.init() argument")
+    if config.endpoint is None and config.spans_dir is None:
+        config = replace(config, spans_dir=Path(DEFAULT_SPANS_DIR))
+    if config.spool_dir is None and config.endpoint is not None:
+        digest = hashlib.sha1(f"{config.protocol}:{config.endpoint}".encode()).hexdigest()[:12]
+        config = replace(config, spool_dir=tinkertrace_home() / "spool" / digest)
+    return config

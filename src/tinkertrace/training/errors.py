@@ -9,7 +9,7 @@ class TrainingError(Exception):
     """Base class: a problem the user can fix, reported by the CLI as a single message."""
 
 
-class ConfigError(TrainingError):
+class ConfigError(TrainingError, ValueError):
     """A bad configuration value, unknown key or unreadable config file."""
 
 
