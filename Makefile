@@ -36,7 +36,7 @@ SMOLLM2_STAMP := $(VENV)/.smollm2
 INSTRUMENTATIONS_VENV := .venv-instrumentations
 INSTRUMENTATIONS_STAMP := $(INSTRUMENTATIONS_VENV)/.installed
 
-.PHONY: setup demo test lint bench agents-env browser cookbook-env ts-agent smollm2 instrumentations-env
+.PHONY: setup demo test lint bench environments agents-env browser cookbook-env ts-agent smollm2 instrumentations-env
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,8 +58,8 @@ $(AGENTS_STAMP): pyproject.toml examples/agents_sdk/requirements.txt
 agents-env: $(AGENTS_STAMP)
 
 $(BROWSER_STAMP): $(STAMP)
-	command -v chromium >/dev/null || { apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+	command -v chromium >/dev/null || $(APT_LOCK) sh -c 'apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null'
 	$(BIN)/python -c "import playwright.sync_api"
 	touch $(BROWSER_STAMP)
 
@@ -76,7 +76,8 @@ cookbook-env: $(COOKBOOK_STAMP)
 
 $(TS_STAMP): $(TS_AGENT)/package.json $(TS_AGENT)/package-lock.json
 	command -v node >/dev/null && command -v npm >/dev/null || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm)
+		$(APT_LOCK) sh -c 'apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm'
 	cd $(TS_AGENT) && npm ci --no-audit --no-fund --loglevel=error
 	touch $(TS_STAMP)
 
@@ -103,8 +104,16 @@ instrumentations-env: $(INSTRUMENTATIONS_STAMP)
 demo: $(STAMP)
 	$(BIN)/tinkertrace demo
 
-test: $(STAMP) $(AGENTS_STAMP) $(BROWSER_STAMP) $(COOKBOOK_STAMP) $(TS_AGENT_JS) $(SMOLLM2_STAMP) \
-		$(INSTRUMENTATIONS_STAMP)
+# Every environment the tests use. `make test` builds them side by side (most of the time goes to downloads
+# and unpacking, not CPU); the two apt-get steps take turns through a lock.
+ENVIRONMENTS := $(STAMP) $(AGENTS_STAMP) $(BROWSER_STAMP) $(COOKBOOK_STAMP) $(TS_AGENT_JS) $(SMOLLM2_STAMP) \
+	$(INSTRUMENTATIONS_STAMP)
+APT_LOCK := flock /tmp/tinkertrace-apt.lock
+
+environments:
+	$(MAKE) --no-print-directory --output-sync=target -j4 $(ENVIRONMENTS)
+
+test: environments
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
