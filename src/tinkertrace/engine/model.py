@@ -108,21 +108,41 @@ def pick_device(device: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_base_model(base_model: str, device: torch.device) -> PreTrainedModel:
-    """Build the built-in model (seeded) or load a named, GGUF or folder model; never downloads."""
+DTYPE_ENV = "TINKERTRACE_DTYPE"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def frozen_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of weights that are not trained (a LoRA run's base, samplers): ``$TINKERTRACE_DTYPE``
+    (float32 or bfloat16) when set, else bfloat16 on a CUDA device that supports it, else float32."""
+    import os
+
+    chosen = os.environ.get(DTYPE_ENV, "").strip().lower() or "auto"
+    if chosen == "auto":
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16 else torch.float32
+    if chosen not in DTYPES:
+        raise ValueError(f"{DTYPE_ENV}={chosen!r}: use auto, {', '.join(DTYPES)}")
+    return DTYPES[chosen]
+
+
+def load_base_model(
+    base_model: str, device: torch.device, dtype: torch.dtype | None = None
+) -> PreTrainedModel:
+    """Build the built-in model (seeded) or load a named, GGUF or folder model, in ``dtype`` (default:
+    :func:`frozen_dtype`); never downloads."""
+    dtype = dtype or frozen_dtype(device)
     size = builtin_size(base_model)
     if size is not None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(BASE_INIT_SEED)
             model = LlamaForCausalLM(builtin_config(size))
         model.config.name_or_path = base_model
-        return model.to(device=device, dtype=torch.float32)
+        return model.to(device=device, dtype=dtype)
     path = model_folder(base_model)
     try:
         with quiet_progress():
-            model = AutoModelForCausalLM.from_pretrained(
-                str(path), local_files_only=True, dtype=torch.float32
-            )
+            model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise ModelNotFoundError(f"no loadable causal LM in {str(path)!r}: {exc}") from exc
     return untie_embeddings(model).to(device)
@@ -183,11 +203,15 @@ class ModelSpec:
 
 
 def build_trainable(spec: ModelSpec, device: torch.device) -> torch.nn.Module:
-    """The base model with LoRA adapters of ``spec.lora_rank`` (seeded), or the full model when rank is 0."""
-    model = load_base_model(spec.base_model, device)
+    """The base model with LoRA adapters of ``spec.lora_rank`` (seeded), or the full model when rank is 0.
+
+    Trained weights are float32 (peft keeps a bfloat16 base's adapters in float32); only a LoRA run's
+    frozen base takes :func:`frozen_dtype`."""
     if not spec.is_lora:
+        model = load_base_model(spec.base_model, device, torch.float32)
         model.requires_grad_(True)
         return model
+    model = load_base_model(spec.base_model, device)
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
