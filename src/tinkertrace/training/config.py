@@ -57,6 +57,73 @@ Loss = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
 AdvantageMode = Literal["group", "std", "none"]
 # builder.options.GroupBy, restated: importing the builder package loads DuckDB (tests hold them equal)
 GroupBy = Literal["task", "task+agent"]
+Reduction = Literal["sum", "mean", "max", "min", "last"]
+
+
+@dataclass
+class Environment:
+    """One training environment of a multi-environment run (the ``environments`` list of a config
+    file): its agent and tasks, how its rollouts are sampled, and how they become training rows.
+
+    Its rollouts' task ids start with ``NAME/`` (:func:`tinkertrace.training.environments.group_task_id`),
+    which is how trajectories are told apart by environment."""
+
+    name: str = setting(help="The environment's name (no '/'): the first part of its rollouts' task ids.")
+    agent: str | None = setting(
+        None, "The agent: 'path/to/file.py:function' (relative to the config file) or 'module:function'."
+    )
+    tasks: str | None = setting(None, "The task source, a function returning task dicts with an 'id'.")
+    split: str = setting("train", "The task split the agents draw from.")
+    group_size: int = setting(4, "Rollouts per task: one GRPO group.")
+    weight: float = setting(1.0, "The environment's share of each step's groups (relative to the others).")
+    temperature: float = setting(1.0, "Sampling temperature passed to the agent.")
+    max_tokens: int | None = setting(None, "Longest reply, tokens, passed to the agent (default: its own).")
+    agent_kwargs: dict[str, Any] = setting(
+        help="Further keyword arguments for the agent.", default_factory=dict
+    )
+    build: dict[str, Any] = setting(
+        help="Build options of its rollouts (tinkertrace build's settings: agent, group_by, reward_policy…).",
+        default_factory=dict,
+    )
+    reward_reduction: Reduction | None = setting(
+        None,
+        "A trajectory's reward from its per-call rewards: sum, mean, max, min or last "
+        "(default: the builder's reward).",
+    )
+    nonterminal_reward: float | None = setting(
+        None, "The reward of rollouts that ended without finishing (they emitted a 'truncated' reward)."
+    )
+    max_failing_rollouts: int | None = setting(
+        None,
+        "Drop a group when more of its rollouts than this failed (default: keep it, failed ones left out).",
+    )
+    reward_per_call: bool = setting(
+        False, "A one-call trajectory keeps its own call's reward (parallel solvers), not the agent's sum."
+    )
+
+    def validate(self) -> Environment:
+        """Check names and ranges; returns self."""
+        checks = [
+            (
+                bool(self.name) and "/" not in self.name,
+                f"environment name {self.name!r} must be non-empty, no '/'",
+            ),
+            (self.group_size >= 1, f"{self.name}: group_size must be at least 1"),
+            (self.weight > 0, f"{self.name}: weight must be positive"),
+            (self.temperature >= 0, f"{self.name}: temperature must be 0 or more"),
+            (self.max_tokens is None or self.max_tokens >= 1, f"{self.name}: max_tokens must be at least 1"),
+            (
+                self.max_failing_rollouts is None or self.max_failing_rollouts >= 0,
+                f"{self.name}: max_failing_rollouts must be 0 or more",
+            ),
+            (
+                (self.agent is None) == (self.tasks is None),
+                f"{self.name}: give both agent and tasks, or neither",
+            ),
+            *((ok, f"{self.name}: {problem}") for ok, problem in check_choices(self)),
+        ]
+        raise_problems(checks, "invalid environment")
+        return self
 
 
 @dataclass
@@ -127,6 +194,12 @@ class TrainConfig:
         None, "Also log to this Weights & Biases project (needs the wandb package; or $WANDB_PROJECT)."
     )
     wandb_run_name: str | None = setting(None, "The Weights & Biases run name.", cli=False)
+    environments: list[Environment] = setting(
+        help="Multi-environment training: a list of environments (name, agent, tasks, group_size, weight, "
+        "sampling and reward settings; see docs/training.md).",
+        cli=False,
+        default_factory=list,
+    )
 
     def validate(self) -> TrainConfig:
         """Check value ranges and choices; returns self."""
@@ -138,13 +211,21 @@ class TrainConfig:
             (self.max_tokens_per_datum >= 1, "max_tokens_per_datum must be at least 1"),
             (self.save_every >= 0, "save_every must be 0 (only at the end) or more"),
             *check_choices(self),
+            *_unique_names(self.environments),
         ]
         raise_problems(checks, "invalid training config")
+        for env in self.environments:
+            env.validate()
         return self
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly view (paths as strings)."""
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
+
+
+def _unique_names(environments: list[Environment]) -> list[tuple[bool, str]]:
+    names = [env.name for env in environments]
+    return [(names.count(n) == 1, f"environment {n!r} is listed twice") for n in sorted(set(names))]
 
 
 def _field_types() -> dict[str, Any]:
@@ -162,6 +243,14 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
         if value not in args:
             raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, args))}")
         return value
+    if origin is list and dataclasses.is_dataclass(args[0]):
+        if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+            raise ConfigError(f"{key}: expected a list of mappings, got {value!r}")
+        return [coerce_settings(f"{key}[{i}]", item, args[0]) for i, item in enumerate(value)]
+    if origin is dict and args[1] is Any:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
     if origin is dict:
         if isinstance(value, str | list | tuple) and all(isinstance(v, str) for v in value):
             value = parse_key_values([value] if isinstance(value, str) else list(value), what=key)
@@ -182,6 +271,23 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
         return kind(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{key}: {value!r} is not a valid {getattr(kind, '__name__', kind)}") from None
+
+
+def coerce_settings(key: str, value: dict[str, Any], kind: Any) -> Any:
+    """``kind(**value)`` with each entry coerced to its field's type; unknown keys name the known ones."""
+    kinds = typing.get_type_hints(kind)
+    values = {str(k).replace("-", "_"): v for k, v in value.items()}
+    unknown = sorted(set(values) - set(kinds))
+    if unknown:
+        raise ConfigError(f"{key}: unknown settings {', '.join(unknown)}; known: {', '.join(kinds)}")
+    missing = [f.name for f in dataclasses.fields(kind) if f.name not in values and _required(f)]
+    if missing:
+        raise ConfigError(f"{key}: missing {', '.join(missing)}")
+    return kind(**{k: _coerce(f"{key}.{k}", v, kinds[k]) for k, v in values.items()})
+
+
+def _required(field: dataclasses.Field[Any]) -> bool:
+    return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
 
 
 def parse_key_values(items: list[str], what: str = "loss_config") -> dict[str, float]:
@@ -225,6 +331,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
+OTHER_SECTIONS = ("follow",)  # config-file tables that other settings read (online.settings.FollowOptions)
+
+
 def make_config(file: Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Defaults, updated by ``file`` then by ``overrides`` (entries that are None are ignored)."""
     kinds = _field_types()
@@ -236,8 +345,22 @@ def make_config(file: Path | None = None, overrides: dict[str, Any] | None = Non
     for origin, layer in zip(("config file", "option"), layers, strict=True):
         for raw_key, value in layer.items():
             key = str(raw_key).replace("-", "_")
+            if origin == "config file" and key in OTHER_SECTIONS:
+                continue
             if key not in kinds:
                 raise ConfigError(f"unknown {origin} setting {raw_key!r}; known: {', '.join(sorted(kinds))}")
             value = _coerce(key, value, kinds[key])
             merged[key] = {**merged[key], **value} if isinstance(value, dict) and key in merged else value
-    return TrainConfig(**merged).validate()
+    config = TrainConfig(**merged)
+    if file is not None:
+        for env in config.environments:
+            env.agent, env.tasks = (_relative_to(Path(file).parent, ref) for ref in (env.agent, env.tasks))
+    return config.validate()
+
+
+def _relative_to(folder: Path, ref: str | None) -> str | None:
+    """A ``file.py:function`` reference made absolute against ``folder`` (a module reference as is)."""
+    if ref is None:
+        return None
+    module, _, attr = ref.rpartition(":")
+    return f"{(folder / module).resolve()}:{attr}" if module.endswith(".py") else ref
