@@ -39,11 +39,13 @@ class GroupStager:
         self.timeout_s = timeout_s
         self.arrived: dict[str, set[str]] = {}  # task id → rollouts built so far
         self.first_seen: dict[str, float] = {}
+        self.files: dict[str, set[Path]] = {}  # task id → the span files its rollouts were built from
         self.stats = {name: dict.fromkeys(STAT_KEYS, 0) for name in self.envs}
         self.foreign: set[str] = set()  # rollouts of no listed environment
 
-    def stage(self, table: pa.Table) -> None:
-        """Note the rollouts of newly built trajectories (their rows are rebuilt on release)."""
+    def stage(self, table: pa.Table, files: Sequence[Path] = ()) -> None:
+        """Note the rollouts of newly built trajectories (their rows are rebuilt on release, from
+        ``files``, the span files they were built from, when given; else from the whole folder)."""
         if table.num_rows == 0:
             return
         pairs = table.select(["task_id", "rollout_id"]).group_by(["task_id", "rollout_id"]).aggregate([])
@@ -54,6 +56,7 @@ class GroupStager:
                 continue
             self.arrived.setdefault(task, set()).add(rollout)
             self.first_seen.setdefault(task, now)
+            self.files.setdefault(task, set()).update(files)
 
     def release(self, exclude: set[str]) -> pa.Table:
         """The rows of every group now complete (or waited out), built per environment; rollouts in
@@ -65,12 +68,17 @@ class GroupStager:
                 ready.setdefault(env.name, []).append(task)
         tables = []
         for name, tasks in ready.items():
-            part = environment_rows(self.spans_dir, self.envs[name], tasks, frozenset(exclude))
+            files = set().union(*(self.files[task] for task in tasks))
+            if not all(self.files[task] for task in tasks):
+                files = set()  # some rollouts came without their files: read the whole folder
+            part = environment_rows(
+                self.spans_dir, self.envs[name], tasks, frozenset(exclude), tuple(sorted(files)) or None
+            )
             for key, value in part.stats.items():
                 self.stats[name][key] += value
             tables.append(part.table)
             for task in tasks:
-                del self.arrived[task], self.first_seen[task]
+                del self.arrived[task], self.first_seen[task], self.files[task]
         return pa.concat_tables(tables) if tables else schemas.trajectories().empty_table()
 
 

@@ -290,7 +290,7 @@ class FollowTrainer:
             if self.stager is None:
                 self.add(polled.trajectories)
             else:
-                self.stager.stage(polled.trajectories)
+                self.stager.stage(polled.trajectories, polled.files)
         if self.stager is not None:
             self.add(self.stager.release(self.consumed))
             result.environments = self.stager.stats

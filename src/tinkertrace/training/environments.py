@@ -129,11 +129,12 @@ def environment_rows(
     env: Environment,
     task_ids: Sequence[str] | None = None,
     exclude: frozenset[str] = frozenset(),
+    files: tuple[Path, ...] | None = None,
 ) -> EnvironmentRows:
     """The trajectories of ``env``'s rollouts (of ``task_ids``; default: every task id of the
-    environment in ``spans_dir``; rollouts in ``exclude`` left out), built with its build options,
-    with its reward settings applied and its failed rollouts (or groups, past
-    ``max_failing_rollouts``) left out."""
+    environment) in ``spans_dir`` (only its ``files`` when given), rollouts in ``exclude`` left out,
+    built with its build options, with its reward settings applied and its failed rollouts (or
+    groups, past ``max_failing_rollouts``) left out."""
     import duckdb
 
     from tinkertrace import schemas
@@ -142,7 +143,7 @@ def environment_rows(
 
     con = duckdb.connect()
     try:
-        open_views(con, spans_dir)
+        open_views(con, spans_dir, files)
         con.execute(
             "CREATE TEMP TABLE skip AS SELECT unnest($ids::VARCHAR[]) AS rollout_id", {"ids": sorted(exclude)}
         )
@@ -166,7 +167,10 @@ def environment_rows(
             return EnvironmentRows(schemas.trajectories().empty_table(), dict.fromkeys(STAT_KEYS, 0))
         try:
             options = BuildOptions(
-                tasks=tuple(tasks), exclude_rollouts=exclude, **{"reward_name": "primary", **env.build}
+                tasks=tuple(tasks),
+                exclude_rollouts=exclude,
+                files=files,
+                **{"reward_name": "primary", **env.build},
             )
         except TypeError as exc:
             raise ConfigError(f"environment {env.name!r}: bad build option ({exc})") from None
