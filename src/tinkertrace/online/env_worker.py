@@ -43,7 +43,7 @@ def run_worker(
     envs = [env for env in spec["environments"] if env.get("agent")]
     agents = {env["name"]: load_ref(env["agent"]) for env in envs}
     tasks = {env["name"]: load_tasks(env["tasks"], split=env["split"]) for env in envs}
-    rng = random.Random(f"{spec['seed']}/worker-{worker}")
+    rng = random.Random(f"{spec['seed']}/{spec['run']}/worker-{worker}")
     turns = WeightedTurns([env["weight"] for env in envs])
     turns.skip(worker)
     rounds = 0
@@ -51,7 +51,7 @@ def run_worker(
         while not stop.is_set() and (parent_pid is None or os.getppid() == parent_pid):
             env = envs[turns.next()]
             task = rng.choice(tasks[env["name"]])
-            group = {**task, "id": group_task_id(env["name"], task["id"], f"w{worker}r{rounds}")}
+            group = {**task, "id": group_task_id(env["name"], task["id"], f"{spec['run']}w{worker}r{rounds}")}
             results = run_rollouts(
                 agents[env["name"]],
                 [group],

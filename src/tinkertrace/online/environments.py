@@ -15,6 +15,7 @@ import dataclasses
 import json
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -176,9 +177,10 @@ def train_with_agents(
 
 
 def worker_spec(config: TrainConfig) -> dict[str, Any]:
-    """What the agent workers need: the model to request, the seed, and the environments."""
+    """What the agent workers need: the model to request, the seed, this run's id, the environments."""
     return {
         "model": config.model,
         "seed": config.seed,
+        "run": uuid.uuid4().hex[:6],  # in every group's task id: a resumed run's groups are new groups
         "environments": [dataclasses.asdict(env) for env in config.environments],
     }

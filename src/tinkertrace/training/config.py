@@ -12,6 +12,7 @@ This module stays light (no torch, no tokenizer): the command line imports it to
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types as pytypes
 import typing
@@ -111,6 +112,10 @@ class Environment:
             (self.group_size >= 1, f"{self.name}: group_size must be at least 1"),
             (self.weight > 0, f"{self.name}: weight must be positive"),
             (self.temperature >= 0, f"{self.name}: temperature must be 0 or more"),
+            (
+                self.nonterminal_reward is None or math.isfinite(self.nonterminal_reward),
+                f"{self.name}: nonterminal_reward must be a finite number",
+            ),
             (self.max_tokens is None or self.max_tokens >= 1, f"{self.name}: max_tokens must be at least 1"),
             (
                 self.max_failing_rollouts is None or self.max_failing_rollouts >= 0,
