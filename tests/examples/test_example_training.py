@@ -22,7 +22,7 @@ from tinkertrace.training.metrics import read_metrics
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SHORT = (
     "--model", "tinkertrace/tiny-chat:nano", "--lora-rank", "2", "--max-steps", "1", "--workers", "1",
-    "--groups-per-batch", "1", "--group-timeout", "20", "--max-seconds", "100",
+    "--groups-per-batch", "1", "--group-timeout", "20", "--max-seconds", "240",
     "--keep-constant-reward-groups", "--no-progress",
 )  # fmt: skip
 
@@ -31,7 +31,7 @@ def train_example(config: Path, log_dir: Path, *extra: str) -> dict:
     """Run the example's command; its summary (LOG_DIR/summary.json)."""
     command = [sys.executable, "-m", "tinkertrace.cli.main", "train", "--follow", "--config", str(config)]
     done = subprocess.run(
-        [*command, "--log-dir", str(log_dir), *SHORT, *extra], capture_output=True, text=True, timeout=300
+        [*command, "--log-dir", str(log_dir), *SHORT, *extra], capture_output=True, text=True, timeout=420
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((log_dir / "summary.json").read_text())
