@@ -169,6 +169,8 @@ def test_follow_holds_groups_until_complete(spans: Path) -> None:
     stager.stage(alpha)
     released = stager.release(set())
     assert len(set(released["rollout_id"].to_pylist())) == 3 and stager.arrived == {}
+    stager.stage(alpha)  # the same rollouts polled again: never released twice
+    assert stager.arrived == {} and stager.release(set()).num_rows == 0
     impatient = GroupStager([Environment(name="alpha", group_size=3)], spans, timeout_s=0)
     impatient.stage(alpha.filter(pc.is_in(alpha["rollout_id"], pa.array(first_two))))
     # waited out: released at two arrived rollouts, built whole from the spans (the third is there)

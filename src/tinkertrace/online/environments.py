@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tinkertrace import schemas
 from tinkertrace.online.env_worker import SPEC_ENV
@@ -43,6 +44,7 @@ class GroupStager:
         self.files: dict[str, set[Path]] = {}  # task id → the span files its rollouts were built from
         self.stats = {name: dict.fromkeys(STAT_KEYS, 0) for name in self.envs}
         self.foreign: set[str] = set()  # rollouts of no listed environment
+        self.released: set[str] = set()  # rollouts already handed on (a group's rebuild may find some early)
 
     def stage(self, table: pa.Table, files: Sequence[Path] = ()) -> None:
         """Note the rollouts of newly built trajectories (their rows are rebuilt on release, from
@@ -52,6 +54,8 @@ class GroupStager:
         pairs = table.select(["task_id", "rollout_id"]).group_by(["task_id", "rollout_id"]).aggregate([])
         now = time.monotonic()
         for task, rollout in zip(pairs["task_id"].to_pylist(), pairs["rollout_id"].to_pylist(), strict=True):
+            if rollout in self.released:
+                continue
             if task is None or env_of(task) not in self.envs:
                 self.foreign.add(rollout)
                 continue
@@ -72,14 +76,17 @@ class GroupStager:
             files = set().union(*(self.files[task] for task in tasks))
             if not all(self.files[task] for task in tasks):
                 files = set()  # some rollouts came without their files: read the whole folder
+            skip = frozenset(exclude | self.released)
             part = environment_rows(
-                self.spans_dir, self.envs[name], tasks, frozenset(exclude), tuple(sorted(files)) or None
+                self.spans_dir, self.envs[name], tasks, skip, tuple(sorted(files)) or None
             )
+            self.released.update(pc.unique(part.table["rollout_id"]).to_pylist())
             for key, value in part.stats.items():
                 self.stats[name][key] += value
             tables.append(part.table)
             for task in tasks:
-                del self.arrived[task], self.first_seen[task], self.files[task]
+                self.released |= self.arrived.pop(task)
+                del self.first_seen[task], self.files[task]
         return pa.concat_tables(tables) if tables else schemas.trajectories().empty_table()
 
 
