@@ -22,7 +22,7 @@ from tinkertrace.training.errors import ConfigError, raise_problems
 class FollowOptions:
     """Follow-mode settings (the rest comes from :class:`~tinkertrace.training.config.TrainConfig`)."""
 
-    group_size: int = setting(4, "Rollouts a group needs before it is trained.")
+    group_size: int = setting(4, "Rollouts a group needs before it is trained (environments set their own).")
     group_timeout_s: float = setting(
         30.0, "Train a group with at least 2 rollouts after waiting this long, seconds.",
         flags=("--group-timeout",),
