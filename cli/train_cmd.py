@@ -8,8 +8,8 @@ from typing import Annotated, Any
 import typer
 
 from tinkertrace.cli.extras import needs_extra
-from tinkertrace.cli.options import OptionsOf, config_option, validated, with_settings
-from tinkertrace.online.settings import FollowOptions
+from tinkertrace.cli.options import OptionsOf, config_option, with_settings
+from tinkertrace.online.settings import FollowOptions, make_follow_options
 from tinkertrace.training.config import TrainConfig, make_config
 
 
@@ -33,6 +33,10 @@ def train(
     Each step takes --groups-per-batch groups, turns their trajectories into Tinker Datums (advantage
     on sampled tokens only), and runs forward_backward + optim_step. Metrics go to LOG_DIR/metrics.jsonl,
     checkpoints to LOG_DIR/checkpoints.jsonl.
+
+    With an 'environments' list in --config, each environment's rollouts (task ids ENV/...) are built
+    with its own settings and get its weight share of every step; with --follow and environments that
+    name an agent, the agents are run here (collector, endpoint and --workers under LOG_DIR).
     """
     from rich.console import Console
 
@@ -43,8 +47,7 @@ def train(
     try:
         train_config = make_config(config, settings)
         if follow:
-            options = validated(FollowOptions, follow_settings, config, section="follow", flat=False)
-            _follow(train_config, options, console, progress)
+            _follow(train_config, make_follow_options(config, follow_settings), console, progress)
             return
         result = run_training(train_config, progress=progress, console=console)
     except TrainingError as exc:
@@ -69,12 +72,20 @@ def _follow(settings: Any, options: Any, console: Any, progress: bool) -> None:
     import signal
     import threading
 
+    from tinkertrace.online.environments import train_with_agents
     from tinkertrace.online.follow import FollowTrainer
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        result = FollowTrainer(settings, options).run(stop=stop, console=console, progress=progress)
+        if any(env.agent for env in settings.environments):
+            result, summary = train_with_agents(
+                settings, options, console=console, progress=progress, stop=stop
+            )
+            for name, stats in summary["environments"].items():
+                console.print(f"{name}: {stats}", highlight=False, soft_wrap=True)
+        else:
+            result = FollowTrainer(settings, options).run(stop=stop, console=console, progress=progress)
     except KeyboardInterrupt:
         console.print("stopped")
         return

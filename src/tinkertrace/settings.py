@@ -95,11 +95,15 @@ def coerce(key: str, value: Any, kind: Any) -> Any:
         if value not in args:
             raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, args))}")
         return value
+    if origin is list and dataclasses.is_dataclass(args[0]):  # a list of settings (a file's tables)
+        if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+            raise ConfigError(f"{key}: expected a list of mappings, got {value!r}")
+        return [load(args[0], given=item, what=f"{key}[{i}] setting") for i, item in enumerate(value)]
     if origin is dict:
         if isinstance(value, str | list | tuple) and all(isinstance(v, str) for v in value):
             value = parse_key_values([value] if isinstance(value, str) else list(value), what=key)
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping of name to {args[1].__name__}, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
         return {str(k): coerce(f"{key}.{k}", v, args[1]) for k, v in value.items()}
     if origin in (tuple, list, frozenset):
         items = value.split(",") if isinstance(value, str) else value
@@ -193,12 +197,13 @@ def load(
     *,
     section: str | None = None,
     flat: bool = True,
+    skip: tuple[str, ...] = (),
     environ: Mapping[str, str] | None = None,
     what: str = "setting",
 ) -> S:
     """A validated ``settings`` instance: defaults, updated by ``file`` (its ``section`` table, else the
-    whole file when ``flat``), then by the environment, then by ``given`` (None values are ignored).
-    Keys may use dashes.
+    whole file when ``flat``; its ``skip`` keys belong to other settings), then by the environment, then
+    by ``given`` (None values are ignored). Keys may use dashes.
     ConfigError names an unknown key, a bad value, or the class's own validation problems."""
     kinds = field_kinds(settings)
     internal = {f.name for f in dataclasses.fields(settings) if not f.metadata.get("help")}
@@ -211,6 +216,8 @@ def load(
     for origin, layer in layers:
         for raw_key, value in layer.items():
             key = str(raw_key).replace("-", "_")
+            if origin == "config file setting" and key in skip:
+                continue
             if key not in kinds or (origin == "config file setting" and key in internal):
                 known = ", ".join(sorted(set(kinds) - internal))
                 raise ConfigError(f"unknown {origin} {raw_key!r}; known: {known}")

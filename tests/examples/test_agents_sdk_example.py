@@ -12,19 +12,20 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from tinkertrace.builder import build_trajectories
 from tinkertrace.netutil import BackgroundServer
-from tinkertrace.rollouts import load_ref
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.testing.environments import require_built
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
 from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
+from tinkertrace.training.config import make_config
+from tinkertrace.training.environments import environment_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS_PYTHON = ROOT / ".venv-agents" / "bin" / "python"
@@ -93,21 +94,22 @@ def test_agent_runs_its_tool_loop_and_leaves_the_sampled_ids(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_agents_sdk_example_trains_online(tmp_path: Path) -> None:
-    train = load_ref(f"{ROOT / 'examples' / 'train.py'}:train")
-    overrides = {
-        "model": "tinkertrace/tiny-chat:nano",
-        "steps": 1,
-        "workers": 1,
-        "groups_per_step": 1,
-        "group_timeout_s": 30,
-        "max_seconds": 150,
-        "train": {"lora_rank": 2, "remove_constant_reward_groups": False},
-    }
-    config = ROOT / "examples" / "agents_sdk" / "config.yaml"
-    summary = train(config, tmp_path, overrides=overrides, progress=False)
-    assert summary["train"]["steps"] == 1 and summary["served_version"] == 1, summary
-    assert summary["agent_errors"] == []
-    traj = pq.read_table(tmp_path / "trajectories.parquet")
-    assert traj.num_rows >= 2 and all(0.0 <= r <= 1.0 for r in traj["reward"].to_pylist())
+    """`tinkertrace train --follow --config examples/agents_sdk/config.yaml`, shortened: its workers run
+    in the example's own environment (``follow.worker_python``)."""
+    command = [
+        sys.executable, "-m", "tinkertrace.cli.main", "train", "--follow",
+        "--config", str(ROOT / "examples" / "agents_sdk" / "config.yaml"), "--log-dir", str(tmp_path),
+        "--model", "tinkertrace/tiny-chat:nano", "--lora-rank", "2", "--max-steps", "1", "--workers", "1",
+        "--groups-per-batch", "1", "--group-timeout", "30", "--max-seconds", "150",
+        "--keep-constant-reward-groups", "--no-progress",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 1 and summary["served_version"] == 1, summary
+    assert summary["agent_errors"] == [] and summary["environments"]["agents_sdk"]["rollouts"] >= 2
+    (env,) = make_config(ROOT / "examples" / "agents_sdk" / "config.yaml").environments
+    rows = environment_rows(tmp_path / "spans", env).table
+    assert rows.num_rows >= 2 and all(0.0 <= r <= 1.0 for r in rows["reward"].to_pylist())
     worker_log = (tmp_path / "agents" / "worker-0.jsonl").read_text().splitlines()
     assert worker_log and all(json.loads(line)["error"] is None for line in worker_log)

@@ -20,6 +20,8 @@ from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.testing.openai_server import ReplyRequest
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
 from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
+from tinkertrace.training.config import make_config
+from tinkertrace.training.environments import environment_rows
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -149,13 +151,10 @@ def test_solver_judge_rewards_per_agent(openai_server, tmp_path: Path) -> None:
         tmp_path, openai_server, "solver_judge/agent.py:solve", [task], respond, num_solvers=3
     )
     assert results[0].reward == 1.0 and sorted(results[0].info["solver_rewards"])[-1] == 1.0
-    env_trajectories = load_ref(f"{EXAMPLES / 'runconfig.py'}:env_trajectories")
-    env = load_ref(f"{EXAMPLES / 'runconfig.py'}:load_config")(
-        EXAMPLES / "solver_judge/config.yaml"
-    ).environments[0]
-    table, stats = env_trajectories(spans, env, ["cd-0"])
-    assert stats["rollouts"] == 1 and stats["failed"] == 0
-    rows = _rows(table)
+    (env,) = make_config(EXAMPLES / "solver_judge/config.yaml").environments
+    built = environment_rows(spans, env, ["cd-0"])
+    assert built.stats["rollouts"] == 1 and built.stats["failed"] == 0
+    rows = _rows(built.table)
     assert [r["agent_name"] for r in rows] == ["judge", "solver", "solver", "solver"]
     assert {r["group_key"] for r in rows} == {"cd-0::judge", "cd-0::solver"}
     assert rows[0]["reward"] == 1.0
@@ -196,16 +195,14 @@ def test_multi_env_reward_settings_per_environment(tmp_path: Path) -> None:
     by_task = {r.task_id: r for r in results}
     assert by_task["arithmetic/a1/r0"].info["terminal"] is False  # only tool calls: truncated
     assert by_task["spelling/s1/r0"].info["step_rewards"][0] == 0.1
-    runconfig = EXAMPLES / "multi_env" / "config.yaml"
-    envs = {e.name: e for e in load_ref(f"{EXAMPLES / 'runconfig.py'}:load_config")(runconfig).environments}
-    env_trajectories = load_ref(f"{EXAMPLES / 'runconfig.py'}:env_trajectories")
-    arith, stats = env_trajectories(spans, envs["arithmetic"], ["arithmetic/a1/r0"])
-    assert stats["truncated"] == 1 and arith["reward"].to_pylist() == [-0.2]  # nonterminal_reward
-    spell, stats = env_trajectories(spans, envs["spelling"], ["spelling/s1/r0"])
+    envs = {e.name: e for e in make_config(EXAMPLES / "multi_env" / "config.yaml").environments}
+    arith = environment_rows(spans, envs["arithmetic"], ["arithmetic/a1/r0"])
+    assert arith.stats["truncated"] == 1 and arith.table["reward"].to_pylist() == [-0.2]  # nonterminal_reward
+    spell = environment_rows(spans, envs["spelling"], ["spelling/s1/r0"])
     final = by_task["spelling/s1/r0"].reward
-    assert stats["truncated"] == 0 and 0.1 < final < 1.0
-    assert spell["reward"].to_pylist() == [pytest.approx(max(0.1, final))]  # reward_reduction: max
-    assert spell["num_turns"].to_pylist() == [2]
+    assert spell.stats["truncated"] == 0 and 0.1 < final < 1.0
+    assert spell.table["reward"].to_pylist() == [pytest.approx(max(0.1, final))]  # reward_reduction: max
+    assert spell.table["num_turns"].to_pylist() == [2]
 
 
 @pytest.mark.parametrize("garbage", ["", "}{ <tool_call>not json</tool_call>", "\ufffd\x00 9/0 ((("])

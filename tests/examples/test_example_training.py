@@ -1,43 +1,49 @@
-"""Each example's one command, shortened, on the nano built-in model: the online loop (collector
-subprocess, endpoint, agent worker processes, follow trainer) trains at least one step, publishes it
-to the endpoint, and the trajectories it trained on have the example's shape."""
+"""Each example's one command, `tinkertrace train --follow --config examples/NAME/config.yaml`,
+shortened, on the nano built-in model: the command starts the collector, the endpoint and agent worker
+processes, trains at least one step, publishes it to the endpoint, and the rollouts it trained have
+the example's shape."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
 
-import pyarrow.parquet as pq
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
-from tinkertrace.rollouts import load_ref
+from tinkertrace.training.checkpoints import read_checkpoints
+from tinkertrace.training.config import make_config
+from tinkertrace.training.environments import environment_rows
+from tinkertrace.training.metrics import read_metrics
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-SHORT: dict[str, Any] = {
-    "model": "tinkertrace/tiny-chat:nano",
-    "steps": 1,
-    "workers": 1,
-    "groups_per_step": 1,
-    "group_timeout_s": 20,
-    "max_seconds": 100,
-    "train": {"lora_rank": 2, "remove_constant_reward_groups": False},
-}
+SHORT = (
+    "--model", "tinkertrace/tiny-chat:nano", "--lora-rank", "2", "--max-steps", "1", "--workers", "1",
+    "--groups-per-batch", "1", "--group-timeout", "20", "--max-seconds", "240",
+    "--keep-constant-reward-groups", "--no-progress",
+)  # fmt: skip
 
 
-def _train(name: str, out: Path, resume: bool = False, **overrides: Any) -> dict:
-    run = load_ref(f"{EXAMPLES / 'train.py'}:train")
-    return run(
-        EXAMPLES / name / "config.yaml", out, resume=resume, overrides={**SHORT, **overrides}, progress=False
+def train_example(config: Path, log_dir: Path, *extra: str) -> dict:
+    """Run the example's command; its summary (LOG_DIR/summary.json)."""
+    command = [sys.executable, "-m", "tinkertrace.cli.main", "train", "--follow", "--config", str(config)]
+    done = subprocess.run(
+        [*command, "--log-dir", str(log_dir), *SHORT, *extra], capture_output=True, text=True, timeout=420
     )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((log_dir / "summary.json").read_text())
 
 
-def _check_trained(summary: dict, out: Path, start: int = 0) -> None:
-    assert summary["train"]["start_step"] == start
-    assert summary["train"]["steps"] == start + 1, summary
+def _check_trained(summary: dict, log_dir: Path, start: int = 0) -> set[str]:
+    """The run trained step ``start + 1`` and the endpoint served it; the rollouts that step trained."""
+    assert summary["start_step"] == start and summary["steps"] == start + 1, summary
     assert summary["served_version"] == start + 1  # the endpoint serves the newly trained version
-    records = [json.loads(line) for line in (out / "train" / "checkpoints.jsonl").read_text().splitlines()]
-    assert records[-1]["mode"] == "follow" and records[-1]["trained_rollout_ids"]
+    record = read_checkpoints(log_dir)[-1]
+    assert record["mode"] == "follow" and record["trained_rollout_ids"]
+    return set(record["trained_rollout_ids"])
 
 
 @pytest.mark.slow
@@ -51,38 +57,36 @@ def _check_trained(summary: dict, out: Path, start: int = 0) -> None:
     ],
 )
 def test_example_trains_online(name: str, agents: set, max_turns: int, tmp_path: Path) -> None:
-    summary = _train(name, tmp_path)
-    _check_trained(summary, tmp_path)
-    traj = pq.read_table(tmp_path / "trajectories.parquet")
-    assert traj.num_rows >= 2
-    assert set(traj["agent_name"].to_pylist()) == agents
-    turns = traj["num_turns"].to_pylist()
+    config = EXAMPLES / name / "config.yaml"
+    summary = train_example(config, tmp_path)
+    trained = _check_trained(summary, tmp_path)
+    (env,) = make_config(config).environments
+    rows = environment_rows(tmp_path / "spans", env).table
+    rows = rows.filter(pc.is_in(rows["rollout_id"], value_set=pa.array(sorted(trained))))
+    assert rows.num_rows >= 2
+    assert set(rows["agent_name"].to_pylist()) == agents
+    turns = rows["num_turns"].to_pylist()
     assert min(turns) >= 1 and max(turns) <= max_turns
-    assert all(r is not None and 0.0 <= r <= 1.0 for r in traj["reward"].to_pylist())
-    (env,) = summary["envs"].values()
-    assert env["rollouts"] >= 2 and env["failed"] == 0
+    assert all(r is not None and 0.0 <= r <= 1.0 for r in rows["reward"].to_pylist())
+    assert (
+        summary["environments"][env.name]["rollouts"] >= 2
+        and summary["environments"][env.name]["failed"] == 0
+    )
     assert summary["agent_errors"] == []
 
 
 @pytest.mark.slow
-def test_multi_env_runs_both_environments_and_resumes(tmp_path: Path) -> None:
-    first = _train("multi_env", tmp_path, workers=2, groups_per_step=2)
-    _check_trained(first, tmp_path)
-    envs = first["envs"]
-    assert set(envs) == {"arithmetic", "spelling"}
-    traj = pq.read_table(tmp_path / "trajectories.parquet")
-    prefixes = {t.split("/")[0] for t in traj["task_id"].to_pylist()}
-    assert prefixes and prefixes <= {"arithmetic", "spelling"}
+def test_multi_env_trains_both_environments_and_resumes(tmp_path: Path) -> None:
+    config = EXAMPLES / "multi_env" / "config.yaml"
+    first = train_example(config, tmp_path, "--groups-per-batch", "2", "--workers", "2")
+    trained = _check_trained(first, tmp_path)
+    assert set(first["environments"]) == {"arithmetic", "spelling"}
+    (metrics,) = read_metrics(tmp_path)
+    # weights 1:1, two groups a step: one group of each environment
+    assert metrics["env/arithmetic/total_episodes"] > 0 and metrics["env/spelling/total_episodes"] > 0
     logged = [
         json.loads(line) for f in (tmp_path / "agents").glob("*.jsonl") for line in f.read_text().splitlines()
     ]
     assert {row["env"] for row in logged} == {"arithmetic", "spelling"}  # workers ran both environments
-    trained = set(json.loads((tmp_path / "train" / "checkpoints.jsonl").read_text())["trained_rollout_ids"])
-    with pytest.raises(FileExistsError):
-        _train("multi_env", tmp_path)
-    again = _train("multi_env", tmp_path, resume=True, steps=2, workers=2, groups_per_step=2)
-    _check_trained(again, tmp_path, start=1)
-    records = [
-        json.loads(line) for line in (tmp_path / "train" / "checkpoints.jsonl").read_text().splitlines()
-    ]
-    assert not trained & set(records[-1]["trained_rollout_ids"])  # nothing trained twice
+    again = train_example(config, tmp_path, "--groups-per-batch", "2", "--workers", "2", "--max-steps", "2")
+    assert not trained & _check_trained(again, tmp_path, start=1)  # resumed; nothing trained twice

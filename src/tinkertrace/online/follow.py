@@ -35,12 +35,14 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from tinkertrace.online.environments import GroupStager, rollouts_per_step, select_by_weight
 from tinkertrace.online.publish import Publisher, admin_publisher, consumed_ids
 from tinkertrace.online.settings import FollowOptions
 from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.dataset import TrainingData, group_keys
+from tinkertrace.training.environments import WeightedTurns, group_environments
 from tinkertrace.training.errors import ConfigError, DataError
 from tinkertrace.training.progress import StepProgress
 from tinkertrace.training.step import TrainingSession, prepare_data, status_line
@@ -66,6 +68,7 @@ class FollowResult:
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     last_metrics: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    environments: dict[str, dict[str, int]] = field(default_factory=dict)  # per environment: what was built
 
 
 def _percentiles(values: list[float] | np.ndarray) -> tuple[float, float]:
@@ -102,16 +105,17 @@ class FollowTrainer:
         self._dropped_since_save: list[str] = []  # dropped, to be recorded with the next checkpoint
         self._last_publish_s = float("nan")  # seconds the last publication took (logged with the next step)
         self._stale_now: list[str] = []  # dropped as stale by the latest poll
+        envs = self.config.environments
+        self.stager = GroupStager(envs, Path(config.source), self.options.group_timeout_s) if envs else None
+        self.turns = WeightedTurns([env.weight for env in envs]) if envs else None
 
     # --- data ----------------------------------------------------------------------------------------
     def add(self, table: pa.Table) -> None:
         """Buffer newly built trajectories for training.
 
-        This is the hook for subclasses that hold back or rebuild rows first (the examples stage
-        each environment's groups until complete): override it and call ``super().add(rows)``.
-        It is also called with an empty table on polls that found nothing new. Rows of rollouts
-        already trained or dropped (this run or, after a restart, a recorded one) are left out here,
-        whatever a subclass rebuilt: nothing is trained twice.
+        With environments, the rows come from the :class:`GroupStager` (whole groups, built with their
+        environment's settings). Rows of rollouts already trained or dropped (this run or, after a
+        restart, a recorded one) are left out here: nothing is trained twice.
         """
         if table.num_rows and self.consumed:
             consumed = pa.array(sorted(self.consumed), pa.string())
@@ -142,17 +146,39 @@ class FollowTrainer:
         o, now = self.options, time.time()
         keys = group_keys(self.buffer, self.config.group_by)
         arrived = pa.array([self._arrived[r] for r in self.buffer["rollout_id"].to_pylist()], pa.float64())
-        frame = pa.table({"key": keys, "rollout_id": self.buffer["rollout_id"], "arrived": arrived})
-        groups = frame.group_by("key").aggregate([("rollout_id", "count_distinct"), ("arrived", "min")])
+        frame = pa.table(
+            {
+                "key": keys,
+                "rollout_id": self.buffer["rollout_id"],
+                "task_id": self.buffer["task_id"],
+                "arrived": arrived,
+            }
+        )
+        groups = frame.group_by("key").aggregate(
+            [("rollout_id", "count_distinct"), ("arrived", "min"), ("task_id", "min")]
+        )
         waited = now - groups["arrived_min"].to_numpy()
-        count = groups["rollout_id_count_distinct"].to_numpy()
-        ready = (count >= o.group_size) | ((count >= 2) & (waited >= o.group_timeout_s))
-        if not ready.any():
-            return None
-        order = np.argsort(-waited[ready], kind="stable")
-        if ready.sum() < self.config.groups_per_batch and waited[ready].max() < o.group_timeout_s:
-            return None
-        chosen = groups["key"].take(pa.array(np.flatnonzero(ready)[order][: self.config.groups_per_batch]))
+        if self.turns is not None:  # the stager releases complete groups: share them out by weight
+            names = [env.name for env in self.config.environments]
+            quotas = self.turns.quotas(self.config.groups_per_batch)
+            picked = select_by_weight(
+                group_environments(groups["task_id_min"], names), waited, quotas, o.group_timeout_s
+            )
+            if picked is None:
+                return None
+            self.turns.skip(self.config.groups_per_batch)
+            chosen = groups["key"].take(pa.array(picked, pa.int64()))
+        else:
+            count = groups["rollout_id_count_distinct"].to_numpy()
+            ready = (count >= o.group_size) | ((count >= 2) & (waited >= o.group_timeout_s))
+            if not ready.any():
+                return None
+            order = np.argsort(-waited[ready], kind="stable")
+            if ready.sum() < self.config.groups_per_batch and waited[ready].max() < o.group_timeout_s:
+                return None
+            chosen = groups["key"].take(
+                pa.array(np.flatnonzero(ready)[order][: self.config.groups_per_batch])
+            )
         mask = pc.is_in(keys, chosen)
         selected = self.buffer.filter(mask)
         self.buffer = self.buffer.filter(pc.invert(mask))
@@ -170,6 +196,8 @@ class FollowTrainer:
             session, result = self._open()
             with session:
                 self._follow(session, result, stop or threading.Event(), console, progress)
+        if self.stager is not None and self.stager.foreign:
+            result.notes.append(f"left out {len(self.stager.foreign)} rollouts of no listed environment")
         if result.rollouts_dropped_stale:
             result.notes.append(
                 f"dropped {result.rollouts_dropped_stale} rollouts sampled more than "
@@ -185,7 +213,10 @@ class FollowTrainer:
         if self.publish is None or not o.admission or o.max_staleness is None:
             yield
             return
-        self.publish.demand(self.config.groups_per_batch * o.group_size, o.max_staleness)
+        envs, per_step = self.config.environments, self.config.groups_per_batch * o.group_size
+        if envs:
+            per_step = rollouts_per_step(envs, self.config.groups_per_batch)
+        self.publish.demand(per_step, o.max_staleness)
         try:
             yield
         finally:
@@ -256,7 +287,13 @@ class FollowTrainer:
             result.notes.extend(f"skipped span file {s}" for s in polled.skipped_files)
             for rid in pc.unique(polled.trajectories["rollout_id"]).to_pylist():
                 self._arrived.setdefault(rid, polled.built_at)
-            self.add(polled.trajectories)
+            if self.stager is None:
+                self.add(polled.trajectories)
+            else:
+                self.stager.stage(polled.trajectories, polled.files)
+        if self.stager is not None:
+            self.add(self.stager.release(self.consumed))
+            result.environments = self.stager.stats
         self._stale_now = self._drop_stale(result.steps)
         result.rollouts_dropped_stale += len(self._stale_now)
         self._dropped_since_save.extend(self._stale_now)

@@ -79,7 +79,7 @@ class OnlineStack:
     def start_workers(self, count: int) -> None:
         """Start ``count`` agent worker processes against the endpoint and the collector."""
         s = self.settings
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **s.worker_env}
         for i in range(len(self._workers), len(self._workers) + count):
             self._workers.append(
                 subprocess.Popen(
@@ -115,21 +115,24 @@ class OnlineStack:
         trainer: Any,
         *,
         workers: int,
-        max_seconds: float,
+        max_seconds: float | None,
         progress: bool = False,
         around: AbstractContextManager[Any] | None = None,
+        stop: threading.Event | None = None,
+        console: Any = None,
     ) -> Any:
-        """Start ``workers`` agent workers, run ``trainer`` (a ``FollowTrainer``) until its step limit or
-        ``max_seconds``, then stop the workers; returns the trainer's result. ``around`` (e.g. a rich
-        ``Live`` display) is entered for the duration of the training."""
-        stop = threading.Event()
-        timer = threading.Timer(max_seconds, stop.set)
+        """Start ``workers`` agent workers, run ``trainer`` (a ``FollowTrainer``) until its step limit,
+        ``max_seconds`` (None: no limit) or ``stop`` is set, then stop the workers; returns the trainer's
+        result. ``around`` (e.g. a rich ``Live`` display) is entered for the duration of the training."""
+        stop = stop or threading.Event()
+        timer = threading.Timer(max_seconds if max_seconds is not None else 0, stop.set)
         timer.daemon = True
         self.start_workers(workers)
-        timer.start()
+        if max_seconds is not None:
+            timer.start()
         try:
             with around if around is not None else nullcontext():
-                return trainer.run(stop=stop, progress=progress)
+                return trainer.run(stop=stop, console=console, progress=progress)
         finally:
             timer.cancel()
             self.stop_workers()

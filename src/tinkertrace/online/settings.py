@@ -7,13 +7,14 @@ on purpose: the command line imports this module to build its help.
 
 from __future__ import annotations
 
+import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from tinkertrace.builtin import DEMO_MODEL
-from tinkertrace.settings import check_choices, setting
+from tinkertrace.settings import check_choices, load, setting
 from tinkertrace.training.errors import raise_problems
 
 
@@ -21,7 +22,7 @@ from tinkertrace.training.errors import raise_problems
 class FollowOptions:
     """Follow-mode settings (the rest comes from :class:`~tinkertrace.training.config.TrainConfig`)."""
 
-    group_size: int = setting(4, "Rollouts a group needs before it is trained.")
+    group_size: int = setting(4, "Rollouts a group needs before it is trained (environments set their own).")
     group_timeout_s: float = setting(
         30.0, "Train a group with at least 2 rollouts after waiting this long, seconds.",
         flags=("--group-timeout",),
@@ -44,6 +45,23 @@ class FollowOptions:
         "serve --watch-checkpoints LOG_DIR/checkpoints.jsonl picks them up.",
     )
     publish_token: str | None = setting(None, "The endpoint's admin token.", envvar="TINKERTRACE_ADMIN_TOKEN")
+    workers: int = setting(
+        2,
+        "With environments that name an agent (--config): agent worker processes to start; each runs "
+        "one group of one environment at a time, spans to a collector this command starts.",
+    )
+    max_seconds: float | None = setting(None, "Stop after this many seconds.")
+    worker_python: str | None = setting(
+        None,
+        "The agent workers' Python interpreter (an environment of their own; relative to the config file); "
+        "default: this one.",
+        cli=False,
+    )
+    sample_url: str | None = setting(
+        None,
+        "With agents: they sample from this OpenAI-compatible server (…/v1) instead of the endpoint this "
+        "command starts (new versions reach it only through --publish-url).",
+    )
     admission: bool = setting(
         True,
         "With --publish-url: tell the endpoint how many rollouts each step consumes, so it starts a new "
@@ -60,10 +78,22 @@ class FollowOptions:
             (0 < self.staleness_decay <= 1, "staleness_decay must be in (0, 1]"),
             (self.poll_s > 0, "poll_s must be positive"),
             (self.max_steps is None or self.max_steps >= 1, "max_steps must be at least 1"),
+            (self.workers >= 1, "workers must be at least 1"),
+            (self.max_seconds is None or self.max_seconds > 0, "max_seconds must be positive"),
             *check_choices(self),
         ]
         raise_problems(checks, "invalid follow settings")
         return self
+
+
+def make_follow_options(file: Path | None = None, overrides: dict[str, Any] | None = None) -> FollowOptions:
+    """Defaults, updated by the ``follow`` table of the config ``file``, then by ``overrides``; a
+    ``worker_python`` from the file is relative to it."""
+    options = load(FollowOptions, file, overrides, section="follow", flat=False, what="option")
+    if file is not None and options.worker_python:  # a file-only setting
+        # absolute, not resolved: a virtualenv's python is a symlink, and resolving it leaves the env
+        options.worker_python = os.path.normpath(Path(file).parent.absolute() / options.worker_python)
+    return options
 
 
 @dataclass
@@ -78,6 +108,7 @@ class StackSettings:
     max_tokens: int = 20
     agent_module: str = "tinkertrace.online.demo_agent"
     worker_python: str = sys.executable  # the interpreter of the agent workers (their own env)
+    worker_env: dict[str, str] = field(default_factory=dict)  # extra environment variables of the workers
 
     @property
     def spans_dir(self) -> Path:
@@ -115,6 +146,18 @@ class DemoSettings:
     groups_per_batch: int = setting(4, "Groups per training step.", cli=False)
     max_tokens: int = setting(StackSettings.max_tokens, "Longest reply, tokens.", cli=False)
     max_staleness: int = setting(1, "Rollouts sampled more than N versions ago are dropped.", cli=False)
+    workers: int = setting(
+        2,
+        "With environments that name an agent (--config): agent worker processes to start; each runs "
+        "one group of one environment at a time, spans to a collector this command starts.",
+    )
+    max_seconds: float | None = setting(None, "Stop after this many seconds.")
+    worker_python: str | None = setting(
+        None,
+        "The agent workers' Python interpreter (an environment of their own; relative to the config file); "
+        "default: this one.",
+        cli=False,
+    )
     admission: bool = setting(
         True, "The endpoint starts only rollouts the trainer will take within max_staleness.", cli=False
     )

@@ -34,6 +34,7 @@ class TailPoll:
     rollouts_incomplete: int = 0
     skipped_files: list[str] = field(default_factory=list)
     built_at: float = field(default_factory=time.time)  # wall clock when the poll finished
+    files: tuple[Path, ...] = ()  # the span files it read: every span of the rollouts it built is in them
 
 
 @dataclass
@@ -104,6 +105,7 @@ class SpanTail:
             rollouts_built=len(built),
             rollouts_incomplete=len(result.summary.incomplete_rollout_ids),
             skipped_files=skipped + [f"{p}: {why}" for p, why in result.summary.corrupt_files],
+            files=files,
         )
 
 

@@ -12,6 +12,7 @@ This module stays light (no torch, no tokenizer): the command line imports it to
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,77 @@ from tinkertrace.training.errors import raise_problems
 
 Loss = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
 AdvantageMode = Literal["group", "std", "none"]
+Reduction = Literal["sum", "mean", "max", "min", "last"]
+
+
+@dataclass
+class Environment:
+    """One training environment of a multi-environment run (the ``environments`` list of a config
+    file): its agent and tasks, how its rollouts are sampled, and how they become training rows.
+
+    Its rollouts' task ids start with ``NAME/`` (:func:`tinkertrace.training.environments.group_task_id`),
+    which is how trajectories are told apart by environment."""
+
+    name: str = setting(help="The environment's name (no '/'): the first part of its rollouts' task ids.")
+    agent: str | None = setting(
+        None, "The agent: 'path/to/file.py:function' (relative to the config file) or 'module:function'."
+    )
+    tasks: str | None = setting(None, "The task source, a function returning task dicts with an 'id'.")
+    split: str = setting("train", "The task split the agents draw from.")
+    group_size: int = setting(4, "Rollouts per task: one GRPO group.")
+    weight: float = setting(1.0, "The environment's share of each step's groups (relative to the others).")
+    temperature: float = setting(1.0, "Sampling temperature passed to the agent.")
+    max_tokens: int | None = setting(None, "Longest reply, tokens, passed to the agent (default: its own).")
+    agent_kwargs: dict[str, Any] = setting(
+        help="Further keyword arguments for the agent.", default_factory=dict
+    )
+    build: dict[str, Any] = setting(
+        help="Build options of its rollouts (tinkertrace build's settings: agent, group_by, reward_policy…).",
+        default_factory=dict,
+    )
+    reward_reduction: Reduction | None = setting(
+        None,
+        "A trajectory's reward from its per-call rewards: sum, mean, max, min or last "
+        "(default: the builder's reward).",
+    )
+    nonterminal_reward: float | None = setting(
+        None, "The reward of rollouts that ended without finishing (they emitted a 'truncated' reward)."
+    )
+    max_failing_rollouts: int | None = setting(
+        None,
+        "Drop a group when more of its rollouts than this failed (default: keep it, failed ones left out).",
+    )
+    reward_per_call: bool = setting(
+        False, "A one-call trajectory keeps its own call's reward (parallel solvers), not the agent's sum."
+    )
+
+    def validate(self) -> Environment:
+        """Check names and ranges; returns self."""
+        checks = [
+            (
+                bool(self.name) and "/" not in self.name,
+                f"environment name {self.name!r} must be non-empty, no '/'",
+            ),
+            (self.group_size >= 1, f"{self.name}: group_size must be at least 1"),
+            (self.weight > 0, f"{self.name}: weight must be positive"),
+            (self.temperature >= 0, f"{self.name}: temperature must be 0 or more"),
+            (
+                self.nonterminal_reward is None or math.isfinite(self.nonterminal_reward),
+                f"{self.name}: nonterminal_reward must be a finite number",
+            ),
+            (self.max_tokens is None or self.max_tokens >= 1, f"{self.name}: max_tokens must be at least 1"),
+            (
+                self.max_failing_rollouts is None or self.max_failing_rollouts >= 0,
+                f"{self.name}: max_failing_rollouts must be 0 or more",
+            ),
+            (
+                (self.agent is None) == (self.tasks is None),
+                f"{self.name}: give both agent and tasks, or neither",
+            ),
+            *((ok, f"{self.name}: {problem}") for ok, problem in check_choices(self)),
+        ]
+        raise_problems(checks, "invalid environment")
+        return self
 
 
 @dataclass
@@ -94,6 +166,12 @@ class TrainConfig:
         None, "Also log to this Weights & Biases project (needs the wandb package; or $WANDB_PROJECT)."
     )
     wandb_run_name: str | None = setting(None, "The Weights & Biases run name.", cli=False)
+    environments: list[Environment] = setting(
+        help="Multi-environment training: a list of environments (name, agent, tasks, group_size, weight, "
+        "sampling and reward settings; see docs/training.md).",
+        cli=False,
+        default_factory=list,
+    )
 
     def validate(self) -> TrainConfig:
         """Check value ranges and choices; returns self."""
@@ -105,8 +183,11 @@ class TrainConfig:
             (self.max_tokens_per_datum >= 1, "max_tokens_per_datum must be at least 1"),
             (self.save_every >= 0, "save_every must be 0 (only at the end) or more"),
             *check_choices(self),
+            *_unique_names(self.environments),
         ]
         raise_problems(checks, "invalid training config")
+        for env in self.environments:
+            env.validate()
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,6 +195,27 @@ class TrainConfig:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
 
 
+def _unique_names(environments: list[Environment]) -> list[tuple[bool, str]]:
+    names = [env.name for env in environments]
+    return [(names.count(n) == 1, f"environment {n!r} is listed twice") for n in sorted(set(names))]
+
+
+OTHER_SECTIONS = ("follow",)  # config-file tables that other settings read (online.settings.FollowOptions)
+
+
 def make_config(file: Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults, updated by ``file`` (flat, or its ``train`` table), then by ``overrides`` (None: unset)."""
-    return load(TrainConfig, file, overrides, section="train", what="option")
+    """Defaults, updated by ``file`` (flat, or its ``train`` table), then by ``overrides`` (None: unset).
+    Environments' ``file.py:function`` references are relative to the file."""
+    config = load(TrainConfig, file, overrides, section="train", skip=OTHER_SECTIONS, what="option")
+    if file is not None:
+        for env in config.environments:
+            env.agent, env.tasks = (_relative_to(Path(file).parent, ref) for ref in (env.agent, env.tasks))
+    return config
+
+
+def _relative_to(folder: Path, ref: str | None) -> str | None:
+    """A ``file.py:function`` reference made absolute against ``folder`` (a module reference as is)."""
+    if ref is None:
+        return None
+    module, _, attr = ref.rpartition(":")
+    return f"{(folder / module).resolve()}:{attr}" if module.endswith(".py") else ref

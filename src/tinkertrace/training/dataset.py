@@ -104,6 +104,15 @@ def _is_spans_file(path: Path) -> bool:
     return "span_id" in names and "tokens" not in names
 
 
+def is_spans_folder(source: Path) -> bool:
+    """Whether ``source`` is a folder of span files (not trajectories)."""
+    source = Path(source)
+    if not source.is_dir() or (source / TRAJECTORIES_FILE).is_file():
+        return False
+    files = sorted(p for p in source.rglob("*.parquet") if not p.name.startswith("."))
+    return any(_is_spans_file(p) for p in files[:5])
+
+
 def load_source(source: Path, build_dir: Path) -> tuple[pa.Table, DataReport]:
     """Trajectories from a Parquet file, a folder of trajectory files, or a spans folder (built first)."""
     source = Path(source)

@@ -13,6 +13,7 @@ last one with its optimizer state and continues at the same data position.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig
-from tinkertrace.training.dataset import TrainingData, epoch_batches, load_source, steps_per_epoch
+from tinkertrace.training.dataset import (
+    DataReport,
+    TrainingData,
+    epoch_batches,
+    is_spans_folder,
+    load_source,
+    steps_per_epoch,
+)
+from tinkertrace.training.environments import epoch_order, group_environments, load_environments
 from tinkertrace.training.errors import ConfigError
 from tinkertrace.training.progress import StepProgress
 from tinkertrace.training.step import TrainingSession, prepare_data, status_line
@@ -50,12 +59,15 @@ class TrainResult:
 
 def _order_settings(config: TrainConfig, data: TrainingData) -> dict[str, Any]:
     """What fixes the data order; recorded with each checkpoint and checked on resume."""
-    return {
+    order = {
         "data_fingerprint": data.fingerprint,
         "seed": config.seed,
         "groups_per_batch": config.groups_per_batch,
         "shuffle": config.shuffle,
     }
+    if config.environments:
+        order["environment_weights"] = {env.name: env.weight for env in config.environments}
+    return order
 
 
 def _resume_point(config: TrainConfig, data: TrainingData) -> dict[str, Any] | None:
@@ -86,15 +98,25 @@ class _Plan:
         self.total = self.per_epoch * config.epochs
         self._epoch = -1  # the epoch whose batches are in self._batches
         self._batches: list[np.ndarray] = []
+        names = [env.name for env in config.environments]
+        first_rows = np.unique(data.group_of_row, return_index=True)[1]
+        self.group_env = group_environments(data.table["task_id"].take(first_rows), names) if names else None
 
     def rows(self, step: int) -> tuple[int, np.ndarray]:
         """The epoch of ``step`` and the rows (indices into ``data.table``) it trains."""
         epoch, index = divmod(step, self.per_epoch)
         if epoch != self._epoch:
             c = self.config
-            self._batches = epoch_batches(
-                self.data.num_groups, c.groups_per_batch, seed=c.seed, epoch=epoch, shuffle=c.shuffle
-            )
+            if self.group_env is None:
+                self._batches = epoch_batches(
+                    self.data.num_groups, c.groups_per_batch, seed=c.seed, epoch=epoch, shuffle=c.shuffle
+                )
+            else:  # each environment's weight share of every batch, while it has groups left
+                weights = [env.weight for env in c.environments]
+                order = epoch_order(self.group_env, weights, seed=c.seed, epoch=epoch, shuffle=c.shuffle)
+                self._batches = [
+                    order[i : i + c.groups_per_batch] for i in range(0, len(order), c.groups_per_batch)
+                ]
             self._epoch = epoch
         return epoch, self.data.rows_for_groups(self._batches[index])
 
@@ -113,8 +135,19 @@ def _load(config: TrainConfig) -> tuple[TrainingData, list[str]]:
         raise ConfigError("hosted Tinker trains LoRA adapters only: lora_rank must be at least 1")
     log_dir = Path(config.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    table, report = load_source(Path(config.source), log_dir / "build")
-    return prepare_data(table, config, report), report.notes()
+    if not config.environments:
+        table, report = load_source(Path(config.source), log_dir / "build")
+        return prepare_data(table, config, report), report.notes()
+    source = Path(config.source)
+    if is_spans_folder(source):
+        report = DataReport(source=f"{source} (spans, built per environment)")
+        table, stats, notes = load_environments(source, config.environments, None)
+    else:
+        built, report = load_source(source, log_dir / "build")
+        table, stats, notes = load_environments(source, config.environments, built)
+    report.rows_read = table.num_rows
+    (log_dir / "environments.json").write_text(json.dumps(stats, indent=2))
+    return prepare_data(table, config, report), notes + report.notes()
 
 
 def _progress(enabled: bool, console: Console | None, plan: _Plan, start: int) -> StepProgress:

@@ -37,6 +37,7 @@ from tinkertrace.training.checkpoints import append_checkpoint
 from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.dataset import DataReport, TrainingData, prepare
 from tinkertrace.training.datums import DatumBatch, build_datums
+from tinkertrace.training.environments import environment_metrics
 from tinkertrace.training.errors import BackendError
 from tinkertrace.training.metrics import MetricsLogger, kl_sample_train
 
@@ -202,6 +203,11 @@ class TrainingSession:
             "optim/lr": self.config.learning_rate,
             **batch_metrics(data, rows, batch),
         }
+        if self.config.environments:
+            trajectories, first = np.unique(data.trajectory_of_row[rows], return_index=True)
+            names = [env.name for env in self.config.environments]
+            task_ids = data.table["task_id"].take(rows[first])
+            metrics.update(environment_metrics(task_ids, data.reward_of_trajectory[trajectories], names))
         if batch.data:
             metrics.update(train_step(self.client, batch, self.config, self.adam))
         return batch, metrics

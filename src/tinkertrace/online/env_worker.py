@@ -1,0 +1,92 @@
+"""An agent worker of ``tinkertrace train --follow`` over environments: rounds of rollout groups
+against the sampling endpoint, spans to the collector.
+
+Started by :func:`tinkertrace.online.environments.train_with_agents` (through
+``OnlineStack.start_workers``, which passes the endpoint, collector, worker number and log file; the
+environments come in the JSON file named by ``$TINKERTRACE_ENVIRONMENTS``). Each round takes the
+next environment by weight (:class:`~tinkertrace.training.environments.WeightedTurns`, offset by
+the worker number) and one of its tasks, and runs the agent ``group_size`` times at once: one GRPO
+group, whose task id names the environment, the task and the round. One JSON line per rollout goes
+to ``--log``; SIGTERM ends the worker after its current round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import tinkertrace
+from tinkertrace.rollouts import load_ref, load_tasks, run_rollouts
+from tinkertrace.training.environments import WeightedTurns, group_task_id
+
+SPEC_ENV = "TINKERTRACE_ENVIRONMENTS"
+
+
+def agent_arguments(env: dict[str, Any], base_url: str, model: str) -> dict[str, Any]:
+    """The keyword arguments an environment's agent gets: endpoint, model, sampling settings, its own."""
+    kwargs = {"base_url": base_url, "model": model, "temperature": env["temperature"]}
+    if env.get("max_tokens") is not None:
+        kwargs["max_tokens"] = env["max_tokens"]
+    return {**kwargs, **env["agent_kwargs"]}
+
+
+def run_worker(
+    spec: dict[str, Any], base_url: str, worker: int, log: Path, stop: threading.Event, parent_pid: int | None
+) -> int:
+    """Rounds of rollout groups until ``stop`` is set or the parent process is gone; rounds run."""
+    envs = [env for env in spec["environments"] if env.get("agent")]
+    agents = {env["name"]: load_ref(env["agent"]) for env in envs}
+    tasks = {env["name"]: load_tasks(env["tasks"], split=env["split"]) for env in envs}
+    rng = random.Random(f"{spec['seed']}/{spec['run']}/worker-{worker}")
+    turns = WeightedTurns([env["weight"] for env in envs])
+    turns.skip(worker)
+    rounds = 0
+    with log.open("a") as out:
+        while not stop.is_set() and (parent_pid is None or os.getppid() == parent_pid):
+            env = envs[turns.next()]
+            task = rng.choice(tasks[env["name"]])
+            group = {**task, "id": group_task_id(env["name"], task["id"], f"{spec['run']}w{worker}r{rounds}")}
+            results = run_rollouts(
+                agents[env["name"]],
+                [group],
+                samples_per_task=env["group_size"],
+                agent_kwargs=agent_arguments(env, base_url, spec["model"]),
+                concurrency=env["group_size"],
+            )
+            for result in results:
+                row = {"env": env["name"], "task_id": result.task_id, "reward": result.reward}
+                row.update(error=result.error, worker=worker, round=rounds)
+                out.write(json.dumps(row) + "\n")
+            out.flush()
+            rounds += 1
+    return rounds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base-url", required=True, help="OpenAI-compatible endpoint (…/v1)")
+    parser.add_argument("--collector", required=True, help="OTLP/HTTP collector URL")
+    parser.add_argument("--model", default=None, help="model name to request (default: the spec's)")
+    parser.add_argument("--worker", type=int, default=0, help="worker number (varies the tasks)")
+    parser.add_argument("--log", type=Path, required=True, help="JSON-lines file of rollout results")
+    parser.add_argument("--group-size", type=int, default=None, help="ignored: each environment's rules")
+    parser.add_argument("--max-tokens", type=int, default=None, help="ignored: each environment's rules")
+    parser.add_argument("--export-delay", type=float, default=0.1, help="span export delay, seconds")
+    args = parser.parse_args()
+    spec = json.loads(Path(os.environ[SPEC_ENV]).read_text())
+    spec["model"] = args.model or spec["model"]
+    tinkertrace.init(endpoint=args.collector, schedule_delay_s=args.export_delay)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    run_worker(spec, args.base_url, args.worker, args.log, stop, os.getppid())
+    tinkertrace.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""The agent worker of `train --follow` over environments: environments taken in turn by weight,
+one group of ``group_size`` rollouts per round under an ``ENV/TASK/RUNwWrR`` task id, the agent called
+with the environment's sampling settings."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from tinkertrace.online.env_worker import run_worker
+from tinkertrace.testing.waiting import wait_until
+
+AGENT = """
+import json
+
+def agent(task, *, calls, **settings):
+    with open(calls, "a") as out:
+        out.write(json.dumps({"task": task["id"], **settings}) + "\\n")
+    return 1.0 if task["id"].startswith("a/") else 0.0
+
+def tasks(split="train"):
+    return [{"id": f"{split}-{i}"} for i in range(3)]
+"""
+
+
+def test_worker_runs_groups_by_weight(tmp_path: Path) -> None:
+    (tmp_path / "agent.py").write_text(AGENT)
+    calls, log = tmp_path / "calls.jsonl", tmp_path / "worker.jsonl"
+    env = {
+        "agent": f"{tmp_path / 'agent.py'}:agent",
+        "tasks": f"{tmp_path / 'agent.py'}:tasks",
+        "split": "train",
+    }
+    spec = {
+        "model": "m",
+        "seed": 0,
+        "run": "abc",
+        "environments": [
+            {**env, "name": "a", "weight": 3, "group_size": 2, "temperature": 0.5, "max_tokens": 7,
+             "agent_kwargs": {"calls": str(calls)}},
+            {**env, "name": "b", "weight": 1, "group_size": 3, "temperature": 1.0, "max_tokens": None,
+             "agent_kwargs": {"calls": str(calls)}},
+        ],
+    }  # fmt: skip
+    stop = threading.Event()
+    worker = threading.Thread(target=run_worker, args=(spec, "http://x/v1", 0, log, stop, None))
+    worker.start()
+    try:
+        wait_until(lambda: log.exists() and len(log.read_text().splitlines()) >= 9, 30, "four rounds logged")
+    finally:
+        stop.set()
+        worker.join(30)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    rounds = [[r for r in rows if r["round"] == k] for k in range(4)]
+    assert [(group[0]["env"], len(group)) for group in rounds] == [("a", 2), ("a", 2), ("b", 3), ("a", 2)]
+    for k, group in enumerate(rounds):
+        (task_id,) = {r["task_id"] for r in group}
+        env, task, tag = task_id.split("/")
+        assert env == group[0]["env"] and task.startswith("train-") and tag == f"abcw0r{k}"
+    settings = [json.loads(line) for line in calls.read_text().splitlines()]
+    a_call = next(c for c in settings if c["task"].startswith("a/"))
+    b_call = next(c for c in settings if c["task"].startswith("b/"))
+    assert (a_call["temperature"], a_call["max_tokens"], a_call["model"]) == (0.5, 7, "m")
+    assert b_call["temperature"] == 1.0 and "max_tokens" not in b_call
+    assert all(c["base_url"] == "http://x/v1" for c in settings)
+    assert [r["reward"] for r in rounds[0]] == [1.0, 1.0] and [r["reward"] for r in rounds[2]] == [0.0] * 3
