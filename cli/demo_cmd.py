@@ -19,7 +19,7 @@ def demo(
         Path | None,
         typer.Option(help="Output folder (default: a new ./tinkertrace-demo-<timestamp>/)."),
     ] = None,
-    settings: dict[str, Any] = OptionsOf(DemoSettings),
+    settings: dict[str, Any] = OptionsOf(DemoSettings),  # type: ignore[assignment]
     ui: Annotated[
         bool,
         typer.Option(

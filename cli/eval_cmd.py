@@ -12,7 +12,7 @@ from tinkertrace.evaluation_settings import EvalSettings
 
 
 @with_settings
-def eval_command(settings: dict[str, Any] = OptionsOf(EvalSettings)) -> None:
+def eval_command(settings: dict[str, Any] = OptionsOf(EvalSettings)) -> None:  # type: ignore[assignment]
     """Run AGENT on every task of a split several times and report pass@k (unbiased estimator)."""
     from rich.console import Console
     from rich.progress import Progress

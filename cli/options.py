@@ -48,7 +48,7 @@ def validated(settings: type[S], **values: Any) -> S:
     from tinkertrace.training.errors import ConfigError
 
     try:
-        return settings(**values).validate()  # type: ignore[attr-defined, no-any-return]
+        return settings(**values).validate()  # type: ignore[attr-defined]
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -80,7 +80,7 @@ def with_settings(command: F) -> F:
             values[group] = {
                 name: value
                 for name, value in given.items()
-                if source(name).name != "DEFAULT"  # typer's own copy of click's ParameterSource
+                if (given_by := source(name)) is None or given_by.name != "DEFAULT"  # typer's copy of click's
             }
         return command(**values)
 
