@@ -80,7 +80,7 @@ def with_settings(command: F) -> F:
             values[group] = {
                 name: value
                 for name, value in given.items()
-                if (given_by := source(name)) is None or given_by.name != "DEFAULT"  # typer's copy of click's
+                if (given_by := source(name)) is None or given_by.name != "DEFAULT"  # a ParameterSource
             }
         return command(**values)
 

@@ -117,7 +117,7 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
     return ForwardBackwardCall(
         model_id=msg.model_id,
         seq_id=msg.seq_id,
-        loss_fn=cast("types.LossFnType", msg.loss_fn),  # the engine checks it (an unknown one: its error)
+        loss_fn=cast(types.LossFnType, msg.loss_fn),  # the engine checks it (an unknown one: its error)
         loss_fn_config=config,
         forward_only=msg.forward_only,
         data=data,
