@@ -18,7 +18,6 @@ import re
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -31,12 +30,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 S = TypeVar("S")
 
 
-@dataclass(frozen=True)
-class OptionsOf:
-    """Marks a command parameter that stands for the command-line fields of ``settings``."""
+class OptionsOf(dict[str, Any]):
+    """Marks a command parameter that stands for the command-line fields of ``settings``. It is an
+    (empty) dict, as the value the command receives in its place is."""
 
-    settings: type
-    help_prefix: str = ""  # e.g. "--follow: " for options that only act with another
+    def __init__(self, settings: type, help_prefix: str = "") -> None:
+        super().__init__()
+        self.settings = settings
+        self.help_prefix = help_prefix  # e.g. "--follow: " for options that only act with another
 
 
 def cli_fields(settings: type) -> list[dataclasses.Field[Any]]:
@@ -116,7 +117,7 @@ def with_settings(command: F) -> F:
             values[group] = {
                 name: value
                 for name, value in given.items()
-                if source(name).name != "DEFAULT"  # typer's own copy of click's ParameterSource
+                if (given_by := source(name)) is None or given_by.name != "DEFAULT"  # a ParameterSource
             }
         return command(**values)
 

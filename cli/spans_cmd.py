@@ -88,7 +88,7 @@ def stats(spans_dir: SpansDir) -> None:
         for row in result.fetchall():
             table.add_row(*(str(v) for v in row))
         console.print(table)
-    total = con.execute("SELECT count(*) FROM spans").fetchone()[0]
+    total = con.execute("SELECT count(*) FROM spans").fetchone()[0]  # type: ignore[index]
     console.print(f"{total} spans in {len(report.files)} file(s) under {spans_dir}")
     for path, reason in report.skipped:
         console.print(f"[yellow]skipped {path}: {reason}[/yellow]")

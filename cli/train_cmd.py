@@ -15,7 +15,7 @@ from tinkertrace.training.config import TrainConfig, make_config
 
 @with_settings
 def train(
-    settings: dict[str, Any] = OptionsOf(TrainConfig),  # type: ignore[assignment]
+    settings: dict[str, Any] = OptionsOf(TrainConfig),
     config: Annotated[Path | None, config_option(TrainConfig, FollowOptions, section="train")] = None,
     progress: Annotated[bool, typer.Option(help="Show the live progress bar.")] = True,
     follow: Annotated[
@@ -26,7 +26,7 @@ def train(
             "checkpoint and publish every step; restarting resumes without retraining a rollout.",
         ),
     ] = False,
-    follow_settings: dict[str, Any] = OptionsOf(FollowOptions, "--follow: "),  # type: ignore[assignment]
+    follow_settings: dict[str, Any] = OptionsOf(FollowOptions, "--follow: "),
 ) -> None:
     """Train the policy with RL on traced trajectories, on the local engine or hosted Tinker.
 

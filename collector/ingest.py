@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import queue
 import threading
@@ -117,7 +118,7 @@ class Ingestor:
         self.budget = MemoryBudget(config.max_queue_bytes, int(WRITE_FACTOR * self.file_bytes))
         self._closing = False
         self.failure: str | None = None  # a bug stopped the storage threads: nothing is accepted any more
-        self.stats = {
+        self.stats: dict[str, Any] = {
             "requests": 0,
             "spans": 0,
             "rejected_spans": 0,
@@ -352,7 +353,7 @@ class Ingestor:
                     self._write_files(self.writer.flush if due else self.writer.write_due)
                 elif kind == "close":
                     self._write_files(self.writer.flush)
-                    self._retrying(WRITER, lambda segment=value: self.wal.delete(segment))
+                    self._retrying(WRITER, functools.partial(self.wal.delete, value))
             except Exception as exc:  # a bug: keep the WAL segment, the next start replays it
                 self._fail(f"Parquet writer failed: {exc!r}")
                 break

@@ -15,7 +15,7 @@ from typing import Any
 
 def _pack(values: Iterable[Any], code: str, dtype: str) -> bytes:
     if hasattr(values, "astype"):  # a numpy array: convert without a Python loop
-        return values.astype(dtype).tobytes()  # type: ignore[attr-defined]
+        return values.astype(dtype).tobytes()
     packed = array(code, values)
     if sys.byteorder == "big":
         packed.byteswap()

@@ -98,7 +98,8 @@ def coerce(key: str, value: Any, kind: Any) -> Any:
     if origin is list and dataclasses.is_dataclass(args[0]):  # a list of settings (a file's tables)
         if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
             raise ConfigError(f"{key}: expected a list of mappings, got {value!r}")
-        return [load(args[0], given=item, what=f"{key}[{i}] setting") for i, item in enumerate(value)]
+        item_kind: Any = args[0]
+        return [load(item_kind, given=item, what=f"{key}[{i}] setting") for i, item in enumerate(value)]
     if origin is dict:
         if isinstance(value, str | list | tuple) and all(isinstance(v, str) for v in value):
             value = parse_key_values([value] if isinstance(value, str) else list(value), what=key)
@@ -206,7 +207,8 @@ def load(
     by ``given`` (None values are ignored). Keys may use dashes.
     ConfigError names an unknown key, a bad value, or the class's own validation problems."""
     kinds = field_kinds(settings)
-    internal = {f.name for f in dataclasses.fields(settings) if not f.metadata.get("help")}
+    declared = dataclasses.fields(settings)  # type: ignore[arg-type]  # S is a dataclass
+    internal = {f.name for f in declared if not f.metadata.get("help")}
     merged: dict[str, Any] = {}
     layers = [
         ("config file setting", read_config_file(file, section, flat) if file else {}),
@@ -223,7 +225,7 @@ def load(
                 raise ConfigError(f"unknown {origin} {raw_key!r}; known: {known}")
             value = coerce(key, value, kinds[key])
             merged[key] = {**merged[key], **value} if isinstance(value, dict) and key in merged else value
-    required = [f.name for f in dataclasses.fields(settings) if is_required(f) and f.name not in merged]
+    required = [f.name for f in declared if is_required(f) and f.name not in merged]
     if required:
         raise ConfigError(f"missing required {what}(s): {', '.join(required)}")
     try:

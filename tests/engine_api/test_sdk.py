@@ -3,6 +3,7 @@ the sampling endpoint and a Tinker user script make, compared with the in-proces
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from pathlib import Path
@@ -301,8 +302,11 @@ def test_closing_a_session_releases_its_models(engine: RunningEngine) -> None:
     again.close("success").result(timeout=30)
 
 
-def test_results_not_ready_are_polled_again_after_try_again(tmp_path: Path) -> None:
+def test_results_not_ready_are_polled_again_after_try_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """With a 10 ms long-poll, every slower call is first answered ``try_again``; the SDK polls on."""
+    caplog.set_level(logging.ERROR, logger="tinkertrace.engine")
     local = LocalServiceClient(tmp_path / "engine", device="cpu", cpu_threads=1)
     app = create_app(local, EngineSettings(retrieve_poll_s=0.01))
     with BackgroundServer(app) as server:
@@ -315,6 +319,8 @@ def test_results_not_ready_are_polled_again_after_try_again(tmp_path: Path) -> N
         assert after < first.result().metrics["loss:sum"]
         service.close("success").result(timeout=30)
     assert app.app.state.api.try_again_answers > 0
+    failed = [r.getMessage() for r in caplog.records if r.name.startswith("tinkertrace")]
+    assert not failed, f"a route failed (a 500 the SDK retried instead of try_again): {sorted(set(failed))}"
 
 
 def test_a_session_without_heartbeats_is_released(tmp_path: Path) -> None:

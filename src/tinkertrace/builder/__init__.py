@@ -4,7 +4,14 @@
 on first use, so importing ``tinkertrace.builder.options`` (settings, help) loads no DuckDB.
 """
 
+from typing import TYPE_CHECKING
+
 from tinkertrace.lazy import lazy_attributes
+
+if TYPE_CHECKING:  # what type checkers see; at run time each name loads on first use
+    from tinkertrace.builder.build import BuildResult, build_trajectories
+    from tinkertrace.builder.options import BuildOptions
+    from tinkertrace.builder.summary import BuildSummary
 
 __all__ = ["BuildOptions", "BuildResult", "BuildSummary", "build_trajectories"]
 __getattr__ = lazy_attributes(

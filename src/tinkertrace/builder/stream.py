@@ -95,7 +95,7 @@ def _spill(con: duckdb.DuckDBPyConnection, buckets: int, batch_rows: int, work: 
     try:
         for batch in reader:
             bucket = batch.column(0).to_numpy()
-            rows = batch.drop_columns(["bucket"])  # type: ignore[attr-defined]
+            rows = batch.drop_columns(["bucket"])
             if np.any(bucket[1:] < bucket[:-1]):  # usually already in order (files follow time)
                 order = np.argsort(bucket, kind="stable")
                 bucket, rows = bucket[order], rows.take(pa.array(order))

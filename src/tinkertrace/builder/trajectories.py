@@ -86,7 +86,7 @@ def _mismatches(
     dtype = np.int32 if max(len(va), len(vb)) < 2**31 else np.int64
     ends = np.cumsum(m)
     off = ends - m
-    idx = np.arange(total, dtype=dtype)
+    idx: np.ndarray = np.arange(total, dtype=dtype)
     idx += np.repeat((sa - off).astype(dtype), m)
     a = va[idx]
     idx += np.repeat((sb - sa).astype(dtype), m)

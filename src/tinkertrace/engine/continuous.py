@@ -51,8 +51,8 @@ class _Running:
     logprobs: list[list[float]] = field(default_factory=list)
     top_ids: list[list[np.ndarray]] = field(default_factory=list)
     top_values: list[list[np.ndarray]] = field(default_factory=list)
-    stopped: np.ndarray | None = None  # per row: stopped by a stop condition
-    done_rows: np.ndarray | None = None  # per row: finished (stopped or out of tokens)
+    stopped: np.ndarray = field(init=False)  # per row: stopped by a stop condition
+    done_rows: np.ndarray = field(init=False)  # per row: finished (stopped or out of tokens)
 
     def __post_init__(self) -> None:
         n = self.request.num_samples

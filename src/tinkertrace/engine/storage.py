@@ -21,12 +21,12 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 SCHEME = "tinker://"
-WEIGHTS = "weights"
-SAMPLER_WEIGHTS = "sampler_weights"
-EXTERNAL_WEIGHTS = "external_weights"
+WEIGHTS: Final = "weights"
+SAMPLER_WEIGHTS: Final = "sampler_weights"
+EXTERNAL_WEIGHTS: Final = "external_weights"
 Kind = Literal["weights", "sampler_weights", "external_weights"]
 KINDS: tuple[Kind, ...] = (WEIGHTS, SAMPLER_WEIGHTS, EXTERNAL_WEIGHTS)
 META_FILE = "checkpoint.json"

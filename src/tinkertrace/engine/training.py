@@ -152,7 +152,7 @@ class TrainingClient:
         self._device = device
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            self._model = build_trainable(spec, device)
+            self._model: Any = build_trainable(spec, device)  # a transformers (or peft) model
         self._tokenizer = load_tokenizer(spec.base_model)
         self._model.train()
         self._params = [p for p in self._model.parameters() if p.requires_grad]
@@ -201,8 +201,8 @@ class TrainingClient:
     ) -> types.ForwardBackwardOutput:
         vocab = int(self._model.get_output_embeddings().weight.shape[0])
         batch = collate(data, spec, loss_name, vocab, self._device)
-        logprob_rows: list[torch.Tensor] = []
-        loss_rows: list[torch.Tensor] = []
+        logprob_rows: list[np.ndarray] = []
+        loss_rows: list[np.ndarray] = []
         total = 0.0
         for part in microbatches(batch.lengths, self.microbatch_tokens):
             with torch.set_grad_enabled(backward):

@@ -12,6 +12,7 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from tinker import types
+from tinker.types.try_again_response import TryAgainResponse  # not exported by tinker.types
 
 from tinkertrace.engine_server.core import EngineCore, dump
 from tinkertrace.engine_server.http import USER_ERRORS
@@ -30,7 +31,7 @@ class FutureRoutes(EngineCore):
             await asyncio.wait([asyncio.wrap_future(pending.future)], timeout=self.settings.retrieve_poll_s)
         if not pending.future.done():
             self.try_again_answers += 1
-            return JSONResponse(dump(types.TryAgainResponse(request_id=req.request_id, queue_state="active")))
+            return JSONResponse(dump(TryAgainResponse(request_id=req.request_id, queue_state="active")))
         self.state.forget(req.request_id)
         exc = pending.future.exception()
         if exc is not None:

@@ -57,8 +57,8 @@ class EngineProcess:
         deadline = time.monotonic() + self._timeout
         while True:
             if self._proc.poll() is not None:
-                log = self.log_file.read_text()[-2000:]
-                raise RuntimeError(f"tinkertrace engine exited with {self._proc.returncode}: {log}")
+                output = self.log_file.read_text()[-2000:]
+                raise RuntimeError(f"tinkertrace engine exited with {self._proc.returncode}: {output}")
             try:
                 if httpx.get(self.url + "/api/v1/healthz", timeout=1.0).status_code == 200:
                     return self

@@ -55,7 +55,7 @@ class RunRoutes(EngineCore):
     def _checkpoint_path(self, request: Request) -> str:
         """The ``tinker://<run>/<kind>/<name>`` path a ``.../checkpoints/{kind}/{name}`` route names."""
         params = request.path_params
-        return make_path(params["run_id"], params["kind"], params["name"])  # type: ignore[arg-type]
+        return make_path(params["run_id"], params["kind"], params["name"])
 
     async def delete_checkpoint(self, request: Request) -> Response:
         """``RestClient.delete_checkpoint``: the checkpoint's folder is removed."""

@@ -144,10 +144,10 @@ class TrainingRoutes(EngineCore):
     async def save_weights_for_sampler(self, request: Request) -> Response:
         def build(req: types.SaveWeightsForSamplerRequest, model: TrainingModel) -> PendingCall:
             client = model.client
-            if req.path is not None:
+            if (path := req.path) is not None:
                 return lambda: map_future(
                     client.save_weights_for_sampler(
-                        req.path, ttl_seconds=req.ttl_seconds, user_metadata=req.user_metadata
+                        path, ttl_seconds=req.ttl_seconds, user_metadata=req.user_metadata
                     ).future(),
                     lambda saved: types.SaveWeightsForSamplerResponseInternal(path=saved.path),
                 )

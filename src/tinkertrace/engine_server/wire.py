@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 from tinker import types
@@ -39,7 +39,7 @@ class ForwardBackwardCall:
 
     model_id: str
     seq_id: int
-    loss_fn: str
+    loss_fn: types.LossFnType
     loss_fn_config: dict[str, float | str] | None
     forward_only: bool
     data: list[types.Datum]
@@ -84,7 +84,8 @@ def _chunk(msg: public_pb.Chunk, where: str) -> types.ModelInputChunk:
             raise WireError(f"{where}: token bytes are not int32 values")
         return types.EncodedTextChunk(tokens=np.frombuffer(tokens, dtype=np.int32).tolist())
     if kind == "image":
-        return types.ImageChunk(data=msg.image.data, format=msg.image.format or "png")
+        image_format = cast(Literal["png", "jpeg"], msg.image.format or "png")  # pydantic checks it
+        return types.ImageChunk(data=msg.image.data, format=image_format)
     raise WireError(f"{where}: unsupported model_input chunk {kind!r}")
 
 
@@ -116,7 +117,7 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
     return ForwardBackwardCall(
         model_id=msg.model_id,
         seq_id=msg.seq_id,
-        loss_fn=msg.loss_fn,
+        loss_fn=cast(types.LossFnType, msg.loss_fn),  # the engine checks it (an unknown one: its error)
         loss_fn_config=config,
         forward_only=msg.forward_only,
         data=data,

@@ -66,7 +66,8 @@ class GroupStager:
     def release(self, exclude: set[str]) -> pa.Table:
         """The rows of every group now complete (or waited out), built per environment; rollouts in
         ``exclude`` (trained or dropped) left out."""
-        now, ready = time.monotonic(), {}
+        now = time.monotonic()
+        ready: dict[str, Any] = {}
         for task, rollouts in self.arrived.items():
             env = self.envs[env_of(task)]
             if len(rollouts) >= env.group_size or now - self.first_seen[task] >= self.timeout_s:

@@ -162,7 +162,7 @@ class FollowTrainer:
             names = [env.name for env in self.config.environments]
             quotas = self.turns.quotas(self.config.groups_per_batch)
             picked = select_by_weight(
-                group_environments(groups["task_id_min"], names), waited, quotas, o.group_timeout_s
+                group_environments(groups["task_id_min"], names), waited, list(quotas), o.group_timeout_s
             )
             if picked is None:
                 return None

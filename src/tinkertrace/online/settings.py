@@ -146,18 +146,6 @@ class DemoSettings:
     groups_per_batch: int = setting(4, "Groups per training step.", cli=False)
     max_tokens: int = setting(StackSettings.max_tokens, "Longest reply, tokens.", cli=False)
     max_staleness: int = setting(1, "Rollouts sampled more than N versions ago are dropped.", cli=False)
-    workers: int = setting(
-        2,
-        "With environments that name an agent (--config): agent worker processes to start; each runs "
-        "one group of one environment at a time, spans to a collector this command starts.",
-    )
-    max_seconds: float | None = setting(None, "Stop after this many seconds.")
-    worker_python: str | None = setting(
-        None,
-        "The agent workers' Python interpreter (an environment of their own; relative to the config file); "
-        "default: this one.",
-        cli=False,
-    )
     admission: bool = setting(
         True, "The endpoint starts only rollouts the trainer will take within max_staleness.", cli=False
     )

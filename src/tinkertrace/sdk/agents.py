@@ -91,7 +91,7 @@ class agent_span:  # lower-case: used like a function, ``with agent_span("solver
         self.__exit__(exc_type, exc, tb)
 
     def __call__(self, func: F) -> F:
-        return scoped(func, self._around_call)  # type: ignore[return-value]
+        return scoped(func, self._around_call)
 
     @contextlib.contextmanager
     def _around_call(self, *args: Any, **kwargs: Any) -> Iterator[Returned]:

@@ -120,7 +120,7 @@ class _Outcome:
 
 
 def _tee_types(lib: ModuleType) -> tuple[type, type]:
-    class SyncTee(lib.SyncByteStream):  # type: ignore[name-defined,misc]
+    class SyncTee(lib.SyncByteStream):  # type: ignore[name-defined]
         def __init__(self, inner: Any, call: LlmCall) -> None:
             self._inner, self._call = inner, call
 
@@ -137,7 +137,7 @@ def _tee_types(lib: ModuleType) -> tuple[type, type]:
             finally:
                 self._call.finish(closed_early=True)
 
-    class AsyncTee(lib.AsyncByteStream):  # type: ignore[name-defined,misc]
+    class AsyncTee(lib.AsyncByteStream):  # type: ignore[name-defined]
         def __init__(self, inner: Any, call: LlmCall) -> None:
             self._inner, self._call = inner, call
 

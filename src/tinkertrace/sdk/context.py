@@ -126,7 +126,7 @@ def _submit_in_context(
 
 def patch_executors() -> None:
     """Make ``ThreadPoolExecutor.submit`` carry the submitter's context inside a rollout."""
-    ThreadPoolExecutor.submit = _submit_in_context  # type: ignore[method-assign]
+    ThreadPoolExecutor.submit = _submit_in_context  # type: ignore[method-assign, assignment]
 
 
 def unpatch_executors() -> None:

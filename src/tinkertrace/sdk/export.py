@@ -134,8 +134,9 @@ class TrainingDataProcessor(BatchSpanProcessor):
             self._warned.add(cause)
             log.warning(_DROP_WARNINGS[cause])
 
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+    def force_flush(self, timeout_millis: int | None = 30_000) -> bool:
         """Export everything queued now, then flush the exporter (files closed, spool re-sent)."""
+        timeout_millis = 30_000 if timeout_millis is None else timeout_millis
         deadline = time.monotonic() + timeout_millis / 1000
         exported = super().force_flush(timeout_millis)
         left_ms = max(0, int((deadline - time.monotonic()) * 1000))

@@ -46,7 +46,7 @@ class LlmCall:
     """One captured call: where it went, the request body, the span, the response bytes so far."""
 
     def __init__(
-        self, rt: Runtime, kind: str, url: Any, body: dict[str, Any], raw: bytes, rollout: RolloutState
+        self, rt: Runtime, kind: str, url: Any, body: dict[str, Any], raw: bytes, rollout: RolloutState | None
     ) -> None:
         self.rt = rt
         self.kind = kind

@@ -194,7 +194,7 @@ class _Rollout:
 def traced_rollout(fn: F) -> F: ...
 @overload
 def traced_rollout(fn: None = None, **options: Any) -> Callable[[F], F]: ...  # the options: below
-def traced_rollout(
+def traced_rollout(  # type: ignore[misc]  # the second overload's **options are these keywords
     fn: Callable[..., Any] | None = None,
     *,
     name: str | None = None,

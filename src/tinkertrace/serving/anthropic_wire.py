@@ -115,6 +115,7 @@ def message_body(rid: str, model: str, choice: Choice, version: int) -> dict[str
 
 def _block_events(index: int, block: dict[str, Any]) -> list[dict[str, Any]]:
     """One content block as its start, delta and stop events."""
+    start: dict[str, Any]
     if block["type"] == "text":
         start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
     else:

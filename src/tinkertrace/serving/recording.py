@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,7 +140,9 @@ class CallRecorder:
         parent = caller_span(request.headers)
         rollout = self._rollout_for(identity, parent) if identity.rollout_id else None
         with _inside(rollout, parent):
-            call = LlmCall(self.rt, kind, httpx.URL(str(request.url)), body, raw, rollout and rollout.state)
+            call = LlmCall(
+                self.rt, kind, httpx.URL(str(request.url)), body, raw, rollout.state if rollout else None
+            )
         call.span.context_attributes[semconv.LLM_CAPTURE_SIDE] = semconv.CAPTURE_SERVER
         extended = call.extended_body()  # ask for ids and logprobs as the SDK does (listed on the span)
         if extended is not None:
@@ -323,12 +325,12 @@ def rollout_routes(recorder: CallRecorder | None, guard: Callable[[Handler], Han
     ]
 
 
-async def _teed(body: AsyncIterator[Any], call: LlmCall) -> AsyncIterator[Any]:
+async def _teed(body: AsyncIterable[Any], call: LlmCall) -> AsyncIterator[Any]:
     """``body``'s chunks, each also fed to ``call``; the call ends with the stream."""
     finished = False
     try:
         async for chunk in body:
-            call.feed(chunk if isinstance(chunk, bytes | bytearray) else str(chunk).encode())
+            call.feed(bytes(chunk) if isinstance(chunk, bytes | bytearray) else str(chunk).encode())
             yield chunk
         finished = True
     finally:

@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -37,7 +38,7 @@ class CompactReport:
     rolled_forward: int = 0
 
 
-def journals(root: Path) -> list[tuple[Path, dict[str, object]]]:
+def journals(root: Path) -> list[tuple[Path, dict[str, Any]]]:
     """Readable compaction journals under ``root``."""
     folder = root / JOURNAL_DIR
     found = []
@@ -54,7 +55,7 @@ def superseded_inputs(root: Path) -> set[Path]:
     hidden: set[Path] = set()
     for _, entry in journals(root):
         if (root / str(entry["output"])).exists():
-            hidden.update(root / str(p) for p in entry["inputs"])  # type: ignore[union-attr]
+            hidden.update(root / str(p) for p in entry["inputs"])
     return hidden
 
 
@@ -71,7 +72,7 @@ def live_wal_tags(root: Path) -> set[str]:
 def _roll_forward(root: Path, report: CompactReport) -> None:
     for path, entry in journals(root):
         if (root / str(entry["output"])).exists():
-            for name in entry["inputs"]:  # type: ignore[union-attr]
+            for name in entry["inputs"]:
                 (root / str(name)).unlink(missing_ok=True)
         path.unlink()
         report.rolled_forward += 1

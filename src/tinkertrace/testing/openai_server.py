@@ -289,7 +289,7 @@ class OpenAITestServer:
         req = parse_completion_request(body)
         o = req.options
         top_n = o.top_logprobs if o.logprobs else None
-        choices = []
+        choices: list[Choice] = []
         for text, prompt_ids in map(self._prompt, req.prompts):
             self._check_context(len(prompt_ids))
             ask = ReplyRequest("completion", req.model, body, None, text, len(choices))

@@ -44,7 +44,7 @@ class ScriptedTinkerSampler:
         with self._lock:
             reply = self._replier(prompt_ids) if self._replier else next(self._replies)
         ids = [*self.tokenizer.encode(reply, add_special_tokens=False), self.tokenizer.eos_token_id]
-        stop = "stop"
+        stop: types.StopReason = "stop"
         if len(ids) > max_tokens:
             ids, stop = ids[:max_tokens], "length"
         tokens = np.asarray(ids, dtype=np.int32)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -13,7 +14,7 @@ class StepProgress:
     then ``bar.update(completed=..., **fields)`` after each step; no-ops when not ``enabled``."""
 
     def __init__(
-        self, enabled: bool, console: Console | None, columns: list[ProgressColumn | str], **task: Any
+        self, enabled: bool, console: Console | None, columns: Sequence[ProgressColumn | str], **task: Any
     ) -> None:
         self.bar = Progress(*columns, console=console) if enabled else None
         self.task = task

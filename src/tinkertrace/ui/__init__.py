@@ -4,7 +4,13 @@
 the settings alone are light.
 """
 
+from typing import TYPE_CHECKING
+
 from tinkertrace.lazy import lazy_attributes
+
+if TYPE_CHECKING:  # what type checkers see; at run time each name loads on first use
+    from tinkertrace.ui.app import create_app
+    from tinkertrace.ui.index import RunIndex
 
 __all__ = ["RunIndex", "create_app"]
 __getattr__ = lazy_attributes(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,7 @@ class TokenGate:
             await response(scope, receive, send)
             return
 
-        async def send_with_cookie(message: dict[str, Any]) -> None:
+        async def send_with_cookie(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start" and request.query_params.get("token"):
                 cookie = f"{TOKEN_COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
                 message["headers"] = [*message.get("headers", []), (b"set-cookie", cookie.encode())]

@@ -200,7 +200,7 @@ class RunIndex:
     ) -> None:
         self.paths = [Path(p) for p in paths]
         self.refresh_s = refresh_s
-        config = {"memory_limit": memory_limit}
+        config: dict[str, Any] = {"memory_limit": memory_limit}
         self.con = duckdb.connect(config=config)
         self.con.execute("SET enable_progress_bar = false")
         if threads:

@@ -116,6 +116,7 @@ def reward_landings(spans: list[dict[str, Any]], built: BuiltRollout) -> list[di
         if s["span_type"] != sc.TYPE_REWARD:
             continue
         value = s["reward_value"]
+        turns: list[Any]
         if built.incomplete:
             landed, turns = "not built: the rollout is incomplete", []
         elif s["span_id"] in built.unmatched_reward_spans:

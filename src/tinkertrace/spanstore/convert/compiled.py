@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -222,7 +222,7 @@ def _group_columns(body: bytes, groups: np.ndarray, row_groups: np.ndarray) -> d
     }
 
 
-def _per_group(values: list[str | None], row_groups: np.ndarray) -> pa.Array:
+def _per_group(values: Sequence[str | None], row_groups: np.ndarray) -> pa.Array:
     """Each row's group value; one group (the usual request) needs no Arrow ``take``."""
     if len(values) == 1 and values[0] is not None:
         return buffers.constant_strings(values[0].encode(), len(row_groups))
@@ -251,7 +251,7 @@ def _gathered_columns(buf: np.ndarray, rows: np.ndarray) -> dict[str, pa.Array]:
     for i in arrays:
         lengths[i] = -1
     data, offsets, starts = k.gather_columns(buf, rows.T[_GATHERED_VALUES], lengths)
-    complete = present.all(axis=1)
+    complete = np.all(present, axis=1)
     columns: dict[str, pa.Array] = {}
     for i, (column, list_type, value_at, _) in enumerate(_GATHERED):
         values, validity = data[starts[i] : starts[i + 1]], None if complete[i] else present[i]

@@ -556,11 +556,11 @@ def _all_zero(buf: np.ndarray, off: int, length: int) -> bool:
 
 # --- byte intrinsics -----------------------------------------------------------------------------------
 @intrinsic
-def _copy(typingctx, dst, dst_start, src, src_start, count):  # type: ignore[no-untyped-def]
+def _copy(typingctx, dst, dst_start, src, src_start, count):
     """``dst[dst_start : dst_start + count] = src[src_start : ...]`` as one memcpy (numba's slice
     assignment copies byte by byte, ~10x slower); both arrays are uint8."""
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         target = context.make_array(signature.args[0])(context, builder, args[0])
         source = context.make_array(signature.args[2])(context, builder, args[2])
         to = builder.gep(target.data, [args[1]])
@@ -571,11 +571,11 @@ def _copy(typingctx, dst, dst_start, src, src_start, count):  # type: ignore[no-
 
 
 @intrinsic
-def _same_bytes(typingctx, a, a_start, b, b_start, count):  # type: ignore[no-untyped-def]
+def _same_bytes(typingctx, a, a_start, b, b_start, count):
     """``a[a_start : a_start + count] == b[b_start : ...]`` as one ``memcmp`` (a byte loop costs ~3x
     more; matching attribute keys is a good part of the scan); both arrays are uint8."""
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         first = context.make_array(signature.args[0])(context, builder, args[0])
         second = context.make_array(signature.args[2])(context, builder, args[2])
         byte_pointer = ir.IntType(8).as_pointer()
