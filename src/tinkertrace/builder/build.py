@@ -165,7 +165,7 @@ def _build_into(spans_dir: Path, out_dir: Path, options: BuildOptions, work: Pat
         parents = stages.parents(con, spans, rollouts, options, summary)
         calls = stages.calls(con, spans, rollouts, scopes, parents, summary)
         rewards = stages.rewards(con, spans, rollouts, scopes, parents, options, summary)
-        stages.drop(con, spans, scopes, parents)  # read by no later stage: their memory goes on
+        stages.drop(con, spans, rollouts, scopes, parents)  # read by no later stage: their memory goes on
         assigned = assign_rewards(con, calls, rewards, options.reward_policy)
         stages.count_rewards(con, calls, rewards, assigned, options, summary)
         chosen = stages.chosen_calls(con, calls, assigned, options, summary, summary.buckets)
