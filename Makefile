@@ -93,10 +93,13 @@ $(SMOLLM2_STAMP): $(STAMP)
 
 smollm2: $(SMOLLM2_STAMP)
 
-$(INSTRUMENTATIONS_STAMP): pyproject.toml tests/instrumentations/requirements.txt
+$(INSTRUMENTATIONS_STAMP): pyproject.toml tests/instrumentations/requirements.txt \
+		tests/instrumentations/requirements-legacy-genai.txt
 	$(PYTHON) -m venv $(INSTRUMENTATIONS_VENV)
 	$(INSTRUMENTATIONS_VENV)/bin/pip install --quiet --upgrade "pip>=24"
 	$(INSTRUMENTATIONS_VENV)/bin/pip install --quiet -e . -r tests/instrumentations/requirements.txt
+	$(INSTRUMENTATIONS_VENV)/bin/pip install --quiet --no-deps --upgrade --target $(INSTRUMENTATIONS_VENV)/legacy-genai \
+		-r tests/instrumentations/requirements-legacy-genai.txt
 	touch $(INSTRUMENTATIONS_STAMP)
 
 instrumentations-env: $(INSTRUMENTATIONS_STAMP)

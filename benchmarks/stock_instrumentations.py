@@ -3,7 +3,7 @@
 then built. Prints, per instrumentation: rollouts, LLM spans recognised, triplets, token source, how
 many prompt/response ids equal what the endpoint sampled, rewards matched, build exit status.
 
-    .venv/bin/python benchmarks/stock_instrumentations.py [--rollouts 20]
+    .venv/bin/python benchmarks/stock_instrumentations.py [--rollouts 20] [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ from tinkertrace.serving.policy import PolicyHolder  # noqa: E402
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler  # noqa: E402
 from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer  # noqa: E402
 
-INSTRUMENTATIONS = ("openinference", "openllmetry", "openai-v2", "logfire")
+INSTRUMENTATIONS = ("openinference", "openllmetry", "openai-v2", "openai-v2-messages", "logfire")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=20)
+    parser.add_argument("--only", nargs="+", choices=INSTRUMENTATIONS, help="run these instrumentations only")
     args = parser.parse_args()
     tokenizer = load_tokenizer(BUILTIN_MODEL)
     model = Model()
@@ -44,7 +45,7 @@ def main() -> None:
           "| exact response ids | rewards matched | exit without --tokenizer |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
     with BackgroundServer(endpoint) as server, tempfile.TemporaryDirectory() as tmp:
-        for name in INSTRUMENTATIONS:
+        for name in args.only or INSTRUMENTATIONS:
             first = len(sampler.calls)
             spans = Path(tmp) / name
             run_agent(name, args.rollouts, spans, server.url + "/v1")

@@ -4,7 +4,8 @@ Run by ``.venv-instrumentations/bin/python`` (built by ``make instrumentations-e
 the main test environment. Each rollout is one root span of the app's own tracer (task key
 ``task.id``) around a plain chat call, a call offering a tool and a streaming call; the reward is
 written the GenAI way: a ``gen_ai.evaluation.result`` event on the root span (an OTLP log record of
-it in the ``-events`` mode) and a span of that name linked to the tool call by ``gen_ai.response.id``.
+it in the ``openai-v2-events`` and ``openai-v2-messages`` modes) and a span of that name linked to the
+tool call by ``gen_ai.response.id``.
 Spans leave with the stock OTLP/HTTP exporter.
 
     python agent_app.py INSTRUMENTATION COLLECTOR_URL MODEL_URL ROLLOUTS [--with-sdk]
@@ -16,7 +17,9 @@ import argparse
 import json
 import os
 
-INSTRUMENTATIONS = ("openinference", "openllmetry", "openai-v2", "openai-v2-events", "logfire")
+INSTRUMENTATIONS = (
+    "openinference", "openllmetry", "openai-v2", "openai-v2-events", "openai-v2-messages", "logfire",
+)  # fmt: skip
 TOOL = {
     "type": "function",
     "function": {
@@ -77,7 +80,13 @@ def instrument(name: str, collector: str, client: object) -> list[object]:
         from opentelemetry.instrumentation.openai import OpenAIInstrumentor
 
         OpenAIInstrumentor().instrument()
-    else:  # the official instrumentation: content on the span, or as OTLP log records
+    elif name == "openai-v2-messages":  # the official one's default mode: one log event per message
+        os.environ["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] = "true"
+        flush.append(_otlp_logs(collector))
+        from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+
+        OpenAIInstrumentor().instrument()
+    else:  # the official instrumentation, latest conventions: content on the span, or as OTLP log records
         os.environ["OTEL_SEMCONV_STABILITY_OPT_IN"] = "gen_ai_latest_experimental"
         mode = "event_only" if name.endswith("events") else "span_only"
         os.environ["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] = mode
@@ -143,7 +152,7 @@ def main() -> None:
         results = [rollout({"id": f"task-{i % 4}", "n": i}) for i in range(args.rollouts)]
         tinkertrace.flush()
     else:
-        logs = args.instrumentation.endswith("events")
+        logs = args.instrumentation in ("openai-v2-events", "openai-v2-messages")
         results = [run_rollout(client, tracer, args.model, i, logs=logs) for i in range(args.rollouts)]
     for item in flush:
         item.force_flush()

@@ -4,6 +4,7 @@ sampling endpoint (scripted model, built-in tokenizer) and our real collector pr
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -24,6 +25,9 @@ from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venv-instrumentations" / "bin" / "python"
 APP = Path(__file__).with_name("agent_app.py")
+# opentelemetry-util-genai < 1.0, put first on the path in the agent's `openai-v2-messages` mode
+# (requirements-legacy-genai.txt): the pinned openai-v2 then sends per-message log events
+LEGACY_GENAI = ROOT / ".venv-instrumentations" / "legacy-genai"
 require_built(
     PYTHON.exists(),
     "the instrumentation packages' environment (.venv-instrumentations)",
@@ -74,10 +78,13 @@ def run_agent(instrumentation: str, rollouts: int, out: Path, model_url: str, *e
     collector = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_until_healthy(collector, http_port, timeout=60)
+        env = dict(os.environ)
+        if instrumentation == "openai-v2-messages":
+            env["PYTHONPATH"] = str(LEGACY_GENAI)
         agent = subprocess.run(
             [str(PYTHON), str(APP), instrumentation, f"http://127.0.0.1:{http_port}", model_url,
              str(rollouts), *extra],
-            cwd=ROOT, capture_output=True, text=True, timeout=180,
+            cwd=ROOT, capture_output=True, text=True, timeout=180, env=env,
         )  # fmt: skip
         assert agent.returncode == 0, agent.stderr[-3000:]
     finally:

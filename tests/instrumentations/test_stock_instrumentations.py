@@ -1,7 +1,8 @@
 """Traces from the real instrumentation packages, with no tinkertrace SDK in the agent, become
 training data: OpenInference (exact ids from its ``output.value``), OpenLLMetry, the official GenAI
-instrumentation and Logfire (text only: re-tokenised with ``--tokenizer``), rewards written the GenAI
-way, rollouts from the traces' root spans (task id from ``--task-key``).
+instrumentation (its message content on the span, or, in its default mode, as one OTLP log event per
+message and per choice) and Logfire (text only: re-tokenised with ``--tokenizer``), rewards written the
+GenAI way, rollouts from the traces' root spans (task id from ``--task-key``).
 
 Each agent runs in ``.venv-instrumentations`` against the real sampling endpoint (scripted model,
 built-in tokenizer) and exports with the stock OTLP/HTTP exporter to a real collector process.
@@ -9,19 +10,22 @@ built-in tokenizer) and exports with the stock OTLP/HTTP exporter to a real coll
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 from tinkertrace.builder import BuildOptions, build_trajectories
 from tinkertrace.cli.main import app
+from tinkertrace.spanstore.logs import LOGS_FOLDER
 from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 ROLLOUTS = 3
 CALLS = 3  # per rollout: plain, with a tool, streamed
-TEXT_ONLY = ("openllmetry", "openai-v2", "logfire")
+TEXT_ONLY = ("openllmetry", "openai-v2", "openai-v2-messages", "logfire")
 
 
 def sampled(endpoint: Any) -> tuple[list[list[int]], list[list[int]]]:
@@ -33,6 +37,12 @@ def sampled(endpoint: Any) -> tuple[list[list[int]], list[list[int]]]:
     return prompts, responses
 
 
+def logged_events(spans_dir: Path) -> dict[str, int]:
+    """How many log records of each event name the collector wrote under ``spans_dir``."""
+    names = pq.read_table(spans_dir / LOGS_FOLDER, columns=["event_name"]).column("event_name")
+    return dict(Counter(names.to_pylist()))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("instrumentation", ["openinference", *TEXT_ONLY])
 def test_stock_instrumentation_becomes_triplets(
@@ -41,6 +51,9 @@ def test_stock_instrumentation_becomes_triplets(
     first = len(endpoint.sampler.calls)
     results = agent(instrumentation, ROLLOUTS, tmp_path / "spans", endpoint.url)
     prompts, responses = (ids[first:] for ids in sampled(endpoint))
+    if instrumentation == "openai-v2-messages":  # the content is in the log events, not on the spans
+        events = logged_events(tmp_path / "spans")
+        assert events["gen_ai.user.message"] == events["gen_ai.choice"] == ROLLOUTS * CALLS, events
     assert len(prompts) == ROLLOUTS * CALLS and [r["reward"] for r in results] == [1.0] * ROLLOUTS
 
     options = BuildOptions(task_key="task.id", tokenizer=BUILTIN_MODEL, reward_policy="link")
@@ -58,7 +71,7 @@ def test_stock_instrumentation_becomes_triplets(
     assert [c["response_token_ids"] for c in calls] == responses  # sampled ids, rebuilt or exact
     differs = [i % CALLS for i, c in enumerate(calls) if c["prompt_token_ids"] != prompts[i]]
     # the official instrumentation records no tool definitions: that prompt lacks the tools' text
-    assert differs == ([1] * ROLLOUTS if instrumentation == "openai-v2" else [])
+    assert differs == ([1] * ROLLOUTS if instrumentation.startswith("openai-v2") else [])
     tool_rewards = [c["reward"] for c in calls if c["turn"] == 1]
     assert tool_rewards == [1.0] * ROLLOUTS  # `used_tool`, linked by gen_ai.response.id
 

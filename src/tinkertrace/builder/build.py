@@ -1,8 +1,16 @@
-"""`build_trajectories`: spans folder → triplets.parquet and trajectories.parquet."""
+"""`build_trajectories`: spans folder → triplets.parquet and trajectories.parquet.
+
+The build is one pass over named stages (:func:`_build_into`): sources → spans → rollouts → calls →
+rewards → triplets → trajectories. Each stage takes the DuckDB relations it reads and returns the one
+it created (:mod:`.views` for the views over the files, :mod:`.stages` for the token-free tables,
+:mod:`.rewards` for the assignment, :mod:`.stream` for the token join, :mod:`.trajectories` for the
+merge), so what each reads is in its call.
+"""
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,16 +20,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tinkertrace import schemas
-from tinkertrace.builder import stream, views
-from tinkertrace.builder import triplets as trip
+from tinkertrace.builder import stages, stream, views
 from tinkertrace.builder.options import BuildOptions
 from tinkertrace.builder.output import AtomicParquetWriter
 from tinkertrace.builder.retokenize import retokenize
+from tinkertrace.builder.rewards import assign_rewards
 from tinkertrace.builder.summary import BuildSummary
 from tinkertrace.builder.trajectories import merge_turns
 
 TRIPLETS_FILE = "triplets.parquet"
 TRAJECTORIES_FILE = "trajectories.parquet"
+WITH_IDS_VIEW = "spans_with_ids"  # spans_typed with the re-tokenised calls' ids
 
 
 @dataclass
@@ -65,13 +74,13 @@ def connect(options: BuildOptions, temp_dir: Path) -> duckdb.DuckDBPyConnection:
 
 
 def _stream_rows(
-    con: duckdb.DuckDBPyConnection, options: BuildOptions, trip_out: AtomicParquetWriter,
-    traj_tmp: AtomicParquetWriter, summary: BuildSummary, work: Path,
+    batches: Iterator[pa.RecordBatch], trip_out: AtomicParquetWriter, traj_tmp: AtomicParquetWriter,
+    summary: BuildSummary,
 ) -> None:  # fmt: skip
     """Write triplets as they stream; merge turns of whole rollouts (carrying a rollout cut by a
     batch boundary over to the next batch) into ``traj_tmp``."""
     carry: pa.Table | None = None
-    n_trip = len(trip.TRIPLET_COLUMNS)
+    n_trip = len(stream.TRIPLET_COLUMNS)
     missing_logprobs = 0
 
     def flush(table: pa.Table) -> None:
@@ -80,7 +89,6 @@ def _stream_rows(
         missing_logprobs += missing
         traj_tmp.write(rows)
 
-    batches = stream.triplet_stream(con, options.batch_rows, summary.buckets, work)
     for batch in batches:
         table = pa.Table.from_batches([batch])
         trip_out.write(table.select(list(range(n_trip))))
@@ -106,8 +114,24 @@ def _sort_trajectories(
         out.write(pa.Table.from_batches([b]))
 
 
-def _retokenize(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: BuildSummary) -> None:
-    """Give text-only calls token ids from ``options.tokenizer`` (the views then read them)."""
+def _sources(
+    con: duckdb.DuckDBPyConnection, spans_dir: Path, options: BuildOptions, summary: BuildSummary
+) -> views.Sources:
+    """The span and log files under ``spans_dir`` as views; how many token buckets their size needs."""
+    sources = views.open_sources(con, spans_dir, options.files)
+    summary.files = len(sources.report.files)
+    summary.corrupt_files = list(sources.report.skipped)
+    summary.buckets = options.buckets or stream.choose_buckets(
+        stream.token_bytes(con, sources.report.files), stream.memory_limit_bytes(con)
+    )
+    return sources
+
+
+def _retokenized(
+    con: duckdb.DuckDBPyConnection, typed: views.Relation, logs: views.Relation, options: BuildOptions,
+    summary: BuildSummary,
+) -> views.Relation | None:  # fmt: skip
+    """Token ids for the text-only calls of ``typed`` from ``options.tokenizer`` (None: none rebuilt)."""
     tokenizer = None
     if options.tokenizer is not None:
         from tinkertrace.tokenizer import TokenizerNotFoundError, load_tokenizer  # transformers: only here
@@ -116,65 +140,86 @@ def _retokenize(con: duckdb.DuckDBPyConnection, options: BuildOptions, summary: 
             tokenizer = load_tokenizer(options.tokenizer)
         except TokenizerNotFoundError as exc:
             raise ValueError(str(exc)) from exc
-    table, not_rebuilt = retokenize(con, tokenizer)
+    table, not_rebuilt = retokenize(con, typed, logs, tokenizer)
     summary.llm_calls_not_rebuilt = dict(sorted(not_rebuilt.items()))
     if table is not None:
         summary.llm_calls_retokenized = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
-        views.create_spans_view(con, task_key=options.task_key, retokenized=table)
+    return table
 
 
 def _build_into(spans_dir: Path, out_dir: Path, options: BuildOptions, work: Path) -> BuildSummary:
+    """The build: each stage takes the relations it reads and returns the one it made (filling the
+    summary's counts on the way)."""
     summary = BuildSummary()
     con = connect(options, work)
     try:
-        report = views.open_views(con, spans_dir, options.files, task_key=options.task_key, derived=False)
-        _retokenize(con, options, summary)
-        summary.files = len(report.files)
-        summary.corrupt_files = list(report.skipped)
-        summary.buckets = options.buckets or stream.choose_buckets(
-            stream.token_bytes(con, report.files), stream.memory_limit_bytes(con)
-        )
-        trip.prepare(con, options, summary)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        trip_path, traj_path = out_dir / TRIPLETS_FILE, out_dir / TRAJECTORIES_FILE
-        if options.group_by == "task":
-            # the stream is ordered by (group_key, rollout_id, turn): trajectories come out sorted
-            with (
-                AtomicParquetWriter(trip_path, schemas.triplets()) as trip_out,
-                AtomicParquetWriter(traj_path, schemas.trajectories()) as traj_out,
-            ):
-                _stream_rows(con, options, trip_out, traj_out, summary, work)
-                summary.triplets, summary.trajectories = trip_out.rows, traj_out.rows
-                traj_out.commit()
-                trip_out.commit()
-        else:
-            unsorted = work / "trajectories.unsorted.parquet"
-            with (
-                AtomicParquetWriter(trip_path, schemas.triplets()) as trip_out,
-                AtomicParquetWriter(unsorted, schemas.trajectories()) as traj_tmp,
-            ):
-                _stream_rows(con, options, trip_out, traj_tmp, summary, work)
-                traj_tmp.commit()
-                with AtomicParquetWriter(traj_path, schemas.trajectories()) as traj_out:
-                    _sort_trajectories(con, unsorted, traj_out, options.batch_rows)
-                    summary.trajectories = traj_out.rows
-                    traj_out.commit()
-                summary.triplets = trip_out.rows
-                trip_out.commit()
-        summary.llm_calls_without_tokens = summary.llm_calls - summary.llm_calls_filtered - summary.triplets
-        splits = con.execute(
-            "SELECT split_reason, count(*) FROM read_parquet($f) WHERE split_reason IS NOT NULL GROUP BY ALL",
-            {"f": str(out_dir / TRAJECTORIES_FILE)},
-        ).fetchall()
-        summary.trajectory_splits = dict(sorted(splits))
-        sources = con.execute(
-            "SELECT COALESCE(token_source, 'unknown'), count(*) FROM read_parquet($f) GROUP BY ALL",
-            {"f": str(out_dir / TRIPLETS_FILE)},
-        ).fetchall()
-        summary.triplets_by_token_source = dict(sorted(sources))
+        sources = _sources(con, spans_dir, options, summary)  # span files, log files
+        typed = views.create_typed(con, sources.raw)  # each producer's spans in our columns
+        rebuilt = _retokenized(con, typed, sources.logs, options, summary)  # ids of text-only calls
+        if rebuilt is not None:
+            typed = views.create_typed(con, sources.raw, rebuilt, name=WITH_IDS_VIEW)
+        spans_view = views.create_spans(con, sources.raw, typed, task_key=options.task_key)
+        spans = stages.spans(con, spans_view, sources, summary)  # token-free, GenAI event rewards added
+        rollouts = stages.rollouts(con, spans, options, summary)
+        scopes = stages.agent_scopes(con, spans, rollouts)
+        parents = stages.parents(con, spans, rollouts, options, summary)
+        calls = stages.calls(con, spans, rollouts, scopes, parents, summary)
+        rewards = stages.rewards(con, spans, rollouts, scopes, parents, options, summary)
+        stages.drop(con, spans, rollouts, scopes, parents)  # read by no later stage: their memory goes on
+        assigned = assign_rewards(con, calls, rewards, options.reward_policy)
+        stages.count_rewards(con, calls, rewards, assigned, options, summary)
+        chosen = stages.chosen_calls(con, calls, assigned, options, summary, summary.buckets)
+        stages.drop(con, calls, rewards, assigned)
+        triplets = stream.triplet_stream(con, chosen, typed, options.batch_rows, summary.buckets, work)
+        _write(con, triplets, out_dir, options, summary, work)  # triplets, merged into trajectories
     finally:
         con.close()
     return summary
+
+
+def _write(
+    con: duckdb.DuckDBPyConnection, triplets: Iterator[pa.RecordBatch], out_dir: Path,
+    options: BuildOptions, summary: BuildSummary, work: Path,
+) -> None:  # fmt: skip
+    """Write ``triplets`` and the trajectories merged from them into ``out_dir`` (atomically); count
+    what was written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trip_path, traj_path = out_dir / TRIPLETS_FILE, out_dir / TRAJECTORIES_FILE
+    if options.group_by == "task":
+        # the stream is ordered by (group_key, rollout_id, turn): trajectories come out sorted
+        with (
+            AtomicParquetWriter(trip_path, schemas.triplets()) as trip_out,
+            AtomicParquetWriter(traj_path, schemas.trajectories()) as traj_out,
+        ):
+            _stream_rows(triplets, trip_out, traj_out, summary)
+            summary.triplets, summary.trajectories = trip_out.rows, traj_out.rows
+            traj_out.commit()
+            trip_out.commit()
+    else:
+        unsorted = work / "trajectories.unsorted.parquet"
+        with (
+            AtomicParquetWriter(trip_path, schemas.triplets()) as trip_out,
+            AtomicParquetWriter(unsorted, schemas.trajectories()) as traj_tmp,
+        ):
+            _stream_rows(triplets, trip_out, traj_tmp, summary)
+            traj_tmp.commit()
+            with AtomicParquetWriter(traj_path, schemas.trajectories()) as traj_out:
+                _sort_trajectories(con, unsorted, traj_out, options.batch_rows)
+                summary.trajectories = traj_out.rows
+                traj_out.commit()
+            summary.triplets = trip_out.rows
+            trip_out.commit()
+    summary.llm_calls_without_tokens = summary.llm_calls - summary.llm_calls_filtered - summary.triplets
+    splits = con.execute(
+        "SELECT split_reason, count(*) FROM read_parquet($f) WHERE split_reason IS NOT NULL GROUP BY ALL",
+        {"f": str(traj_path)},
+    ).fetchall()
+    summary.trajectory_splits = dict(sorted(splits))
+    sources = con.execute(
+        "SELECT COALESCE(token_source, 'unknown'), count(*) FROM read_parquet($f) GROUP BY ALL",
+        {"f": str(trip_path)},
+    ).fetchall()
+    summary.triplets_by_token_source = dict(sorted(sources))
 
 
 def build_trajectories(

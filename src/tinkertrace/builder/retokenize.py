@@ -21,8 +21,10 @@ import pyarrow as pa
 
 from tinkertrace import semconv as sc
 from tinkertrace.builder.adapters import ADAPTERS
+from tinkertrace.builder.adapters.base import quoted
+from tinkertrace.builder.adapters.genai import MESSAGE_EVENT_NAMES, MESSAGE_EVENTS
 from tinkertrace.builder.summary import NO_TOKENIZER_REASON
-from tinkertrace.builder.views import LOGS_VIEW, TYPED_VIEW
+from tinkertrace.builder.views import Relation
 
 TABLE = "_retokenized"
 # why a call without token ids could not be rebuilt (BuildSummary.llm_calls_not_rebuilt)
@@ -31,26 +33,35 @@ NO_MESSAGES = "no ids and no message content recorded"
 TEMPLATE_FAILED = "chat template failed on the messages"
 
 
-def text_only_calls_sql() -> str:
-    """SQL: LLM spans of producers that can give their messages, without token ids of their own; their
-    attributes completed by those of their GenAI event log records (the official instrumentation in
-    ``event_only`` mode sends the messages as a log record of the call's span: the span's own
-    attributes win)."""
+def text_only_calls_sql(typed: Relation, logs: Relation) -> str:
+    """SQL: LLM spans of ``typed`` from producers that can give their messages, without token ids of
+    their own; their attributes completed by their GenAI event log records in ``logs``. The official
+    instrumentation in ``event_only`` mode sends the messages as one log record of the call's span
+    (its attributes merged in; the span's own win); in its default mode, one record per message and
+    per choice (the list of ``{name, body}`` in emission order under ``genai.MESSAGE_EVENTS``)."""
     producers = ", ".join(f"'{a.name}'" for a in ADAPTERS if a.conversation is not None)
     return f"""
     WITH calls AS (
-        SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, producer, attributes FROM {TYPED_VIEW}
+        SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, producer, attributes FROM {typed}
         WHERE span_type = '{sc.TYPE_LLM}' AND producer IN ({producers})
           AND (prompt_token_ids IS NULL OR response_token_ids IS NULL)
     ), details AS (
-        SELECT trace_id, span_id, list(attributes ORDER BY time, received_at) AS records FROM {LOGS_VIEW}
+        SELECT trace_id, span_id, list(attributes ORDER BY time, received_at) AS records FROM {logs}
         WHERE span_id IS NOT NULL AND contains(attributes, '{sc.GENAI_INPUT_MESSAGES}')
+        GROUP BY ALL
+    ), messages AS (
+        SELECT trace_id, span_id,
+               json_object('{MESSAGE_EVENTS}', to_json(list({{'name': event_name, 'body': body}}
+                   ORDER BY COALESCE(time, observed_time), observed_time, received_at))) AS events
+        FROM {logs} WHERE span_id IS NOT NULL AND event_name IN ({quoted(MESSAGE_EVENT_NAMES)})
         GROUP BY ALL
     )
     SELECT c.trace_id, c.span_id, c.producer,
-           CASE WHEN d.records IS NULL THEN c.attributes
-                ELSE CAST(json_merge_patch(d.records[1], c.attributes) AS VARCHAR) END AS attributes
+           CASE WHEN d.records IS NULL AND m.events IS NULL THEN c.attributes
+                ELSE CAST(json_merge_patch(COALESCE(d.records[1], '{{}}'), COALESCE(m.events, '{{}}'),
+                                           c.attributes) AS VARCHAR) END AS attributes
     FROM calls c LEFT JOIN details d USING (trace_id, span_id)
+    LEFT JOIN messages m USING (trace_id, span_id)
     """
 
 
@@ -76,12 +87,15 @@ def call_ids(tokenizer: Any, conversation: Any) -> tuple[list[int], list[int]]:
     return prompt, response
 
 
-def retokenize(con: duckdb.DuckDBPyConnection, tokenizer: Any | None) -> tuple[str | None, Counter[str]]:
-    """Rebuild the token ids of the text-only calls into table :data:`TABLE` (``trace_id, span_id,
-    prompt_token_ids, response_token_ids, response_logprobs, token_source``); returns its name (None
-    when no call was rebuilt) and the count of calls that could not be, by reason."""
+def retokenize(
+    con: duckdb.DuckDBPyConnection, typed: Relation, logs: Relation, tokenizer: Any | None
+) -> tuple[Relation | None, Counter[str]]:
+    """Rebuild the token ids of the text-only calls of ``typed`` (their content completed by ``logs``)
+    into table :data:`TABLE` (``trace_id, span_id, prompt_token_ids, response_token_ids,
+    response_logprobs, token_source``); returns its name (None when no call was rebuilt) and the count
+    of calls that could not be, by reason."""
     not_rebuilt: Counter[str] = Counter()
-    calls = con.sql(text_only_calls_sql()).to_arrow_table().to_pylist()
+    calls = con.sql(text_only_calls_sql(typed, logs)).to_arrow_table().to_pylist()
     if not calls:
         return None, not_rebuilt
     if tokenizer is None:

@@ -1,13 +1,13 @@
 """Reward assignment policies, in SQL.
 
-Input tables: ``_calls`` (distinct LLM calls of the built rollouts: ``trace_id, span_id, rollout_id,
-start_time, end_time, response_id, parent, scope, trainable``) and ``_rewards`` (``trace_id, span_id,
+Inputs: the calls (distinct LLM calls of the built rollouts: ``trace_id, span_id, rollout_id,
+start_time, end_time, response_id, parent, scope, trainable``) and the rewards (``trace_id, span_id,
 rollout_id, start_time, end_time, linked_response_id, parent, scope, v`` where ``v`` is the chosen
-dimension's value).
-Output: table ``_assign(reward_trace_id, reward_span_id, call_trace_id, call_span_id, v)``; a reward
+dimension's value): :func:`tinkertrace.builder.stages.calls` and ``.rewards``.
+Output: table ``_assigned(reward_trace_id, reward_span_id, call_trace_id, call_span_id, v)``; a reward
 with no row there is unmatched (or superseded under ``final``).
 
-Only trainable calls (``_calls.trainable``: prompt and response ids, neither empty) take rewards.
+Only trainable calls (``trainable``: prompt and response ids, neither empty) take rewards.
 
 ``nearest`` / ``sibling``: walking a rollout's events by time, each reward goes to the newest LLM call
 that ended before the reward started and has no reward yet. That greedy walk is parenthesis matching
@@ -30,6 +30,9 @@ from __future__ import annotations
 import duckdb
 
 from tinkertrace.builder.options import RewardPolicy
+from tinkertrace.builder.views import Relation
+
+ASSIGNED = "_assigned"
 
 
 def _stack_match_sql(calls: str, rewards: str, partition: str) -> str:
@@ -64,10 +67,6 @@ def _stack_match_sql(calls: str, rewards: str, partition: str) -> str:
     """
 
 
-TRAINABLE_CALLS = "(SELECT * FROM _calls WHERE trainable)"
-USABLE_REWARDS = "(SELECT * FROM _rewards WHERE v IS NOT NULL)"
-
-
 def _without(relation: str, pairs: str, side: str) -> str:
     """SQL: the rows of ``relation`` (calls or rewards) that no (reward, call) pair in ``pairs`` took."""
     return (
@@ -94,14 +93,18 @@ def _scoped_nearest(con: duckdb.DuckDBPyConnection, calls: str, rewards: str, ou
     con.execute("DROP TABLE _in_scope")
 
 
-def assign_rewards(con: duckdb.DuckDBPyConnection, policy: RewardPolicy) -> None:
-    """Create ``_assign`` from ``_calls`` and ``_rewards`` under ``policy``. Only trainable calls
-    (``_calls.trainable``: token ids present) take rewards, so a reward is never counted as matched to
+def assign_rewards(
+    con: duckdb.DuckDBPyConnection, calls: Relation, rewards: Relation, policy: RewardPolicy
+) -> Relation:
+    """The (reward, call) pairs of ``rewards`` and ``calls`` under ``policy``, with the reward's value.
+    Only trainable calls (token ids present) take rewards, so a reward is never counted as matched to
     a call that is not written."""
-    calls, usable = TRAINABLE_CALLS, USABLE_REWARDS
+    all_rewards = rewards
+    calls = f"(SELECT * FROM {calls} WHERE trainable)"
+    usable = f"(SELECT * FROM {rewards} WHERE v IS NOT NULL)"
     if policy == "final":
         con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE _assign AS
+        CREATE OR REPLACE TEMP TABLE {ASSIGNED} AS
         WITH fin AS (
             SELECT * FROM {usable}
             QUALIFY row_number() OVER (PARTITION BY rollout_id
@@ -111,7 +114,7 @@ def assign_rewards(con: duckdb.DuckDBPyConnection, policy: RewardPolicy) -> None
                c.trace_id AS call_trace_id, c.span_id AS call_span_id, fin.v
         FROM fin JOIN {calls} c USING (rollout_id)
         """)
-        return
+        return ASSIGNED
     if policy == "link":
         con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _linked AS
@@ -130,8 +133,9 @@ def assign_rewards(con: duckdb.DuckDBPyConnection, policy: RewardPolicy) -> None
         _scoped_nearest(con, calls, usable, "_nearest")
         pairs = "SELECT * FROM _nearest"
     con.execute(f"""
-    CREATE OR REPLACE TEMP TABLE _assign AS
+    CREATE OR REPLACE TEMP TABLE {ASSIGNED} AS
     SELECT p.*, r.v FROM ({pairs}) p
-    JOIN _rewards r ON r.trace_id = p.reward_trace_id AND r.span_id = p.reward_span_id
+    JOIN {all_rewards} r ON r.trace_id = p.reward_trace_id AND r.span_id = p.reward_span_id
     """)
-    con.execute("DROP TABLE IF EXISTS _nearest; DROP TABLE IF EXISTS _unlinked")
+    con.execute("DROP TABLE IF EXISTS _nearest; DROP TABLE IF EXISTS _unlinked; DROP TABLE IF EXISTS _linked")
+    return ASSIGNED

@@ -23,8 +23,15 @@ import pyarrow as pa
 
 from tinkertrace.builder import views
 from tinkertrace.builder.options import MAX_BUCKETS
-from tinkertrace.builder.triplets import EXTRA_COLUMNS, TRIPLET_COLUMNS
+from tinkertrace.builder.views import Relation
 from tinkertrace.schemas.columns import TOKEN_COLUMNS
+
+TRIPLET_COLUMNS = (
+    "rollout_id", "task_id", "attempt", "agent_name", "turn", "span_id", "response_id", "model",
+    "policy_version", *TOKEN_COLUMNS, "token_source", "reward", "truncated",
+)  # fmt: skip
+# Columns of the stream after the triplet columns, used to build trajectories.
+EXTRA_COLUMNS = ("group_key", "traj_reward", "split", "rollout_end")
 
 # A bucket's token data may take this share of the memory limit (reading, reordering and
 # merging it in Python costs about four times its size on top of DuckDB's limit).
@@ -61,32 +68,36 @@ def choose_buckets(data_bytes: int, limit_bytes: int) -> int:
     return max(1, min(MAX_BUCKETS, math.ceil(data_bytes / max(1.0, limit_bytes * BUCKET_SHARE))))
 
 
-def _tokens_sql(con: duckdb.DuckDBPyConnection) -> str:
-    """``bucket``, ``call_no`` and the token columns of the chosen calls, in no particular order.
+def _tokens_sql(con: duckdb.DuckDBPyConnection, chosen: Relation, typed: Relation) -> str:
+    """``bucket``, ``call_no`` and the token columns (from ``typed``) of the ``chosen`` calls, in no
+    particular order.
     Joined on (trace_id, span_id, source file), so a span delivered twice contributes one row;
     calls without prompt or response ids are dropped."""
     tokens = ", ".join(f"t.{c}" for c in TOKEN_COLUMNS)
-    # a call takes the token columns of span tok_trace_id/tok_span_id where _out names one (calls seen
+    # a call takes the token columns of span tok_trace_id/tok_span_id where it names one (calls seen
     # by several producers or sides: views.llm_calls_sql), else of its own span
-    columns = [d[0] for d in con.execute("SELECT * FROM _out LIMIT 0").description]
+    columns = [d[0] for d in con.execute(f"SELECT * FROM {chosen} LIMIT 0").description]
     tok = "tok_" if "tok_span_id" in columns else ""
     return f"""
         SELECT c.bucket, c.call_no, {tokens}
-        FROM ({views.span_tokens_sql()}) t
-        JOIN (SELECT bucket, call_no, {tok}trace_id, {tok}span_id, filename FROM _out) c
+        FROM ({views.span_tokens_sql(typed)}) t
+        JOIN (SELECT bucket, call_no, {tok}trace_id, {tok}span_id, filename FROM {chosen}) c
           ON t.trace_id = c.{tok}trace_id AND t.span_id = c.{tok}span_id AND t.filename = c.filename
         WHERE t.prompt_token_ids IS NOT NULL AND t.response_token_ids IS NOT NULL"""
 
 
-def _spill(con: duckdb.DuckDBPyConnection, buckets: int, batch_rows: int, work: Path) -> list[Path]:
+def _spill(
+    con: duckdb.DuckDBPyConnection, chosen: Relation, typed: Relation, buckets: int, batch_rows: int,
+    work: Path,
+) -> list[Path]:  # fmt: skip
     """One scan: each joined token row goes to its bucket's Arrow IPC file; returns the files."""
     paths = [work / f"tokens-{b:03d}.arrow" for b in range(buckets)]
-    # The hash table must hold the token-free `_out` (the join's right side) while the span files
+    # The hash table must hold the token-free chosen calls (the join's right side) while the span files
     # stream past it in file order; DuckDB would otherwise build on the side with fewer estimated
     # rows, the token lists, and emit them in no useful order.
     con.execute("SET disabled_optimizers = 'build_side_probe_side'")
     try:
-        reader = con.sql(_tokens_sql(con)).to_arrow_reader(batch_rows)
+        reader = con.sql(_tokens_sql(con, chosen, typed)).to_arrow_reader(batch_rows)
     except BaseException:
         con.execute("RESET disabled_optimizers")
         raise
@@ -110,7 +121,7 @@ def _spill(con: duckdb.DuckDBPyConnection, buckets: int, batch_rows: int, work: 
     return paths
 
 
-def _bucket_rows(con: duckdb.DuckDBPyConnection, bucket: int, path: Path) -> pa.Table:
+def _bucket_rows(con: duckdb.DuckDBPyConnection, chosen: Relation, bucket: int, path: Path) -> pa.Table:
     """Bucket ``bucket``'s triplet rows (+ extra columns) sorted by ``call_no``."""
     with pa.OSFile(str(path)) as source:  # read, not mapped: the file's pages would count as ours
         tokens = pa.ipc.open_file(source).read_all()
@@ -120,7 +131,7 @@ def _bucket_rows(con: duckdb.DuckDBPyConnection, bucket: int, path: Path) -> pa.
         call_no, tokens = call_no[order], tokens.take(pa.array(order))
     other = [c for c in (*TRIPLET_COLUMNS, *EXTRA_COLUMNS) if c not in TOKEN_COLUMNS]
     calls = con.sql(
-        f"SELECT call_no, {', '.join(other)} FROM _out WHERE bucket = $b ORDER BY call_no",
+        f"SELECT call_no, {', '.join(other)} FROM {chosen} WHERE bucket = $b ORDER BY call_no",
         params={"b": bucket},
     ).to_arrow_table()
     at = np.searchsorted(calls.column("call_no").to_numpy(), call_no)
@@ -131,17 +142,18 @@ def _bucket_rows(con: duckdb.DuckDBPyConnection, bucket: int, path: Path) -> pa.
 
 
 def triplet_stream(
-    con: duckdb.DuckDBPyConnection, batch_rows: int, buckets: int, work: Path
-) -> Iterator[pa.RecordBatch]:
-    """The chosen calls (``_out``, with ``call_no`` and ``bucket`` < ``buckets``) with their token
-    ids in ``call_no`` order, triplet columns first, then :data:`EXTRA_COLUMNS`; computed bucket by
-    bucket (temporary Arrow files under ``work``)."""
-    # DuckDB needs less from here on (the token-free `_out` and the join's keys); lowering its limit
+    con: duckdb.DuckDBPyConnection, chosen: Relation, typed: Relation, batch_rows: int, buckets: int,
+    work: Path,
+) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    """The ``chosen`` calls (with ``call_no`` and ``bucket`` < ``buckets``) with their token ids from
+    the span view ``typed``, in ``call_no`` order, triplet columns first, then :data:`EXTRA_COLUMNS`;
+    computed bucket by bucket (temporary Arrow files under ``work``)."""
+    # DuckDB needs less from here on (the token-free calls and the join's keys); lowering its limit
     # also returns what the first pass left in its allocator, so the buckets' Python side fits.
     limit = memory_limit_bytes(con)
     con.execute(f"SET memory_limit = '{int(limit * DUCKDB_SHARE) // 1024}KiB'")
-    for bucket, path in enumerate(_spill(con, buckets, batch_rows, work)):
-        table = _bucket_rows(con, bucket, path)
+    for bucket, path in enumerate(_spill(con, chosen, typed, buckets, batch_rows, work)):
+        table = _bucket_rows(con, chosen, bucket, path)
         path.unlink()
         yield from table.to_batches(batch_rows)
         del table

@@ -11,12 +11,16 @@ OTel status). ``agent_span_name`` is the agent name of agent spans
 (ours, GenAI ``invoke_agent``, or ``agent.name`` as Agent-lightning, OpenInference and AgentOps write
 it), null on other spans.
 
-The other three views are defined over any relation with the ``spans`` columns, so the builder can
-run them over a materialised, token-free copy (:func:`create_derived_views` with ``source``).
+Each ``create_*`` function takes the relations it reads and returns the name of the view it made.
+The other three views' SQL (``llm_calls_sql``, ``rewards_sql``, ``rollouts_sql``) is defined over any
+relation with the ``spans`` columns, so the build runs it over its materialised, token-free copy
+(:mod:`tinkertrace.builder.stages`) and ``tinkertrace spans query`` over the view itself
+(:func:`open_views`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -30,6 +34,9 @@ from tinkertrace.builder.adapters.base import MAPPABLE_COLUMNS, attr
 from tinkertrace.schemas.columns import TOKEN_COLUMNS
 from tinkertrace.spanstore.logs import LOGS_FOLDER
 from tinkertrace.spanstore.reader import ReadReport, list_span_files, open_spans
+
+Relation = str
+"""The name of a DuckDB view or table one build stage created and hands to the next."""
 
 RAW_VIEW = "spans_raw"
 LOGS_VIEW = "logs"
@@ -55,7 +62,7 @@ def _producer_sql() -> str:
     return f"CASE WHEN span_type IS NOT NULL THEN '{OURS}' {whens} END"
 
 
-def _typed_sql(retokenized: str | None) -> str:
+def _typed_sql(raw: Relation, retokenized: Relation | None) -> str:
     """SQL of ``spans_typed``: each mapped column is ours where the row has it, else its adapter's
     expression (evaluated only for that adapter's rows), else the re-tokenised ids."""
     replaced = []
@@ -76,16 +83,16 @@ def _typed_sql(retokenized: str | None) -> str:
     )
     return f"""
     SELECT t.* REPLACE ({", ".join(r for r in replaced if r)})
-    FROM (SELECT r.*, {_producer_sql()} AS producer FROM {RAW_VIEW} r) t {join}
+    FROM (SELECT r.*, {_producer_sql()} AS producer FROM {raw} r) t {join}
     """
 
 
-def span_tokens_sql() -> str:
-    """Token columns of LLM spans (any producer's, re-tokenised ones included), keyed by (trace_id,
-    span_id, filename): what the builder joins its chosen calls with."""
+def span_tokens_sql(typed: Relation) -> str:
+    """Token columns of the LLM spans of ``typed`` (any producer's, re-tokenised ones included), keyed
+    by (trace_id, span_id, filename): what the builder joins its chosen calls with."""
     return f"""
     SELECT trace_id, span_id, filename, {", ".join(TOKEN_COLUMNS)}
-    FROM {TYPED_VIEW} WHERE span_type = '{sc.TYPE_LLM}'
+    FROM {typed} WHERE span_type = '{sc.TYPE_LLM}'
     """
 
 
@@ -106,9 +113,11 @@ def _task_sql(task_key: str) -> str:
     return f"COALESCE({attr(task_key)}, {attr(task_key, 'resource_attributes')})"
 
 
-PLAIN_ROOTS_SQL = f"""SELECT count(*) FROM {RAW_VIEW}
+def _plain_roots_sql(raw: Relation) -> str:
+    """SQL: how many root spans of ``raw`` are not ours and carry no rollout id (0: no plain trace can
+    be a rollout)."""
+    return f"""SELECT count(*) FROM {raw}
     WHERE parent_span_id IS NULL AND span_type IS NULL AND rollout_id IS NULL"""
-"""SQL: how many root spans are not ours and carry no rollout id (0: no plain trace can be a rollout)."""
 
 
 _PLAIN_STATUS_SQL = f"""CASE WHEN r.status_code = 'ERROR' THEN '{sc.STATUS_FAILED}'
@@ -117,7 +126,7 @@ _PLAIN_STATUS_SQL = f"""CASE WHEN r.status_code = 'ERROR' THEN '{sc.STATUS_FAILE
 ``succeeded`` once the span ended (OK or UNSET: OTel leaves a span that went well UNSET)."""
 
 
-def _spans_sql(task_key: str, plain_roots: bool) -> str:
+def _spans_sql(typed: Relation, task_key: str, plain_roots: bool) -> str:
     foreign = f"r.producer IS DISTINCT FROM '{OURS}'"
     agl_rollout = f"CASE WHEN {foreign} THEN {agentlightning.ROLLOUT_ID} END"
     task = "r.task_id" if task_key == DEFAULT_TASK_KEY else f"COALESCE(r.task_id, {_task_sql(task_key)})"
@@ -125,13 +134,13 @@ def _spans_sql(task_key: str, plain_roots: bool) -> str:
     implicit = "" if plain_roots else "WHERE false"
     return f"""
     WITH roots AS (
-        SELECT trace_id, min(rollout_id) AS rollout_id FROM {TYPED_VIEW}
+        SELECT trace_id, min(rollout_id) AS rollout_id FROM {typed}
         WHERE span_type = '{sc.TYPE_ROLLOUT}' AND rollout_id IS NOT NULL GROUP BY trace_id
     ), candidates AS (  -- root spans of traces that may carry no rollout id at all
-        SELECT trace_id, span_id, {task} AS task_id, start_time FROM {TYPED_VIEW} r
+        SELECT trace_id, span_id, {task} AS task_id, start_time FROM {typed} r
         WHERE parent_span_id IS NULL AND rollout_id IS NULL AND {foreign} AND {agl_rollout} IS NULL
     ), claimed AS (
-        SELECT DISTINCT trace_id FROM {TYPED_VIEW} r
+        SELECT DISTINCT trace_id FROM {typed} r
         WHERE trace_id IN (SELECT trace_id FROM candidates)
           AND (rollout_id IS NOT NULL OR {agl_rollout} IS NOT NULL)
     ), implicit AS (
@@ -152,7 +161,7 @@ def _spans_sql(task_key: str, plain_roots: bool) -> str:
         {_agent_span_name_sql()} AS agent_span_name,
         {llm_trainable_sql()} AS trainable,
         {server_side_sql()} AS server_side
-        FROM {TYPED_VIEW} r LEFT JOIN roots ON roots.trace_id = r.trace_id
+        FROM {typed} r LEFT JOIN roots ON roots.trace_id = r.trace_id
         LEFT JOIN implicit i ON i.trace_id = r.trace_id
     )
     SELECT * FROM typed
@@ -342,23 +351,36 @@ def rollouts_sql(source: str) -> str:
     """
 
 
-def create_spans_view(
+def create_typed(
     con: duckdb.DuckDBPyConnection,
+    raw: Relation,
+    retokenized: Relation | None = None,
     *,
-    name: str = "spans",
+    name: Relation = TYPED_VIEW,
+) -> Relation:
+    """Create view ``name``: the span rows of ``raw`` with every producer's columns mapped by its
+    adapter (and the token ids of ``retokenized`` for the calls it rebuilt); returns ``name``."""
+    con.execute(f"CREATE OR REPLACE VIEW {name} AS {_typed_sql(raw, retokenized)}")
+    return name
+
+
+def create_spans(
+    con: duckdb.DuckDBPyConnection,
+    raw: Relation,
+    typed: Relation,
+    *,
     task_key: str = DEFAULT_TASK_KEY,
-    retokenized: str | None = None,
-) -> None:
-    """Create ``spans_typed`` over the raw view ``spans_raw`` (with the token ids of the table
-    ``retokenized`` when given) and the normalised ``spans`` view over it; a plain trace's task id is
-    its root span's attribute ``task_key``."""
-    con.execute(f"CREATE OR REPLACE VIEW {TYPED_VIEW} AS {_typed_sql(retokenized)}")
-    plain_roots = con.execute(PLAIN_ROOTS_SQL).fetchone()[0] > 0  # type: ignore[index]
-    con.execute(f"CREATE OR REPLACE VIEW {name} AS {_spans_sql(task_key, plain_roots)}")
+    name: Relation = "spans",
+) -> Relation:
+    """Create view ``name``: ``typed`` with each span's rollout (a plain trace's task id read from its
+    root span's attribute ``task_key``); ``raw`` tells whether any trace can be a plain one."""
+    plain_roots = con.execute(_plain_roots_sql(raw)).fetchone()[0] > 0  # type: ignore[index]
+    con.execute(f"CREATE OR REPLACE VIEW {name} AS {_spans_sql(typed, task_key, plain_roots)}")
+    return name
 
 
 def create_derived_views(
-    con: duckdb.DuckDBPyConnection, source: str = "spans", *, mixed: bool = True
+    con: duckdb.DuckDBPyConnection, source: Relation = "spans", *, mixed: bool = True
 ) -> None:
     """Create ``llm_calls``, ``rewards`` and ``rollouts`` over ``source`` (a relation with span columns;
     ``mixed=False`` when its LLM spans are known to be all our SDK's, client side)."""
@@ -367,23 +389,40 @@ def create_derived_views(
     con.execute(f"CREATE OR REPLACE VIEW rollouts AS {rollouts_sql(source)}")
 
 
+@dataclass(frozen=True)
+class Sources:
+    """The build's inputs: the span rows (``raw``), the GenAI event log records (``logs``) and the
+    reader's report of the files read and skipped."""
+
+    raw: Relation
+    logs: Relation
+    report: ReadReport
+
+
+def open_sources(
+    con: duckdb.DuckDBPyConnection, spans_dir: Path, files: tuple[Path, ...] | None = None
+) -> Sources:
+    """Create the views ``spans_raw`` (the valid span files under ``spans_dir``, or just ``files``) and
+    ``logs`` (the log records under its ``_logs``); unreadable files are skipped and reported."""
+    report = open_raw(con, spans_dir, files)
+    report.skipped.extend(open_logs(con, spans_dir))
+    return Sources(RAW_VIEW, LOGS_VIEW, report)
+
+
 def open_views(
     con: duckdb.DuckDBPyConnection,
     spans_dir: Path,
     files: tuple[Path, ...] | None = None,
     *,
     task_key: str = DEFAULT_TASK_KEY,
-    derived: bool = True,
 ) -> ReadReport:
-    """Open ``spans_dir`` (or just ``files``) and create the ``spans`` view, ``logs`` and (unless not
-    ``derived``: the builder makes its own over a materialised copy) the three derived views; returns
-    the reader's report."""
-    report = open_raw(con, spans_dir, files)
-    report.skipped.extend(open_logs(con, spans_dir))
-    create_spans_view(con, task_key=task_key)
-    if derived:
-        create_derived_views(con)
-    return report
+    """Open ``spans_dir`` (or just ``files``) for ad-hoc SQL: the views ``spans_raw``, ``logs``,
+    ``spans_typed``, ``spans``, ``llm_calls``, ``rewards`` and ``rollouts``; returns the reader's
+    report."""
+    sources = open_sources(con, spans_dir, files)
+    typed = create_typed(con, sources.raw)
+    create_derived_views(con, create_spans(con, sources.raw, typed, task_key=task_key))
+    return sources.report
 
 
 def open_logs(con: duckdb.DuckDBPyConnection, spans_dir: Path) -> list[tuple[Path, str]]:

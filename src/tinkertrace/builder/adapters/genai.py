@@ -8,6 +8,13 @@ Written by the official ``opentelemetry-instrumentation-openai-v2`` (content on 
 ``gen_ai.output.messages`` (JSON lists of ``{role, parts: [{type: text|tool_call|
 tool_call_response, ...}]}``), ``gen_ai.system_instructions``, tools in ``gen_ai.tool.definitions``.
 None of these producers records token ids: their calls are re-tokenised at build time.
+
+openai-v2 in its default (non-experimental) mode with content capture on (``..._CAPTURE_MESSAGE_CONTENT
+=true``) sends the older per-message log events instead: ``gen_ai.{system,user,assistant,tool}.message``
+(the message in the record's body) and ``gen_ai.choice`` (body ``{index, finish_reason, message}``),
+each a log record of the call's span. The builder joins them to their span, in emission order, under
+the key :data:`MESSAGE_EVENTS` (:mod:`tinkertrace.builder.retokenize`); :func:`conversation` reads them
+where the parts-form attributes are absent.
 """
 
 from __future__ import annotations
@@ -21,6 +28,10 @@ from tinkertrace.builder.adapters.base import Adapter, Conversation, attr, quote
 LLM_OPERATIONS = ("chat", "text_completion", "generate_content", "responses")
 SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
 TOOL_DEFINITIONS = "gen_ai.tool.definitions"
+MESSAGE_EVENT_ROLES = ("system", "user", "assistant", "tool")
+MESSAGE_EVENT_NAMES = (*(f"gen_ai.{role}.message" for role in MESSAGE_EVENT_ROLES), "gen_ai.choice")
+MESSAGE_EVENTS = "tinkertrace.genai.message_events"
+"""Key the builder gives a call's per-message events (a list of ``{name, body}``, the body JSON text)."""
 
 IS_LLM = f"{attr(sc.GENAI_OPERATION)} IN ({quoted(LLM_OPERATIONS)})"
 IS_REWARD = f"(name = '{sc.REWARD_SPAN_NAME}' AND {attr(sc.GENAI_EVALUATION_SCORE)} IS NOT NULL)"
@@ -89,8 +100,53 @@ def _json_list(value: Any) -> list[Any] | None:
     return value if isinstance(value, list) else None
 
 
+def _event_message(name: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A ``gen_ai.{role}.message`` event's body as an OpenAI chat message."""
+    role = name.removeprefix("gen_ai.").removesuffix(".message")
+    message: dict[str, Any] = {"role": role, "content": body.get("content") or ""}
+    if body.get("tool_calls"):
+        message["tool_calls"] = body["tool_calls"]
+    if role == "tool" and body.get("id"):
+        message["tool_call_id"] = body["id"]
+    return message
+
+
+def events_conversation(events: list[Any]) -> Conversation | None:
+    """The call's messages from its per-message events (:data:`MESSAGE_EVENTS`, in emission order): the
+    ``gen_ai.*.message`` events are the prompt, the first choice the answer; None without content."""
+    messages, choices = [], []
+    for event in events:
+        if not isinstance(event, dict) or event.get("name") not in MESSAGE_EVENT_NAMES:
+            continue
+        try:
+            body = json.loads(event.get("body") or "{}")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return None  # content not captured (no body), or not an object: nothing to rebuild
+        if event["name"] == "gen_ai.choice":
+            choices.append(body)
+        else:
+            messages.append(_event_message(event["name"], body))
+    choices.sort(key=lambda c: c.get("index") or 0)
+    answer = choices[0].get("message") if choices else None
+    if (
+        not messages
+        or not isinstance(answer, dict)
+        or not (answer.get("content") or answer.get("tool_calls"))
+    ):
+        return None
+    output = {"role": "assistant", "content": answer.get("content") or ""}
+    if answer.get("tool_calls"):
+        output["tool_calls"] = answer["tool_calls"]
+    return Conversation(messages, output)
+
+
 def conversation(attributes: dict[str, Any]) -> Conversation | None:
-    """The call's messages from the parts-form attributes; None when content was not captured."""
+    """The call's messages from the parts-form attributes, else from its per-message events; None when
+    content was not captured."""
+    if sc.GENAI_INPUT_MESSAGES not in attributes and isinstance(attributes.get(MESSAGE_EVENTS), list):
+        return events_conversation(attributes[MESSAGE_EVENTS])
     inputs = _json_list(attributes.get(sc.GENAI_INPUT_MESSAGES))
     outputs = _json_list(attributes.get(sc.GENAI_OUTPUT_MESSAGES))
     if not inputs or not outputs or not isinstance(outputs[0], dict):
