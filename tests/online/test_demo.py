@@ -63,7 +63,7 @@ def test_demo_on_smollm2_trains_the_addition_task(tmp_path: Path) -> None:
     assert not [row for row in rows if "error" in row]
     for row in rows:  # each reply scored against its round's sum, sampled by a published version
         assert row["reward"] == addition_reward(row["reply"], addition_task(0, row["round"])["answer"])
-        assert 1 <= row["completion_tokens"] <= 8 and row["policy_version"] in (0, 1, 2)
+        assert 1 <= row["completion_tokens"] <= 12 and row["policy_version"] in (0, 1, 2)
     assert any(row["policy_version"] >= 1 for row in rows)
     # the published versions hold the LoRA weights alone, not SmolLM2's merged weights (538 MB)
     saved = list((out / "engine").glob("*/sampler_weights/*/trainable.safetensors"))

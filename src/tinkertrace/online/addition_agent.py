@@ -1,6 +1,6 @@
 """The demo task for a pretrained model: answer a sum with only the number.
 
-Asked "What is 12 + 7? Reply with only the number.", a pretrained chat model such as
+Asked "What is 7 + 5? Reply with only the number.", a pretrained chat model such as
 SmolLM2-135M-Instruct mostly explains instead, and at temperature 1 often gets the sum wrong. The
 reward pays the exact sum alone most, the sum inside other text half, and a bare wrong number a
 little (the format is half the task). Each round's sum is drawn from a seed of the worker and the
@@ -23,7 +23,7 @@ import tinkertrace
 from tinkertrace.online.demo_agent import DemoTask, ask, main, scored
 
 QUESTION = "What is {a} + {b}? Reply with only the number."
-LARGEST_TERM = 20
+LARGEST_TERM = 9
 NUMBER = re.compile(r"-?\d+")
 
 

@@ -116,9 +116,14 @@ DEMO_TASKS: dict[str, DemoTaskPreset] = {
     # a pretrained chat model (SmolLM2-135M-Instruct) learns to answer a sum with only the number
     "addition": DemoTaskPreset(
         "tinkertrace.online.addition_agent", "answer [cyan]'What is a + b?'[/] with only the number",
-        16, 300.0, 1e-3, 8,
+        16, 300.0, 1e-3, 12,
     ),
 }  # fmt: skip
+
+
+def _per_task(name: str) -> str:
+    """``"identity 60, addition 16"``: a preset setting's value per task, for help texts."""
+    return ", ".join(f"{task} {getattr(preset, name):g}" for task, preset in DEMO_TASKS.items())
 
 
 @dataclass
@@ -139,16 +144,16 @@ class DemoSettings:
         "any other.",
     )
     steps: int | None = setting(
-        None, "Training steps to run, each publishes a new policy (default: identity 60, addition 16)."
+        None, f"Training steps to run, each publishes a new policy (default: {_per_task('steps')})."
     )
     workers: int = setting(2, "Concurrent agent worker processes.")
     max_seconds: float | None = setting(
         None,
-        "Stop training after this many seconds even if --steps is not reached (default: identity 150, "
-        "addition 300).",
+        "Stop training after this many seconds even if --steps is not reached (default: "
+        f"{_per_task('max_seconds')}).",
     )
     learning_rate: float | None = setting(
-        None, "Adam learning rate of the LoRA weights (default: identity 3e-3, addition 1e-3)."
+        None, f"Adam learning rate of the LoRA weights (default: {_per_task('learning_rate')})."
     )
     lora_rank: int = setting(16, "LoRA rank.", cli=False)
     loss: Literal["ppo", "importance_sampling"] = setting(
