@@ -120,7 +120,7 @@ def demo_configs(settings: DemoSettings) -> tuple[StackSettings, TrainConfig, Fo
         out=s.out,
         model=s.model,
         group_size=s.group_size,
-        max_tokens=int(s.max_tokens or StackSettings.max_tokens),
+        max_tokens=s.max_tokens or s.preset.max_tokens,
         agent_module=s.preset.agent_module,
         roll_seconds=s.roll_seconds,
         export_delay_s=s.export_delay_s,
@@ -128,7 +128,7 @@ def demo_configs(settings: DemoSettings) -> tuple[StackSettings, TrainConfig, Fo
     config = TrainConfig(
         source=stack.spans_dir,
         model=s.model,
-        learning_rate=float(s.learning_rate or 0),
+        learning_rate=s.learning_rate or s.preset.learning_rate,
         lora_rank=s.lora_rank,
         loss=s.loss,
         groups_per_batch=s.groups_per_batch,
@@ -159,7 +159,12 @@ def _train_live(
         on_step=display.on_step,
     )
     live = Live(display, console=console, refresh_per_second=4, transient=False)
-    return stack.run_trainer(trainer, workers=settings.workers, max_seconds=settings.max_seconds, around=live)
+    return stack.run_trainer(
+        trainer,
+        workers=settings.workers,
+        max_seconds=settings.max_seconds or settings.preset.max_seconds,
+        around=live,
+    )
 
 
 def _report(console: Console, summary: dict[str, Any], log_dir: Path) -> None:
