@@ -32,10 +32,12 @@ def demo(
 ) -> None:
     """Run the online RL loop on this machine (no keys, no network) and show the reward rising.
 
-    Starts the collector and an OpenAI-compatible endpoint (local engine, built-in model) on free
-    loopback ports, runs identity agents (plain OpenAI client + @traced_rollout) in WORKERS processes,
-    trains in follow mode and swaps each new policy into the endpoint. Ends with a summary table,
-    summary.json and reward_curve.png in the output folder.
+    Starts the collector and an OpenAI-compatible endpoint (local engine) on free loopback ports, runs
+    the task's agents (plain OpenAI client + @traced_rollout) in WORKERS processes: on the built-in
+    model they learn to say who they are; on a pretrained one (--model smollm2-135m-instruct, after
+    `make smollm2`) to answer sums with only the number. It trains in follow mode and swaps each new
+    policy into the endpoint. Ends with a summary table, summary.json and reward_curve.png in the
+    output folder.
     """
     from tinkertrace.online.demo import run_demo
 

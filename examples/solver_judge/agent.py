@@ -49,6 +49,13 @@ def load_tasks(split: str = "train", count: int = 64, seed: int = 0) -> list[dic
     return [make_task(rng, f"countdown-{split}-{i}") for i in range(count)]
 
 
+def load_short_tasks(split: str = "train", count: int = 64, seed: int = 0) -> list[dict]:
+    """The short form: two numbers per task (the target is their sum, difference or product), for
+    a small model on a CPU (see the README's SmolLM2 section)."""
+    rng = random.Random(f"countdown-short/{split}/{seed}")
+    return [make_task(rng, f"countdown-short-{split}-{i}", count=2) for i in range(count)]
+
+
 def _evaluate(node: ast.AST, used: list[int]) -> float:
     if isinstance(node, ast.Expression):
         return _evaluate(node.body, used)

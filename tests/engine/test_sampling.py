@@ -186,6 +186,9 @@ def test_saved_sampler_weights_reload(service: ServiceClient, kit: Any) -> None:
     client = trained(service, kit, rank=4)
     path = client.save_weights_for_sampler("policy-1").result().path
     assert path == f"tinker://{client.model_id}/sampler_weights/policy-1"
+    # a LoRA run keeps only its LoRA weights, merged into the base model when loaded
+    folder = service.store.base_dir / client.model_id / "sampler_weights" / "policy-1"
+    assert sorted(f.name for f in folder.iterdir()) == ["checkpoint.json", "trainable.safetensors"]
     snapshot = client.save_weights_and_get_sampling_client().result()
     loaded = service.create_sampling_client(model_path=path).result()
     assert loaded.get_base_model() == kit.NANO

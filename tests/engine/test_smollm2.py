@@ -212,12 +212,19 @@ def test_retokenize_fallback_gives_the_templates_ids(chat: dict[str, Any]) -> No
 # --- training on it ---------------------------------------------------------------------------------------
 
 
-def test_lora_on_its_tied_unembedding_merges_into_the_same_policy() -> None:
+def test_lora_on_its_tied_unembedding_merges_into_the_same_policy(tmp_path: Path) -> None:
     import torch
 
-    from tinkertrace.engine.model import ModelSpec, build_trainable, inference_copy
+    from tinkertrace.engine.model import (
+        ModelSpec,
+        build_trainable,
+        inference_copy,
+        merged_from_state,
+        save_trainable_state,
+    )
 
-    model = build_trainable(ModelSpec(NAME, lora_rank=2, seed=0), torch.device("cpu"))
+    spec = ModelSpec(NAME, lora_rank=2, seed=0)
+    model = build_trainable(spec, torch.device("cpu"))
     base = model.get_base_model()
     assert base.lm_head.weight is not base.model.embed_tokens.weight  # untied on load
     with torch.no_grad():  # a trained adapter: non-zero B everywhere, the unembedding included
@@ -232,3 +239,8 @@ def test_lora_on_its_tied_unembedding_merges_into_the_same_policy() -> None:
             untrained = model(input_ids=ids).logits
     assert (trained - untrained).abs().max() > 0.1  # the adapter acts
     torch.testing.assert_close(merged, trained, atol=2e-3, rtol=0)
+    # a LoRA sampler checkpoint (the LoRA weights alone) loads into the same policy
+    save_trainable_state(model, tmp_path)
+    with torch.no_grad():
+        loaded = merged_from_state(spec, tmp_path, torch.device("cpu"))(input_ids=ids).logits
+    torch.testing.assert_close(loaded, merged, atol=1e-5, rtol=0)

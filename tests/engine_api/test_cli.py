@@ -19,9 +19,9 @@ from .conftest import NANO, TEXTS, datum
 @pytest.mark.slow
 def test_engine_process_serves_a_local_hugging_face_folder(tmp_path: Path) -> None:
     local = LocalServiceClient(tmp_path / "made", device="cpu")
-    saved = local.create_lora_training_client(NANO, rank=2).result().save_weights_for_sampler("hf").result()
-    folder = str(next((tmp_path / "made").glob("*/sampler_weights/hf")))
-    assert saved.path.endswith("/sampler_weights/hf")
+    saved = local.create_lora_training_client(NANO, rank=2).result().save_weights_external("hf").result()
+    folder = str(next((tmp_path / "made").glob("*/external_weights/hf")))
+    assert saved.path.endswith("/external_weights/hf")
     with EngineProcess(tmp_path / "engine", require_key=True, extra_args=["--model", folder]) as engine:
         rest = tinker.RestClient(base_url=engine.url, api_key=engine.api_key)
         assert folder in [m.model_name for m in rest.get_server_capabilities().result().supported_models]

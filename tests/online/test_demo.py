@@ -1,4 +1,5 @@
-"""A short `tinkertrace demo` run: summary table, summary.json, metrics and the reward-curve PNG."""
+"""Short `tinkertrace demo` runs, on the built-in model and on SmolLM2 (`make smollm2`): summary table,
+summary.json, metrics and the reward-curve PNG."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tinkertrace.online.addition_agent import addition_reward, addition_task
 from tinkertrace.training.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -40,3 +42,29 @@ def test_short_demo_writes_summary_metrics_and_png(tmp_path: Path) -> None:
     assert gate["admitted"] >= summary["rollouts_sampled"] and gate["consumed"] >= summary["rollouts_trained"]
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(read_metrics(out / "train")) == 3
+
+
+@pytest.mark.timeout(660)
+def test_demo_on_smollm2_trains_the_addition_task(tmp_path: Path) -> None:
+    """`tinkertrace demo --model smollm2-135m-instruct`: the real model asked sums, two steps."""
+    out = tmp_path / "demo"
+    cmd = [
+        sys.executable, "-m", "tinkertrace.cli.main", "demo", "--out", str(out), "--steps", "2",
+        "--workers", "1", "--group-size", "4", "--max-seconds", "500", "--model", "smollm2-135m-instruct",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "task addition" in done.stdout and "reward" in done.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["served_policy_version"] == 2
+    assert summary["rollouts_trained"] >= 2 * 4
+    assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = [json.loads(line) for line in (out / "agents" / "worker-0.jsonl").read_text().splitlines()]
+    assert not [row for row in rows if "error" in row]
+    for row in rows:  # each reply scored against its round's sum, sampled by a published version
+        assert row["reward"] == addition_reward(row["reply"], addition_task(0, row["round"])["answer"])
+        assert 1 <= row["completion_tokens"] <= 12 and row["policy_version"] in (0, 1, 2)
+    assert any(row["policy_version"] >= 1 for row in rows)
+    # the published versions hold the LoRA weights alone, not SmolLM2's merged weights (538 MB)
+    saved = list((out / "engine").glob("*/sampler_weights/*/trainable.safetensors"))
+    assert len(saved) == 2 and all(f.stat().st_size < 50e6 for f in saved)

@@ -80,8 +80,8 @@ def test_train_backend_tinker_has_the_local_loss_curve_and_resumes(
     assert len({r["state_path"].split("/")[2] for r in records}) == 2
     run_id = records[-1]["sampler_path"].split("/")[2]
     assert (
-        hosted_env.engine_dir / run_id / "sampler_weights" / records[-1]["name"] / "config.json"
-    ).is_file()
+        hosted_env.engine_dir / run_id / "sampler_weights" / records[-1]["name"] / "trainable.safetensors"
+    ).is_file()  # a LoRA run's sampler weights: its LoRA weights alone
 
 
 def test_serve_backend_tinker_samples_through_the_sdk(

@@ -14,8 +14,10 @@ import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
@@ -27,6 +29,9 @@ BASE_INIT_SEED = 1234
 
 LORA_ALPHA = 32
 """LoRA alpha used for every rank (scaling = alpha / rank)."""
+
+TRAINABLE_FILE = "trainable.safetensors"
+"""The trainable weights' file, in a training state and in a LoRA run's sampler checkpoint."""
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -243,6 +248,18 @@ def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor])
     with torch.no_grad():
         for name, param in params.items():
             param.copy_(state[name].to(param.device, param.dtype))
+
+
+def save_trainable_state(model: torch.nn.Module, folder: Path) -> None:
+    """Write ``model``'s trainable parameters to ``folder/TRAINABLE_FILE``."""
+    save_file({k: v.contiguous().cpu() for k, v in trainable_state(model).items()}, folder / TRAINABLE_FILE)
+
+
+def merged_from_state(spec: ModelSpec, folder: Path, device: torch.device) -> PreTrainedModel:
+    """The frozen base model of ``spec`` with the LoRA weights saved in ``folder`` merged in."""
+    model = build_trainable(spec, device)
+    load_trainable_state(model, load_file(str(folder / TRAINABLE_FILE), device=str(device)))
+    return freeze(model.merge_and_unload())  # type: ignore[operator]
 
 
 def freeze(model: PreTrainedModel) -> PreTrainedModel:

@@ -21,7 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tinkertrace.engine.continuous import ContinuousBatcher
 from tinkertrace.engine.decoding import DecodeRequest
 from tinkertrace.engine.futures import OrderedWorker
-from tinkertrace.engine.model import freeze, load_base_model
+from tinkertrace.engine.model import TRAINABLE_FILE, ModelSpec, freeze, load_base_model, merged_from_state
 from tinkertrace.engine.storage import SAMPLER_WEIGHTS, CheckpointStore
 from tinkertrace.tokenizer import load_tokenizer
 
@@ -251,5 +251,8 @@ class SamplingClient:
 def load_sampling_client(store: CheckpointStore, path: str, device: torch.device) -> SamplingClient:
     """A SamplingClient for saved sampler weights (``tinker://run/sampler_weights/name``)."""
     folder, meta = store.resolve(path, expected_kind=SAMPLER_WEIGHTS)
-    model = freeze(load_base_model(str(folder), device))
+    if (folder / TRAINABLE_FILE).is_file():  # a LoRA run's: its LoRA weights on the base model
+        model = merged_from_state(ModelSpec(**meta["spec"]), folder, device)
+    else:
+        model = freeze(load_base_model(str(folder), device))
     return SamplingClient(model, load_tokenizer(str(meta["base_model"])), str(meta["base_model"]), path)

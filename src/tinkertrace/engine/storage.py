@@ -1,12 +1,14 @@
 """Where the local engine keeps checkpoints: ``tinker://<run_id>/<kind>/<name>`` under a base folder.
 
 ``tinker://<run_id>/weights/<name>`` (training state: trainable weights, optimizer, spec),
-``tinker://<run_id>/sampler_weights/<name>`` (a complete Hugging Face model folder with the
-tokenizer) and ``tinker://<run_id>/external_weights/<name>`` (the same folder exported for download,
-optionally age-encrypted) resolve to ``<base_dir>/<run_id>/<kind>/<name>``; each holds a
-``checkpoint.json``. A run's own record (model spec, the name it was asked for, ``user_metadata``)
-is ``<base_dir>/<run_id>/run.json``. A checkpoint saved with a TTL carries ``expires_at`` (Unix
-seconds): once past it, it resolves as missing and :meth:`CheckpointStore.sweep_expired` deletes it.
+``tinker://<run_id>/sampler_weights/<name>`` (a LoRA run's LoRA weights, or a full fine-tuning
+run's complete Hugging Face model folder with the tokenizer) and
+``tinker://<run_id>/external_weights/<name>`` (a Hugging Face folder with any LoRA merged in,
+exported for download, optionally age-encrypted) resolve to ``<base_dir>/<run_id>/<kind>/<name>``;
+each holds a ``checkpoint.json``. A run's own record (model spec, the name it was asked for,
+``user_metadata``) is ``<base_dir>/<run_id>/run.json``. A checkpoint saved with a TTL carries
+``expires_at`` (Unix seconds): once past it, it resolves as missing and
+:meth:`CheckpointStore.sweep_expired` deletes it.
 The default base folder is ``$TINKERTRACE_HOME/engine``, with ``TINKERTRACE_HOME`` defaulting to
 ``~/.cache/tinkertrace``.
 """

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tinker import types
 from tinker.lib.public_interfaces.api_future import APIFuture
 from transformers import PreTrainedTokenizerBase
@@ -20,12 +20,13 @@ from transformers import PreTrainedTokenizerBase
 from tinkertrace.engine.futures import ClientFuture, OrderedWorker
 from tinkertrace.engine.losses import LossSpec, get_loss
 from tinkertrace.engine.model import (
+    TRAINABLE_FILE,
     ModelSpec,
     build_trainable,
     inference_copy,
     load_trainable_state,
     quiet_progress,
-    trainable_state,
+    save_trainable_state,
 )
 from tinkertrace.engine.sampling import SamplingClient, load_sampling_client, prompt_tokens
 from tinkertrace.engine.storage import (
@@ -38,7 +39,6 @@ from tinkertrace.engine.storage import (
 )
 from tinkertrace.tokenizer import load_tokenizer
 
-TRAINABLE_FILE = "trainable.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 MICROBATCH_TOKENS = 32768
 LossConfig = Mapping[str, float | str] | None
@@ -290,10 +290,7 @@ class TrainingClient:
 
         def run() -> types.SaveWeightsResponse:
             def fill(folder: Path) -> None:
-                save_file(
-                    {k: v.contiguous().cpu() for k, v in trainable_state(self._model).items()},
-                    folder / TRAINABLE_FILE,
-                )
+                save_trainable_state(self._model, folder)
                 if self._optimizer is not None:
                     torch.save(self._optimizer.state_dict(), folder / OPTIMIZER_FILE)
 
@@ -341,12 +338,28 @@ class TrainingClient:
     def save_weights_for_sampler(
         self, name: str, ttl_seconds: int | None = None, user_metadata: dict[str, str] | None = None
     ) -> APIFuture[types.SaveWeightsForSamplerResponse]:
-        """Save merged weights + tokenizer as a Hugging Face folder: ``tinker://<run>/sampler_weights/<name>``."""
-        return self._worker.submit(
-            lambda: types.SaveWeightsForSamplerResponse(
-                path=self._save_hf_folder(SAMPLER_WEIGHTS, name, ttl_seconds, user_metadata)
+        """Save weights to sample from as ``tinker://<run>/sampler_weights/<name>``: a LoRA run's LoRA
+        weights alone (merged into the base model when loaded, as Tinker keeps LoRA sampler weights),
+        a full fine-tuning run's merged Hugging Face folder with the tokenizer."""
+
+        def run() -> types.SaveWeightsForSamplerResponse:
+            if not self.spec.is_lora:
+                return types.SaveWeightsForSamplerResponse(
+                    path=self._save_hf_folder(SAMPLER_WEIGHTS, name, ttl_seconds, user_metadata)
+                )
+            meta = {**self._meta(), "kind": SAMPLER_WEIGHTS, "user_metadata": user_metadata or {}}
+            path = self._store.write(
+                self.model_id,
+                SAMPLER_WEIGHTS,
+                name,
+                meta,
+                lambda folder: save_trainable_state(self._model, folder),
+                overwrite=True,
+                ttl_seconds=ttl_seconds,
             )
-        )
+            return types.SaveWeightsForSamplerResponse(path=path)
+
+        return self._worker.submit(run)
 
     def save_weights_external(
         self, name: str, ttl_seconds: int | None = None, age_encryption_recipients: list[str] | None = None

@@ -1,9 +1,10 @@
 """`tinkertrace demo`: the whole online loop on this machine, no keys, no network.
 
-Starts the collector and the sampling endpoint (local engine, built-in model), runs identity agents
-(:mod:`tinkertrace.online.demo_agent`) in several worker processes, trains in follow mode with each
-new policy swapped into the endpoint, shows the reward live, and ends with a summary table,
-``summary.json`` and ``reward_curve.png`` in the output folder.
+Starts the collector and the sampling endpoint (local engine), runs the task's agents (identity,
+:mod:`tinkertrace.online.demo_agent`, on the built-in model; addition,
+:mod:`tinkertrace.online.addition_agent`, on a pretrained one) in several worker processes,
+trains in follow mode with each new policy swapped into the endpoint, shows the reward live, and
+ends with a summary table, ``summary.json`` and ``reward_curve.png`` in the output folder.
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
     stack_settings, config, options = demo_configs(settings)
     started = time.monotonic()
     console.print(
-        f"[bold]tinkertrace demo[/] → {settings.out}  (model {settings.model}, target reply "
-        "[cyan]'I am tinkertrace.'[/])",
+        f"[bold]tinkertrace demo[/] → {settings.out}  (model {settings.model}, task {settings.task}: "
+        f"{settings.preset.goal})",
         highlight=False,
     )
     with OnlineStack(stack_settings) as stack:
@@ -119,14 +120,15 @@ def demo_configs(settings: DemoSettings) -> tuple[StackSettings, TrainConfig, Fo
         out=s.out,
         model=s.model,
         group_size=s.group_size,
-        max_tokens=s.max_tokens,
+        max_tokens=s.max_tokens or s.preset.max_tokens,
+        agent_module=s.preset.agent_module,
         roll_seconds=s.roll_seconds,
         export_delay_s=s.export_delay_s,
     )
     config = TrainConfig(
         source=stack.spans_dir,
         model=s.model,
-        learning_rate=s.learning_rate,
+        learning_rate=s.learning_rate or s.preset.learning_rate,
         lora_rank=s.lora_rank,
         loss=s.loss,
         groups_per_batch=s.groups_per_batch,
@@ -157,7 +159,12 @@ def _train_live(
         on_step=display.on_step,
     )
     live = Live(display, console=console, refresh_per_second=4, transient=False)
-    return stack.run_trainer(trainer, workers=settings.workers, max_seconds=settings.max_seconds, around=live)
+    return stack.run_trainer(
+        trainer,
+        workers=settings.workers,
+        max_seconds=settings.max_seconds or settings.preset.max_seconds,
+        around=live,
+    )
 
 
 def _report(console: Console, summary: dict[str, Any], log_dir: Path) -> None:

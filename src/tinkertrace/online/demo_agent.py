@@ -10,6 +10,8 @@ does not pay). Run as a worker process::
 
 Each round asks one question ``--group-size`` times at once (one GRPO group: same task id) and
 appends one JSON line per rollout to ``--log``; SIGTERM ends the worker after its current round.
+:func:`run_worker` and :func:`main` take the task (:class:`DemoTask`), so another demo task
+(:mod:`tinkertrace.online.addition_agent`) reuses them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,29 +48,55 @@ def identity_reward(reply: str, target: str = TARGET) -> float:
     return round(0.5 * position + 0.5 * overlap, 6)
 
 
+def ask(
+    client: OpenAI, model: str, question: str, max_tokens: int, seed: int | None = None
+) -> tuple[str, int, Any]:
+    """One chat completion of ``question`` at temperature 1: the reply, its token count and the
+    policy version that sampled it (the endpoint's extra field)."""
+    completion = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": question}],
+        temperature=1.0,
+        max_tokens=max_tokens,
+        seed=seed,
+    )
+    usage = completion.usage
+    tokens = usage.completion_tokens if usage else 0
+    return completion.choices[0].message.content or "", tokens, getattr(completion, "policy_version", None)
+
+
+def scored(reward: float, reply: str, tokens: int, version: Any) -> dict[str, Any]:
+    """Emit ``reward`` inside the running rollout; the row a worker logs for it."""
+    tinkertrace.emit_reward(reward)
+    return {"reward": reward, "reply": reply, "completion_tokens": tokens, "policy_version": version}
+
+
 @tinkertrace.traced_rollout
 def introduce(
     task: dict, *, client: OpenAI, model: str, max_tokens: int, seed: int | None = None
 ) -> dict[str, Any]:
     """Ask the model who it is (sampling seeded by ``seed`` when given); emit and return the reward
     of its answer."""
-    completion = client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": task["question"]}],
-        temperature=1.0,
-        max_tokens=max_tokens,
-        seed=seed,
-    )
-    reply = completion.choices[0].message.content or ""
-    reward = identity_reward(reply)
-    tinkertrace.emit_reward(reward)
-    usage = completion.usage
-    return {
-        "reward": reward,
-        "reply": reply,
-        "completion_tokens": usage.completion_tokens if usage else 0,
-        "policy_version": getattr(completion, "policy_version", None),
-    }
+    reply, tokens, version = ask(client, model, task["question"], max_tokens, seed)
+    return scored(identity_reward(reply), reply, tokens, version)
+
+
+def identity_task(worker: int, round_: int) -> dict[str, Any]:
+    """The question of ``worker``'s round ``round_`` (the workers cycle through QUESTIONS)."""
+    q = (worker + round_) % len(QUESTIONS)
+    return {"id": f"q{q}-w{worker}-r{round_}", "question": QUESTIONS[q]}
+
+
+@dataclass(frozen=True)
+class DemoTask:
+    """What a demo worker asks: ``make(worker, round)`` gives a round's task (a dict with ``id``), and
+    ``rollout(task, client=, model=, max_tokens=)`` runs one traced rollout of it, returning its row."""
+
+    make: Callable[[int, int], dict[str, Any]]
+    rollout: Callable[..., dict[str, Any]]
+
+
+IDENTITY = DemoTask(identity_task, introduce)
 
 
 def run_worker(
@@ -75,6 +105,7 @@ def run_worker(
     worker: int,
     log: Path,
     *,
+    task: DemoTask = IDENTITY,
     group_size: int = 8,
     max_tokens: int = 20,
     stop: threading.Event | None = None,
@@ -86,11 +117,10 @@ def run_worker(
     rounds = 0
     with ThreadPoolExecutor(group_size) as pool, log.open("a") as out:
         while not stop.is_set() and (parent_pid is None or os.getppid() == parent_pid):
-            q = (worker + rounds) % len(QUESTIONS)
-            task = {"id": f"q{q}-w{worker}-r{rounds}", "question": QUESTIONS[q]}
+            current = task.make(worker, rounds)
             started = time.time()
             futures = [
-                pool.submit(introduce, task, client=client, model=model, max_tokens=max_tokens)
+                pool.submit(task.rollout, current, client=client, model=model, max_tokens=max_tokens)
                 for _ in range(group_size)
             ]
             for future in futures:
@@ -105,7 +135,8 @@ def run_worker(
     return rounds
 
 
-def main() -> None:
+def main(task: DemoTask = IDENTITY) -> None:
+    """A worker process running ``task`` (its arguments: see the module docstring)."""
     parser = argparse.ArgumentParser(description="A demo agent worker (see the module docstring).")
     parser.add_argument("--base-url", required=True, help="OpenAI-compatible endpoint (…/v1)")
     parser.add_argument("--collector", required=True, help="OTLP/HTTP collector URL")
@@ -124,6 +155,7 @@ def main() -> None:
         args.model,
         args.worker,
         args.log,
+        task=task,
         group_size=args.group_size,
         max_tokens=args.max_tokens,
         stop=stop,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tinkertrace.builtin import DEMO_MODEL
+from tinkertrace.builtin import BUILTIN_MODEL, DEMO_MODEL
 from tinkertrace.settings import check_choices, load, setting
 from tinkertrace.training.errors import raise_problems
 
@@ -123,28 +123,76 @@ class StackSettings:
         return self.out / "engine"
 
 
+DemoTaskName = Literal["identity", "addition"]
+
+
+@dataclass(frozen=True)
+class DemoTaskPreset:
+    """A demo task: its agent worker module, what the live view says it is, and the settings chosen by
+    experiment for it (see docs/online.md)."""
+
+    agent_module: str
+    goal: str
+    steps: int
+    max_seconds: float
+    learning_rate: float
+    max_tokens: int
+
+
+DEMO_TASKS: dict[str, DemoTaskPreset] = {
+    # the built-in, randomly initialised model learns one sentence character by character
+    "identity": DemoTaskPreset(
+        "tinkertrace.online.demo_agent", "reply [cyan]'I am tinkertrace.'[/]", 60, 150.0, 3e-3, 20
+    ),
+    # a pretrained chat model (SmolLM2-135M-Instruct) learns to answer a sum with only the number
+    "addition": DemoTaskPreset(
+        "tinkertrace.online.addition_agent", "answer [cyan]'What is a + b?'[/] with only the number",
+        12, 900.0, 1e-3, 12,
+    ),
+}  # fmt: skip
+
+
+def _per_task(name: str) -> str:
+    """``"identity 60, addition 16"``: a preset setting's value per task, for help texts."""
+    return ", ".join(f"{task} {getattr(preset, name):g}" for task, preset in DEMO_TASKS.items())
+
+
 @dataclass
 class DemoSettings:
-    """The demo's knobs: defaults chosen by experiment so the reward rises steadily (no mid-run dip)
-    in about a minute on 2 cores (see docs/online.md)."""
+    """The demo's knobs. Each task's defaults were chosen by experiment so the reward rises steadily
+    on 2 cores (see docs/online.md); a setting left unset takes its task's value."""
 
     out: Path = setting(help="Output folder.", cli=False)
-    steps: int = setting(60, "Training steps to run, each publishes a new policy.")
-    workers: int = setting(2, "Concurrent agent worker processes.")
-    max_seconds: float = setting(
-        150.0, "Stop training after this many seconds even if --steps is not reached."
-    )
     model: str = setting(
-        StackSettings.model, "Built-in model to train: tinkertrace/tiny-chat:nano|small|base."
+        StackSettings.model,
+        "Model to train: tinkertrace/tiny-chat:nano|small|base (built in), smollm2-135m-instruct, a .gguf "
+        "file or a Hugging Face folder.",
     )
-    learning_rate: float = setting(3e-3, "Adam learning rate of the LoRA weights.")
+    task: DemoTaskName | None = setting(
+        None,
+        "What the agents are asked: identity (learn to reply 'I am tinkertrace.') or addition (answer "
+        "'What is a + b?' with only the number). Default: identity on the built-in model, addition on "
+        "any other.",
+    )
+    steps: int | None = setting(
+        None, f"Training steps to run, each publishes a new policy (default: {_per_task('steps')})."
+    )
+    workers: int = setting(2, "Concurrent agent worker processes.")
+    max_seconds: float | None = setting(
+        None,
+        "Stop training after this many seconds even if --steps is not reached (default: "
+        f"{_per_task('max_seconds')}).",
+    )
+    learning_rate: float | None = setting(
+        None, f"Adam learning rate of the LoRA weights (default: {_per_task('learning_rate')})."
+    )
     lora_rank: int = setting(16, "LoRA rank.", cli=False)
     loss: Literal["ppo", "importance_sampling"] = setting(
         "ppo", "Policy-gradient loss: ppo (clipped ratio) or importance_sampling."
     )
     group_size: int = setting(8, "Rollouts per question, one GRPO group.")
     groups_per_batch: int = setting(4, "Groups per training step.", cli=False)
-    max_tokens: int = setting(StackSettings.max_tokens, "Longest reply, tokens.", cli=False)
+    max_tokens: int | None = setting(None, "Longest reply, tokens (default: the task's).", cli=False)
     max_staleness: int = setting(1, "Rollouts sampled more than N versions ago are dropped.", cli=False)
     admission: bool = setting(
         True, "The endpoint starts only rollouts the trainer will take within max_staleness.", cli=False
@@ -152,13 +200,31 @@ class DemoSettings:
     roll_seconds: float = setting(StackSettings.roll_seconds, "The collector's file roll.", cli=False)
     export_delay_s: float = setting(StackSettings.export_delay_s, "The agents' export delay.", cli=False)
 
+    def __post_init__(self) -> None:
+        """Fill the settings left unset from the task's preset."""
+        if self.task is None:
+            self.task = "identity" if self.model.startswith(BUILTIN_MODEL) else "addition"
+        preset = DEMO_TASKS.get(self.task)
+        if preset is None:
+            return  # validate() names the bad task
+        for name in ("steps", "max_seconds", "learning_rate", "max_tokens"):
+            if getattr(self, name) is None:
+                setattr(self, name, getattr(preset, name))
+
+    @property
+    def preset(self) -> DemoTaskPreset:
+        """The task's agent module, goal and default settings."""
+        return DEMO_TASKS[str(self.task)]
+
     def validate(self) -> DemoSettings:
         """Check ranges and choices; returns self."""
         checks = [
-            (self.steps >= 1, "steps must be at least 1"),
+            (self.task in DEMO_TASKS, f"task must be one of {', '.join(DEMO_TASKS)}"),
+            ((self.steps or 0) >= 1, "steps must be at least 1"),
             (self.workers >= 1, "workers must be at least 1"),
             (self.group_size >= 2, "group_size must be at least 2"),
-            (self.max_seconds > 0, "max_seconds must be positive"),
+            ((self.max_seconds or 0) > 0, "max_seconds must be positive"),
+            ((self.max_tokens or 0) >= 1, "max_tokens must be at least 1"),
             *check_choices(self),
         ]
         raise_problems(checks, "invalid demo settings")

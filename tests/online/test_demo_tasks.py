@@ -1,0 +1,57 @@
+"""The demo's tasks: the addition task's reward and rounds, and each task's settings by model."""
+
+from __future__ import annotations
+
+import pytest
+
+from tinkertrace.online.addition_agent import addition_reward, addition_task
+from tinkertrace.online.demo_agent import identity_task
+from tinkertrace.online.settings import DEMO_TASKS, DemoSettings
+from tinkertrace.training.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("reply", "reward"),
+    [
+        ("19", 1.0),
+        (" 19.\n", 1.0),
+        ("The answer is 19.", 0.5),
+        ("12 + 7 = 19", 0.5),
+        ("119", 0.1),  # a bare wrong number: the format only
+        ("20", 0.1),
+        ("To find 12 + 7,", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_addition_reward_pays_the_sum_alone_most(reply: str, reward: float) -> None:
+    assert addition_reward(reply, 19) == reward
+
+
+def test_addition_rounds_share_a_sum_per_group_and_differ_across_rounds() -> None:
+    task = addition_task(0, 3)
+    assert task == addition_task(0, 3)  # a round's rollouts (one group) ask the same sum
+    a, b = (int(n) for n in task["question"].removeprefix("What is ").split("?")[0].split(" + "))
+    assert task["answer"] == a + b and task["id"].startswith(f"add-{a}-{b}-w0-r3")
+    sums = {addition_task(w, r)["question"] for w in range(2) for r in range(10)}
+    assert len(sums) > 10  # rounds and workers draw different sums
+    assert len({addition_task(w, r)["id"] for w in range(2) for r in range(10)}) == 20
+
+
+def test_each_model_gets_its_task_and_the_tasks_settings(tmp_path) -> None:
+    builtin = DemoSettings(out=tmp_path).validate()
+    assert (builtin.task, builtin.preset.agent_module) == ("identity", "tinkertrace.online.demo_agent")
+    assert (builtin.steps, builtin.learning_rate) == (DEMO_TASKS["identity"].steps, 3e-3)
+    assert identity_task(1, 0)["question"] != identity_task(0, 0)["question"]
+    real = DemoSettings(out=tmp_path, model="smollm2-135m-instruct").validate()
+    preset = DEMO_TASKS["addition"]
+    assert (real.task, real.preset.agent_module) == ("addition", "tinkertrace.online.addition_agent")
+    assert (real.steps, real.max_seconds, real.learning_rate, real.max_tokens) == (
+        preset.steps, preset.max_seconds, preset.learning_rate, preset.max_tokens,
+    )  # fmt: skip
+    chosen = DemoSettings(out=tmp_path, model="smollm2-135m-instruct", task="identity", steps=3).validate()
+    assert (chosen.task, chosen.steps, chosen.learning_rate) == ("identity", 3, 3e-3)
+
+
+def test_a_bad_task_is_named(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="task must be one of identity, addition"):
+        DemoSettings(out=tmp_path, task="poetry").validate()  # type: ignore[arg-type]
