@@ -91,3 +91,33 @@ def test_rows_of_consumed_rollouts_are_never_buffered_again(tmp_path: Path) -> N
     )
     trainer.add(rebuilt)
     assert trainer.buffer["rollout_id"].to_pylist() == ["new", "new"]
+
+
+def test_a_rollout_whose_agents_train_in_different_steps_keeps_its_arrival_time(tmp_path: Path) -> None:
+    """Grouped by task+agent, a rollout's solver rows may train a step before its judge rows: the judge
+    rows still waiting keep the rollout's arrival time (a resumed solver_judge run failed on this)."""
+    import pyarrow as pa
+
+    config = TrainConfig(
+        source=tmp_path, log_dir=tmp_path / "train", group_by="task+agent", groups_per_batch=1
+    )
+    trainer = FollowTrainer(config, FollowOptions(group_size=2))
+    rows = pa.table(
+        {
+            "rollout_id": ["r1", "r1", "r2", "r2"],
+            "task_id": ["t"] * 4,
+            "agent_name": ["solver", "judge", "solver", "judge"],
+            "end_time": pa.array([1_000_000_000] * 4, pa.timestamp("ns", tz="UTC")),
+        }
+    )
+    trainer.add(rows)
+    first = trainer._select()
+    assert first is not None
+    table, ids = first
+    assert sorted(ids) == ["r1", "r2"] and len(set(table["agent_name"].to_pylist())) == 1  # one agent's group
+    trainer._lags(table, set(ids), step_started=2.0)
+    trainer._consume(ids)
+    second = trainer._select()  # the other agent's group: before the fix, a KeyError on its arrival time
+    assert second is not None and sorted(second[1]) == ["r1", "r2"]
+    trainer._consume(second[1])
+    assert trainer._arrived == {}  # nothing left waiting: every arrival time is gone

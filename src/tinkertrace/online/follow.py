@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -320,9 +320,7 @@ class FollowTrainer:
         metrics["time/publish"] = self._last_publish_s
         session.log(step, metrics, started)
         saved = session.checkpoint(step + 1, record)
-        for rid in consumed_ids(record):
-            self.consumed.add(rid)
-            self._arrived.pop(rid, None)  # dropped rollouts' arrival times too
+        self._consume(consumed_ids(record))
         self._dropped_since_save.clear()
         published = time.monotonic()
         if self.publish is not None:
@@ -396,6 +394,15 @@ class FollowTrainer:
         versions = pc.take(per["policy_version_min"], index)
         return np.asarray(pc.fill_null(versions, step).to_numpy(zero_copy_only=False), dtype=np.int64)
 
+    def _consume(self, ids: Iterable[str]) -> None:
+        """Mark rollouts trained or dropped; their arrival times go once none of their rows is left
+        in the buffer (grouped by task+agent, a rollout's other agents may still wait for a step)."""
+        waiting = set(self.buffer["rollout_id"].to_pylist()) if self.buffer.num_rows else set()
+        for rid in ids:
+            self.consumed.add(rid)
+            if rid not in waiting:
+                self._arrived.pop(rid, None)
+
     def _lags(
         self, table: pa.Table, kept: set[str], step_started: float
     ) -> tuple[list[float], dict[str, list[float]]]:
@@ -405,7 +412,7 @@ class FollowTrainer:
         per = per.filter(pc.is_in(per["rollout_id"], pa.array(sorted(kept), pa.string())))
         per = per.filter(pc.is_valid(per["end_time_max"]))
         ends = pc.cast(per["end_time_max"], pa.int64()).to_numpy(zero_copy_only=False) / 1e9
-        arrived = np.array([self._arrived.pop(r) for r in per["rollout_id"].to_pylist()], dtype=np.float64)
+        arrived = np.array([self._arrived[r] for r in per["rollout_id"].to_pylist()], dtype=np.float64)
         now = time.time()
         parts = {"arrive": arrived - ends, "queue": step_started - arrived, "train": now - step_started}
         return (now - ends).tolist(), {k: np.broadcast_to(v, ends.shape).tolist() for k, v in parts.items()}
