@@ -25,16 +25,17 @@ os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("CREWAI_DISABLE_TRACKING", "true")
 os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
 
-from typing import Any  # noqa: E402
+from typing import Any
 
-from crewai import LLM, Agent  # noqa: E402
-from crewai.flow.flow import Flow, listen, start  # noqa: E402
-from crewai.llms.providers.openai.completion import OpenAICompletion  # noqa: E402
-from crewai.tools import BaseTool  # noqa: E402
-from pydantic import BaseModel, Field, PrivateAttr  # noqa: E402
+from crewai import LLM, Agent
+from crewai.flow.flow import Flow, listen, start
+from crewai.llms.providers.openai.completion import OpenAICompletion
+from crewai.tools import BaseTool
+from pydantic import BaseModel, Field, PrivateAttr
 
-import tinkertrace  # noqa: E402
-from examples.twenty_questions.agent import ANSWERER_SYSTEM, WORD, _rows, load_tasks, parse_answer, score  # noqa: E402,F401
+import tinkertrace
+from examples.twenty_questions.agent import ANSWERER_SYSTEM, WORD, nouns, parse_answer, score
+from examples.twenty_questions.agent import load_tasks as load_tasks  # the task source, shared
 
 ROLE = "twenty questions player"
 GOAL = "Find the secret {category} with as few yes/no questions as possible, then guess it."
@@ -163,8 +164,8 @@ class TwentyQuestions(Flow[GameState]):
             max_iter=self.max_questions + 1,
             verbose=False,
         )
-        nouns = sorted({row["answer"] for row in _rows() if row["category"] == game.category})
-        candidates = f" It is one of: {', '.join(nouns)}." if self.show_candidates else ""
+        listed = ", ".join(nouns(game.category))
+        candidates = f" It is one of: {listed}." if self.show_candidates else ""
         prompt = TASK.format(category=game.category, candidates=candidates, max_questions=self.max_questions)
         return str(player.kickoff(prompt).raw)
 
