@@ -17,6 +17,7 @@ Runs in its own environment (``make crewai-env``, .venv-crewai): see README.md.
 
 from __future__ import annotations
 
+import logging
 import os
 
 # CrewAI's own telemetry and trace upload would reach the internet (and its first-run trace prompt waits
@@ -28,6 +29,7 @@ os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
 from typing import Any
 
 from crewai import LLM, Agent
+from crewai.events.event_listener import event_listener
 from crewai.flow.flow import Flow, listen, start
 from crewai.llms.providers.openai.completion import OpenAICompletion
 from crewai.tools import BaseTool
@@ -36,6 +38,13 @@ from pydantic import BaseModel, Field, PrivateAttr
 import tinkertrace
 from examples.twenty_questions.agent import ANSWERER_SYSTEM, WORD, nouns, parse_answer, score
 from examples.twenty_questions.agent import load_tasks as load_tasks  # the task source, shared
+
+# CrewAI's console panels for an agent run on its own (Agent.kickoff) print whatever the agent's
+# verbose; a Crew turns them off the same way when it is not verbose.
+event_listener.formatter.verbose = False
+# CrewAI warns on every call to a model it has no token counter for that it estimates the prompt's length
+# (for its context-window bookkeeping); the endpoint reports the real counts.
+logging.getLogger("crewai.llms.base_llm").setLevel(logging.ERROR)
 
 ROLE = "twenty questions player"
 GOAL = "Find the secret {category} with as few yes/no questions as possible, then guess it."

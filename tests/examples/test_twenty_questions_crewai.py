@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from examples.twenty_questions.agent import score
 from tinkertrace.builder import build_trajectories
 from tinkertrace.collector.launch import collector_command, wait_until_healthy
 from tinkertrace.netutil import BackgroundServer, free_ports
+from tinkertrace.rollouts import load_ref
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.testing.environments import require_built
@@ -84,6 +84,7 @@ def test_flow_plays_with_structured_tool_calls_and_leaves_the_sampled_ids(tmp_pa
     with BackgroundServer(create_app(PolicyHolder(sampler, tokenizer, "test-model"))) as endpoint:
         spans = tmp_path / "spans"
         results = _play({"spans_dir": str(spans)}, endpoint.url + "/v1", games, "test-model", 180)
+    score = load_ref(f"{ROOT / 'examples' / 'twenty_questions' / 'agent.py'}:score")
     wrong_guess = score(["Is it a banana?"], "apple", found=False)
     assert 0.0 < wrong_guess < 1.0
     assert [(r["reward"], r["found"], r["questions"], r["guess"]) for r in results] == [
