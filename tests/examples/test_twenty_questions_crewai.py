@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tinkertrace.builder import build_trajectories
 from tinkertrace.netutil import BackgroundServer
@@ -122,14 +123,17 @@ def test_smollm2_trains_a_step_through_the_runner(tmp_path: Path) -> None:
     """The example's SmolLM2 config, one step: the runner's collector subprocess, endpoint and follow
     trainer in .venv, its agent worker in .venv-crewai playing real games of the real model."""
     train = load_ref(f"{ROOT / 'examples' / 'train.py'}:train")
+    config = ROOT / "examples" / "twenty_questions" / "smollm2.yaml"
+    (env,) = yaml.safe_load(config.read_text())["environments"]
+    env = {**env, "rollouts_per_task": 4, "agent_kwargs": {**env["agent_kwargs"], "max_questions": 1}}
     overrides = {
         "steps": 1,
         "workers": 1,
         "group_timeout_s": 300,
         "max_seconds": 600,
         "train": {"lora_rank": 2, "remove_constant_reward_groups": False},
+        "environments": [env],  # a short game: one group of four, one question each
     }
-    config = ROOT / "examples" / "twenty_questions" / "smollm2.yaml"
     summary = train(config, tmp_path, overrides=overrides, progress=False)
     assert summary["train"]["steps"] == 1 and summary["served_version"] == 1, summary
     assert summary["agent_errors"] == []
@@ -138,7 +142,7 @@ def test_smollm2_trains_a_step_through_the_runner(tmp_path: Path) -> None:
     tokenizer = load_tokenizer(name)
     built = build_trajectories(tmp_path / "spans")
     calls = built.triplets.to_pylist()
-    assert len({c["rollout_id"] for c in calls}) >= 8  # at least the trained group's games
+    assert len({c["rollout_id"] for c in calls}) >= 4  # at least the trained group's games
     assert {c["agent_name"] for c in calls} == {"player"} and {c["token_source"] for c in calls} == {"server"}
     for call in calls:
         prompt = tokenizer.decode(call["prompt_token_ids"])
