@@ -33,6 +33,7 @@ from crewai.events.event_listener import event_listener
 from crewai.flow.flow import Flow, listen, start
 from crewai.llms.providers.openai.completion import OpenAICompletion
 from crewai.tools import BaseTool
+from crewai.tools.tool_failure import ToolExecutionFailedError
 from pydantic import BaseModel, Field, PrivateAttr
 
 import tinkertrace
@@ -86,9 +87,10 @@ class AskTool(BaseTool):
     args_schema: type[BaseModel] = QuestionArgs
     _game: GameState = PrivateAttr()
     _answerer: LLM | None = PrivateAttr(default=None)
+    _limit: int = PrivateAttr(default=4)
 
-    def bind(self, game: GameState, answerer: LLM | None) -> AskTool:
-        self._game, self._answerer = game, answerer
+    def bind(self, game: GameState, answerer: LLM | None, limit: int) -> AskTool:
+        self._game, self._answerer, self._limit = game, answerer, limit
         return self
 
     def _run(self, question: str) -> str:
@@ -110,6 +112,9 @@ class AskTool(BaseTool):
                     )
                 )
         game.answers.append(reply)
+        if not self.result_as_answer and len(game.questions) >= self._limit:
+            self.result_as_answer = True  # the last question: the game ends
+            reply += " That was your last question."
         return reply
 
 
@@ -169,7 +174,7 @@ class TwentyQuestions(Flow[GameState]):
             goal=GOAL.format(category=game.category),
             backstory=BACKSTORY,
             llm=self.player_llm,
-            tools=[AskTool().bind(game, self.answerer_llm), GuessTool().bind(game)],
+            tools=[AskTool().bind(game, self.answerer_llm, self.max_questions), GuessTool().bind(game)],
             max_iter=self.max_questions + 1,
             verbose=False,
         )
@@ -179,7 +184,7 @@ class TwentyQuestions(Flow[GameState]):
         return str(player.kickoff(prompt).raw)
 
     @listen(play)
-    def score(self, _final: str) -> float:
+    def score(self, _final: str | None) -> float:
         game = self.state
         asked = game.questions + ([f"Is it a {game.guess}?"] if game.guess is not None else [])
         found = any(game.answer in WORD.findall(q.lower()) for q in asked)
@@ -215,7 +220,10 @@ def play(
     )
     flow = TwentyQuestions(player_llm, answerer_llm, max_questions, show_candidates)
     with tinkertrace.agent_span("player"):
-        flow.kickoff(inputs={"category": task["category"], "answer": task["answer"]})
+        try:
+            flow.kickoff(inputs={"category": task["category"], "answer": task["answer"]})
+        except ToolExecutionFailedError:  # CrewAI stops a player repeating the same call: the game is over
+            flow.score(None)
         game = flow.state
         tinkertrace.emit_reward(game.reward)
     found = game.reward == 1.0

@@ -61,7 +61,9 @@ def test_flow_plays_with_structured_tool_calls_and_leaves_the_sampled_ids(tmp_pa
 
     def model(prompt_ids: list[int]) -> str:
         prompt = tokenizer.decode(prompt_ids)
-        if prompt.endswith('"arguments": '):  # tool_choice "ask": the endpoint opened the call
+        if "at most 2." in prompt:  # asks the same thing until out of questions
+            reply = _call("ask", {"question": "Is it red?"})
+        elif prompt.endswith('"arguments": '):  # tool_choice "ask": the endpoint opened the call
             reply = '{"question": "Is it a cat?"}}\n</tool_call>'
         elif "a fruit" in prompt:
             reply = _call("guess", {"noun": "banana"})
@@ -79,19 +81,22 @@ def test_flow_plays_with_structured_tool_calls_and_leaves_the_sampled_ids(tmp_pa
         ({**cat, "id": "20q-ask"}, auto),  # asks twice, finds it
         ({"id": "20q-guess", "category": "fruit", "answer": "apple"}, auto),  # guesses wrong
         ({**cat, "id": "20q-forced"}, {"max_tokens": 128}),  # the default: every turn a call of ask
+        ({**cat, "id": "20q-limit"}, {**auto, "max_questions": 2}),  # the second question ends the game
     ]
     with BackgroundServer(create_app(PolicyHolder(sampler, tokenizer, "test-model"))) as endpoint:
         spans = tmp_path / "spans"
         results = _play({"spans_dir": str(spans)}, endpoint.url + "/v1", games, "test-model", 180)
     score = load_ref(f"{ROOT / 'examples' / 'twenty_questions' / 'agent.py'}:score")
     wrong_guess = score(["Is it a banana?"], "apple", found=False)
-    assert 0.0 < wrong_guess < 1.0
+    red = score(["Is it red?"] * 2, "cat", found=False)
+    assert 0.0 < wrong_guess < 1.0 and 0.0 < red < 1.0
     assert [(r["reward"], r["found"], r["questions"], r["guess"]) for r in results] == [
         (1.0, True, 2, None),
         (wrong_guess, False, 0, "banana"),  # scored as the question "Is it a banana?"
         (1.0, True, 1, None),
+        (red, False, 2, None),
     ]
-    assert len(replies) == 4 and len(sampler.calls) == 4
+    assert len(replies) == 6 and len(sampler.calls) == 6
     prompts = [tokenizer.decode(prompt) for prompt, *_ in sampler.calls]
     assert all('"name": "ask"' in p and '"name": "guess"' in p for p in prompts)  # CrewAI sent both tools
     assert "<tool_response>\nNo.\n</tool_response>" in prompts[1]  # the ask tool's reply, as a tool message
@@ -99,7 +104,14 @@ def test_flow_plays_with_structured_tool_calls_and_leaves_the_sampled_ids(tmp_pa
 
     built = build_trajectories(spans)
     calls = sorted(built.triplets.to_pylist(), key=lambda r: (r["task_id"], r["turn"]))
-    order = [("20q-ask", 0), ("20q-ask", 1), ("20q-forced", 0), ("20q-guess", 0)]
+    order = [
+        ("20q-ask", 0),
+        ("20q-ask", 1),
+        ("20q-forced", 0),
+        ("20q-guess", 0),
+        ("20q-limit", 0),
+        ("20q-limit", 1),
+    ]
     assert [(c["task_id"], c["turn"]) for c in calls] == order
     by_prompt = {tuple(prompt): reply for (prompt, *_), reply in zip(sampler.calls, replies, strict=True)}
     eos = tokenizer.eos_token_id
@@ -114,7 +126,13 @@ def test_flow_plays_with_structured_tool_calls_and_leaves_the_sampled_ids(tmp_pa
         built.trajectories.drop_columns(["end_time"]).to_pylist(), key=lambda t: t["task_id"]
     )
     rewards = [(t["task_id"], t["num_turns"], t["reward"]) for t in trajectories]
-    assert rewards == [("20q-ask", 2, 1.0), ("20q-forced", 1, 1.0), ("20q-guess", 1, wrong_guess)]
+    expected = [
+        ("20q-ask", 2, 1.0),
+        ("20q-forced", 1, 1.0),
+        ("20q-guess", 1, wrong_guess),
+        ("20q-limit", 2, red),
+    ]
+    assert rewards == expected
 
 
 @pytest.mark.slow
