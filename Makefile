@@ -36,7 +36,16 @@ SMOLLM2_STAMP := $(VENV)/.smollm2
 INSTRUMENTATIONS_VENV := .venv-instrumentations
 INSTRUMENTATIONS_STAMP := $(INSTRUMENTATIONS_VENV)/.installed
 
-.PHONY: setup demo test lint bench environments agents-env browser cookbook-env ts-agent smollm2 instrumentations-env
+# The CrewAI twenty_questions example (examples/twenty_questions/crew.py) runs in its own environment:
+# tinkertrace core + Parquet sink, crewai's runtime requirements (requirements.txt), and crewai itself with
+# --no-deps, so that its memory/knowledge/file-tool requirements (chromadb's onnxruntime and kubernetes,
+# lancedb, pdfplumber; ~0.5 GB the agent never imports) stay out. chromadb's own modules are imported.
+CREWAI_VENV := .venv-crewai
+CREWAI_STAMP := $(CREWAI_VENV)/.installed
+CREWAI_PINS := "crewai==1.15.30" "crewai-core==1.15.30" "chromadb==1.5.9"
+
+.PHONY: setup demo test lint bench environments agents-env browser cookbook-env ts-agent smollm2 \
+	instrumentations-env crewai-env
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -104,13 +113,23 @@ $(INSTRUMENTATIONS_STAMP): pyproject.toml tests/instrumentations/requirements.tx
 
 instrumentations-env: $(INSTRUMENTATIONS_STAMP)
 
+$(CREWAI_STAMP): pyproject.toml examples/twenty_questions/requirements.txt
+	$(PYTHON) -m venv $(CREWAI_VENV)
+	$(CREWAI_VENV)/bin/pip install --quiet --upgrade "pip>=24"
+	$(CREWAI_VENV)/bin/pip install --quiet -e ".[parquet]" -r examples/twenty_questions/requirements.txt
+	$(CREWAI_VENV)/bin/pip install --quiet --no-deps $(CREWAI_PINS)
+	$(CREWAI_VENV)/bin/python -c "import crewai, crewai.flow.flow, examples.twenty_questions.crew"
+	touch $(CREWAI_STAMP)
+
+crewai-env: $(CREWAI_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/tinkertrace demo
 
 # Every environment the tests use. `make test` builds them side by side (most of the time goes to downloads
 # and unpacking, not CPU); the two apt-get steps take turns through a lock.
 ENVIRONMENTS := $(STAMP) $(AGENTS_STAMP) $(BROWSER_STAMP) $(COOKBOOK_STAMP) $(TS_AGENT_JS) $(SMOLLM2_STAMP) \
-	$(INSTRUMENTATIONS_STAMP)
+	$(INSTRUMENTATIONS_STAMP) $(CREWAI_STAMP)
 APT_LOCK := flock /tmp/tinkertrace-apt.lock
 
 environments:

@@ -46,6 +46,11 @@ def load_tasks(split: str = "train") -> list[dict]:
     ]
 
 
+def nouns(category: str) -> list[str]:
+    """Every noun of ``category`` in the CSV (both splits), sorted."""
+    return sorted({row["answer"] for row in _rows() if row["category"] == category})
+
+
 def search(query: str) -> str:
     """The mock search tool: the nouns of every category named in ``query``."""
     words = set(WORD.findall(str(query).lower()))
