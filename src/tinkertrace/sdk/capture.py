@@ -25,7 +25,9 @@ import importlib
 import importlib.abc
 import importlib.util
 import logging
+import sys
 from collections.abc import Callable, Iterator
+from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
@@ -200,20 +202,16 @@ def _wrap_async(lib: ModuleType, original: Callable[..., Any], tee: type) -> Cal
 
 
 def install() -> list[str]:
-    """Patch every importable library in :data:`LIBRARIES`; returns the names patched.
-
-    They are imported here, on the thread that calls ``init()``, even when the agent has not imported
-    them yet: the OpenAI client 3.x (on ``httpx2``) looks up ``sys.modules["httpx"]`` on every request,
-    so a ``httpx`` still being imported on another thread (an import hook's patch, the exporter's first
-    batch) fails the agent's calls with "partially initialized module 'httpx'" (seen in CI)."""
-    patched = []
-    for name in LIBRARIES:
-        try:
-            lib = importlib.import_module(name)
-        except ImportError:
-            continue
-        _patch(lib)
-        patched.append(name)
+    """Patch each library of :data:`LIBRARIES` that is already imported, and the others when the agent
+    first imports them (an import hook, on the agent's own thread), so tracing imports no HTTP library
+    itself (``import httpx`` was most of ``init()``'s time; the OTLP exporter uses ``http.client``).
+    Returns the names patched now."""
+    patched = [name for name in LIBRARIES if name in sys.modules]
+    for name in patched:
+        _patch(sys.modules[name])
+    _HOOK.names = {name for name in LIBRARIES if name not in sys.modules}
+    if _HOOK.names and _HOOK not in sys.meta_path:
+        sys.meta_path.insert(0, _HOOK)
     return patched
 
 
@@ -227,8 +225,48 @@ def _patch(lib: ModuleType) -> None:
             cls._send_single_request = wrap(lib, _originals[key], tee)
 
 
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds a watched library as the other finders do, and patches it once it has been executed."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        if fullname not in self.names:
+            return None
+        self.names.discard(fullname)  # the lookup below then passes over this finder
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _PatchingLoader(spec.loader)
+        return spec
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """A library's own loader, which then patches the module it executed."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.loader.exec_module(module)
+        _patch(module)
+
+    def __getattr__(self, name: str) -> Any:  # resource readers and the like: the library's loader's
+        return getattr(self.loader, name)
+
+
+_HOOK = _PatchOnImport()
+
+
 def uninstall() -> None:
-    """Restore the original methods."""
+    """Restore the original methods and stop watching imports."""
+    _HOOK.names = set()
+    with contextlib.suppress(ValueError):
+        sys.meta_path.remove(_HOOK)
     for (cls, attr), original in list(_originals.items()):
         setattr(cls, attr, original)
         del _originals[(cls, attr)]

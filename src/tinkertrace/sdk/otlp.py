@@ -16,12 +16,13 @@ endpoint can have stored twice, and the builder counts a span delivered twice on
 from __future__ import annotations
 
 import enum
+import http.client
 import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -46,49 +47,79 @@ _RESEND = {Outcome.RETRY, Outcome.UNANSWERED}
 
 
 class HttpSender:
-    """POST ``application/x-protobuf`` to an OTLP/HTTP ``/v1/traces`` URL."""
+    """POST ``application/x-protobuf`` to an OTLP/HTTP ``/v1/traces`` URL over one kept-alive connection.
+
+    The standard library's ``http.client``, not httpx: the SDK then never imports httpx on the export
+    thread (the OpenAI client 3.x reads ``sys.modules["httpx"]`` on every request, and a half-imported
+    httpx there fails the agent's calls)."""
 
     def __init__(self, url: str, headers: Mapping[str, str], timeout_s: float) -> None:
         self.url = url
+        parts = urlsplit(url)
+        self._https = parts.scheme == "https"
+        self._address = (parts.hostname or "127.0.0.1", parts.port)
+        self._path = parts.path + (f"?{parts.query}" if parts.query else "")
         self._headers = {"Content-Type": "application/x-protobuf", **headers}
         self._timeout_s = timeout_s
-        self._client: Any = None  # made by the first send, on the export thread (an SSL context costs ~40 ms)
+        self._conn: http.client.HTTPConnection | None = None
 
     def send(self, payload: bytes) -> tuple[Outcome, int]:
         """``(outcome, spans the endpoint rejected in a partial success)``."""
-        import httpx
-
-        if self._client is None:
-            self._client = httpx.Client(timeout=self._timeout_s, headers=self._headers)
-
+        reused = self._conn is not None
         try:
-            resp = self._client.post(self.url, content=payload)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:  # nothing was sent
+            conn = self._connect()
+        except OSError as exc:  # refused, unreachable, timed out connecting: nothing was sent
             log.debug("tinkertrace: OTLP export to %s failed: %s", self.url, exc)
             return Outcome.RETRY, 0
-        except httpx.HTTPError as exc:  # a read timeout, the connection lost while answering
+        try:
+            conn.request("POST", self._path, body=payload, headers=self._headers)
+            resp = conn.getresponse()
+            body = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            if reused and isinstance(
+                exc, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError
+            ):
+                return self.send(payload)  # the endpoint closed the idle connection: once more on a new one
             log.debug("tinkertrace: OTLP export to %s got no answer: %s", self.url, exc)
             return Outcome.UNANSWERED, 0
-        if resp.status_code in _RETRYABLE_HTTP:
+        if resp.status in _RETRYABLE_HTTP:
             return Outcome.RETRY, 0
-        if resp.status_code >= 400:
-            log.warning("tinkertrace: %s refused a batch: %s %s", self.url, resp.status_code, resp.text[:200])
+        if resp.status >= 400:
+            text = body[:200].decode("utf-8", "replace")
+            log.warning("tinkertrace: %s refused a batch: %s %s", self.url, resp.status, text)
             return Outcome.REJECTED, 0
         rejected = 0
-        if resp.content and "protobuf" in resp.headers.get("content-type", ""):
+        if body and "protobuf" in (resp.getheader("content-type") or ""):
             try:
                 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
                     ExportTraceServiceResponse,  # here, not at init: its protobuf classes load in ~45 ms
                 )
 
-                rejected = ExportTraceServiceResponse.FromString(resp.content).partial_success.rejected_spans
+                rejected = ExportTraceServiceResponse.FromString(body).partial_success.rejected_spans
             except Exception:  # a malformed reply still means the batch was taken
                 rejected = 0
         return Outcome.SENT, int(rejected)
 
+    def _connect(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            host, port = self._address
+            if self._https:
+                import ssl  # here: a default SSL context costs ~40 ms
+
+                conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                    host, port, timeout=self._timeout_s, context=ssl.create_default_context()
+                )
+            else:
+                conn = http.client.HTTPConnection(host, port, timeout=self._timeout_s)
+            conn.connect()
+            self._conn = conn
+        return self._conn
+
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 class GrpcSender:
