@@ -10,6 +10,7 @@ import typer
 from tinkertrace.cli.extras import needs_extra
 from tinkertrace.cli.options import OptionsOf, config_option, validated, with_settings
 from tinkertrace.evaluation_settings import EvalSettings
+from tinkertrace.extras import require
 
 
 @with_settings
@@ -17,7 +18,10 @@ def eval_command(
     settings: dict[str, Any] = OptionsOf(EvalSettings),
     config: Annotated[Path | None, config_option(EvalSettings, section="eval")] = None,
 ) -> None:
-    """Run AGENT on every task of a split several times and report pass@k (unbiased estimator)."""
+    """Run AGENT on every task of a split several times and report pass@k (unbiased estimator).
+
+    Against an endpoint of your own (--base-url) it needs only the `parquet` extra; without one it serves
+    --model itself and needs `serve` (and `engine` for a local model)."""
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
@@ -26,6 +30,8 @@ def eval_command(
 
     console = Console(soft_wrap=True)
     run = validated(EvalSettings, settings, config, section="eval")
+    if run.base_url is None:  # the local endpoint serves --model with the engine
+        require("serve", "`tinkertrace eval` without --base-url")
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task("rollouts", total=None)
         try:
@@ -48,4 +54,4 @@ def eval_command(
 
 def register(app: typer.Typer) -> None:
     """Add `tinkertrace eval` to the main app."""
-    app.command("eval")(needs_extra("serve", "eval")(eval_command))
+    app.command("eval")(needs_extra("parquet", "eval")(eval_command))

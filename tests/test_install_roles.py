@@ -3,6 +3,7 @@ option whose extra is missing names the extra to install."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -61,3 +62,28 @@ def test_an_agent_environment_traces_without_the_heavy_packages() -> None:
     assert cli.returncode == 2
     assert "`tinkertrace collector` needs the 'collector' extra" in cli.stderr
     assert "pip install 'tinkertrace[collector]'" in cli.stderr
+
+
+def test_eval_against_an_endpoint_needs_only_the_parquet_extra(tmp_path: Path) -> None:
+    """`tinkertrace eval --base-url` runs in an environment of the core and [parquet] (an agent's own);
+    without --base-url it would serve the model itself, and names the `serve` extra."""
+    (tmp_path / "agent.py").write_text(
+        "def play(task, *, base_url, model, api_key, **sampling):\n"
+        "    assert base_url == 'http://127.0.0.1:9/v1'\n"
+        "    return float(int(task['id']) % 2)\n"
+        "def load_tasks(split):\n"
+        "    return [{'id': i} for i in range(4)]\n"
+    )
+    agent = tmp_path / "agent.py"
+    common = f"{agent}:play', '--tasks', '{agent}:load_tasks', '-n', '2', '--k', '1,2'"
+    out = tmp_path / "results.jsonl"
+    done = _agent_env(
+        "from tinkertrace.cli.main import app\n"
+        f"app(['eval', '{common}, '--base-url', 'http://127.0.0.1:9/v1', '--out', '{out}'])"
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(out.with_name("results.summary.json").read_text())
+    assert (summary["tasks"], summary["rollouts"], summary["pass_at_k"]["pass@2"]) == (4, 8, 0.5)
+    local = _agent_env(f"from tinkertrace.cli.main import app; app(['eval', '{common}])")
+    assert local.returncode == 2
+    assert "`tinkertrace eval` without --base-url needs the 'serve' extra" in local.stderr
