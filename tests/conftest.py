@@ -9,6 +9,21 @@ import pytest
 from tinkertrace.testing.openai_server import RunningServer, ServerOptions, start_server
 
 
+def _expected_length(item: pytest.Item) -> int:
+    """A test's own timeout when it declares one (the longest end-to-end runs), 1 when marked slow, else 0."""
+    timeout = item.get_closest_marker("timeout")
+    return int(timeout.args[0]) if timeout else int(item.get_closest_marker("slow") is not None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with the longest tests first (order within a file kept): `make test` hands each worker a
+    whole file, so the long ones start early instead of keeping one worker busy after the other is done."""
+    longest: dict[object, int] = {}
+    for item in items:
+        longest[item.path] = max(longest.get(item.path, 0), _expected_length(item))
+    items.sort(key=lambda item: -longest[item.path])
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _compiled_span_scan() -> None:
     """Compile (or load from numba's cache) the span converter's kernels once, before any test, so no

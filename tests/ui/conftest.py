@@ -155,8 +155,10 @@ def ui(run: Run) -> Iterator[UiServer]:
         yield server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
+    """Debian's chromium, for the ui package's tests only: Playwright's sync API keeps an event loop running
+    on the main thread while it is open, which would break ``asyncio.run`` in every test after it."""
     if CHROMIUM is None:
         pytest.skip("Debian's chromium is not installed (make browser installs it)")
     from playwright.sync_api import sync_playwright
