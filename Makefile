@@ -135,15 +135,16 @@ APT_LOCK := flock /tmp/tinkertrace-apt.lock
 environments:
 	$(MAKE) --no-print-directory --output-sync=target -j4 $(ENVIRONMENTS)
 
-# Tests run in one worker per core, at most 4 (each worker holds torch and its own session fixtures); a test
-# file stays in one worker, so its module fixtures are built once. Most end-to-end tests wait on servers and
-# subprocesses, so two workers on 2 cores finish well before one.
+# Tests run in one worker per core, at most 4 (each worker holds torch and its own session fixtures). A test
+# file stays in one worker, so its module fixtures are built once; files go out in the order that
+# tests/conftest.py gives them (the longest first), not xdist's default (the most tests first). Most
+# end-to-end tests wait on servers and subprocesses, so two workers on 2 cores finish well before one.
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 
 test: environments
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
