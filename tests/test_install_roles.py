@@ -75,15 +75,13 @@ def test_eval_against_an_endpoint_needs_only_the_parquet_extra(tmp_path: Path) -
         "    return [{'id': i} for i in range(4)]\n"
     )
     agent = tmp_path / "agent.py"
-    common = f"{agent}:play', '--tasks', '{agent}:load_tasks', '-n', '2', '--k', '1,2'"
     out = tmp_path / "results.jsonl"
-    done = _agent_env(
-        "from tinkertrace.cli.main import app\n"
-        f"app(['eval', '{common}, '--base-url', 'http://127.0.0.1:9/v1', '--out', '{out}'])"
-    )
+    args = f"eval {agent}:play --tasks {agent}:load_tasks -n 2 --k 1,2 --out {out}".split()
+    endpoint = ["--base-url", "http://127.0.0.1:9/v1"]
+    done = _agent_env(f"from tinkertrace.cli.main import app; app({args + endpoint!r})")
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(out.with_name("results.summary.json").read_text())
     assert (summary["tasks"], summary["rollouts"], summary["pass_at_k"]["pass@2"]) == (4, 8, 0.5)
-    local = _agent_env(f"from tinkertrace.cli.main import app; app(['eval', '{common}])")
+    local = _agent_env(f"from tinkertrace.cli.main import app; app({args!r})")
     assert local.returncode == 2
     assert "`tinkertrace eval` without --base-url needs the 'serve' extra" in local.stderr
