@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ def _expected_length(item: pytest.Item) -> int:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files with the longest tests first (order within a file kept): `make test` hands each worker a
     whole file, so the long ones start early instead of keeping one worker busy after the other is done."""
-    longest: dict[object, int] = {}
+    longest: dict[Path, int] = {}
     for item in items:
         longest[item.path] = max(longest.get(item.path, 0), _expected_length(item))
     items.sort(key=lambda item: -longest[item.path])
