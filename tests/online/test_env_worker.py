@@ -65,3 +65,47 @@ def test_worker_runs_groups_by_weight(tmp_path: Path) -> None:
     assert b_call["temperature"] == 1.0 and "max_tokens" not in b_call
     assert all(c["base_url"] == "http://x/v1" for c in settings)
     assert [r["reward"] for r in rounds[0]] == [1.0, 1.0] and [r["reward"] for r in rounds[2]] == [0.0] * 3
+
+
+HELD_AGENT = """
+import itertools, os, time
+
+_calls = itertools.count()
+
+def agent(task, *, release, **settings):
+    if next(_calls) == 1:  # the round's second rollout waits for the test
+        while not os.path.exists(release):
+            time.sleep(0.01)
+    return 0.5
+
+def tasks(split="train"):
+    return [{"id": "t"}]
+"""
+
+
+def test_a_finished_rollout_is_logged_before_its_round_ends(tmp_path: Path) -> None:
+    agent = tmp_path / "agent.py"
+    agent.write_text(HELD_AGENT)
+    log, release = tmp_path / "worker.jsonl", tmp_path / "release"
+    spec = {
+        "model": "m",
+        "seed": 0,
+        "run": "abc",
+        "environments": [
+            {"name": "a", "agent": f"{agent}:agent", "tasks": f"{agent}:tasks",
+             "split": "train", "weight": 1, "group_size": 2, "temperature": 1.0, "max_tokens": None,
+             "agent_kwargs": {"release": str(release)}},
+        ],
+    }  # fmt: skip
+    stop = threading.Event()
+    worker = threading.Thread(target=run_worker, args=(spec, "http://x/v1", 0, log, stop, None))
+    worker.start()
+    try:
+        wait_until(lambda: log.exists() and log.read_text().count("\n") == 1, 30, "the first rollout logged")
+        (row,) = [json.loads(line) for line in log.read_text().splitlines()]
+        assert worker.is_alive() and (row["round"], row["reward"], row["error"]) == (0, 0.5, None)
+    finally:
+        stop.set()
+        release.touch()
+        worker.join(30)
+    assert [json.loads(line)["round"] for line in log.read_text().splitlines()] == [0, 0]

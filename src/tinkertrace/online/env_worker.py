@@ -7,7 +7,7 @@ environments come in the JSON file named by ``$TINKERTRACE_ENVIRONMENTS``). Each
 next environment by weight (:class:`~tinkertrace.training.environments.WeightedTurns`, offset by
 the worker number) and one of its tasks, and runs the agent ``group_size`` times at once: one GRPO
 group, whose task id names the environment, the task and the round. One JSON line per rollout goes
-to ``--log``; SIGTERM ends the worker after its current round.
+to ``--log`` as the rollout ends; SIGTERM ends the worker after its current round.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ import os
 import random
 import signal
 import threading
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import tinkertrace
-from tinkertrace.rollouts import load_ref, load_tasks, run_rollouts
+from tinkertrace.rollouts import RolloutResult, load_ref, load_tasks, run_rollouts
 from tinkertrace.training.environments import WeightedTurns, group_task_id
 
 SPEC_ENV = "TINKERTRACE_ENVIRONMENTS"
@@ -34,6 +35,14 @@ def agent_arguments(env: dict[str, Any], base_url: str, model: str) -> dict[str,
     if env.get("max_tokens") is not None:
         kwargs["max_tokens"] = env["max_tokens"]
     return {**kwargs, **env["agent_kwargs"]}
+
+
+def log_line(out: TextIO, tags: dict[str, Any], result: RolloutResult) -> None:
+    """One rollout's JSON line, flushed as the rollout ends: a worker killed mid-round loses no line of
+    a rollout that finished (its spans are in the collector already)."""
+    row = {**tags, "task_id": result.task_id, "reward": result.reward, "error": result.error}
+    out.write(json.dumps(row) + "\n")
+    out.flush()
 
 
 def run_worker(
@@ -52,18 +61,15 @@ def run_worker(
             env = envs[turns.next()]
             task = rng.choice(tasks[env["name"]])
             group = {**task, "id": group_task_id(env["name"], task["id"], f"{spec['run']}w{worker}r{rounds}")}
-            results = run_rollouts(
+            tags = {"env": env["name"], "worker": worker, "round": rounds}
+            run_rollouts(
                 agents[env["name"]],
                 [group],
                 samples_per_task=env["group_size"],
                 agent_kwargs=agent_arguments(env, base_url, spec["model"]),
                 concurrency=env["group_size"],
+                on_result=partial(log_line, out, tags),
             )
-            for result in results:
-                row = {"env": env["name"], "task_id": result.task_id, "reward": result.reward}
-                row.update(error=result.error, worker=worker, round=rounds)
-                out.write(json.dumps(row) + "\n")
-            out.flush()
             rounds += 1
     return rounds
 
