@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import difflib
 import re
+from collections.abc import Collection
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -66,9 +67,10 @@ def parse_answer(reply: str) -> str:
     return "I don't know."
 
 
-def score(questions: list[str], answer: str, found: bool) -> float:
-    """1 when the noun was named; else up to 0.4 for the closest word to it and up to 0.1 for
-    asking in question form."""
+def score(questions: list[str], answer: str, found: bool, listed: Collection[str] = ()) -> float:
+    """1 when the noun was named; else up to 0.4 for the closest word to it, up to 0.1 for asking in
+    question form and, when the player was shown the candidate nouns (``listed``), up to 0.2 for
+    naming one of them: each a share of the questions."""
     if found:
         return 1.0
     if not questions:
@@ -76,7 +78,9 @@ def score(questions: list[str], answer: str, found: bool) -> float:
     words = [w for q in questions for w in WORD.findall(q.lower())]
     closest = max((difflib.SequenceMatcher(None, w, answer).ratio() for w in words), default=0.0)
     asked = sum(q.strip().endswith("?") for q in questions) / len(questions)
-    return round(0.4 * closest + 0.1 * asked, 6)
+    candidates = set(listed)
+    named = sum(not candidates.isdisjoint(WORD.findall(q.lower())) for q in questions) / len(questions)
+    return round(0.4 * closest + 0.1 * asked + 0.2 * named, 6)
 
 
 def _player_turn(chat: Chat, messages: list[dict], use_search: bool) -> tuple[str, str | None]:

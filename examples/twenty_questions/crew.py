@@ -53,7 +53,7 @@ BACKSTORY = "You are playing twenty questions. You only learn about the secret t
 TASK = (
     "I am thinking of a {category}.{candidates} Ask yes/no questions with the ask tool, at most "
     "{max_questions}. When you know it, call the guess tool with the noun. For example:\n"
-    '<tool_call>{{"name": "ask", "arguments": {{"question": "Is it red?"}}}}</tool_call>'
+    '<tool_call>{{"name": "ask", "arguments": {{"question": "Is it a cup?"}}}}</tool_call>'
 )
 
 
@@ -188,7 +188,8 @@ class TwentyQuestions(Flow[GameState]):
         game = self.state
         asked = game.questions + ([f"Is it a {game.guess}?"] if game.guess is not None else [])
         found = any(game.answer in WORD.findall(q.lower()) for q in asked)
-        game.reward = score(asked, game.answer, found)
+        listed = nouns(game.category) if self.show_candidates else ()
+        game.reward = score(asked, game.answer, found, listed)
         return game.reward
 
 

@@ -88,9 +88,10 @@ def test_flow_plays_with_structured_tool_calls_and_leaves_the_sampled_ids(tmp_pa
         spans = tmp_path / "spans"
         results = _play({"spans_dir": str(spans)}, endpoint.url + "/v1", games, "test-model", 180)
     score = load_ref(f"{ROOT / 'examples' / 'twenty_questions' / 'agent.py'}:score")
-    wrong_guess = score(["Is it a banana?"], "apple", found=False)
-    red = score(["Is it red?"] * 2, "cat", found=False)
-    assert 0.0 < wrong_guess < 1.0 and 0.0 < red < 1.0
+    nouns = load_ref(f"{ROOT / 'examples' / 'twenty_questions' / 'agent.py'}:nouns")
+    wrong_guess = score(["Is it a banana?"], "apple", found=False, listed=nouns("fruit"))  # a listed noun
+    red = score(["Is it red?"] * 2, "cat", found=False, listed=nouns("animal"))
+    assert score(["Is it a banana?"], "apple", found=False) < wrong_guess < 1.0 and 0.0 < red < wrong_guess
     assert [(r["reward"], r["found"], r["questions"], r["guess"]) for r in results] == [
         (1.0, True, 2, None),
         (wrong_guess, False, 0, "banana"),  # scored as the question "Is it a banana?"
