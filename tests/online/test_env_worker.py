@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tinkertrace.online.env_worker import run_worker
@@ -24,6 +26,21 @@ def tasks(split="train"):
 """
 
 
+@contextmanager
+def worker_thread(environments: list[dict], log: Path) -> Iterator[tuple[threading.Thread, threading.Event]]:
+    """``run_worker`` in a thread over ``environments`` (run "abc", model "m"), logging to ``log``;
+    yields the thread and its stop event, and stops it on exit."""
+    spec = {"model": "m", "seed": 0, "run": "abc", "environments": environments}
+    stop = threading.Event()
+    worker = threading.Thread(target=run_worker, args=(spec, "http://x/v1", 0, log, stop, None))
+    worker.start()
+    try:
+        yield worker, stop
+    finally:
+        stop.set()
+        worker.join(30)
+
+
 def test_worker_runs_groups_by_weight(tmp_path: Path) -> None:
     (tmp_path / "agent.py").write_text(AGENT)
     calls, log = tmp_path / "calls.jsonl", tmp_path / "worker.jsonl"
@@ -32,25 +49,14 @@ def test_worker_runs_groups_by_weight(tmp_path: Path) -> None:
         "tasks": f"{tmp_path / 'agent.py'}:tasks",
         "split": "train",
     }
-    spec = {
-        "model": "m",
-        "seed": 0,
-        "run": "abc",
-        "environments": [
-            {**env, "name": "a", "weight": 3, "group_size": 2, "temperature": 0.5, "max_tokens": 7,
-             "agent_kwargs": {"calls": str(calls)}},
-            {**env, "name": "b", "weight": 1, "group_size": 3, "temperature": 1.0, "max_tokens": None,
-             "agent_kwargs": {"calls": str(calls)}},
-        ],
-    }  # fmt: skip
-    stop = threading.Event()
-    worker = threading.Thread(target=run_worker, args=(spec, "http://x/v1", 0, log, stop, None))
-    worker.start()
-    try:
+    environments: list[dict] = [
+        {**env, "name": "a", "weight": 3, "group_size": 2, "temperature": 0.5, "max_tokens": 7,
+         "agent_kwargs": {"calls": str(calls)}},
+        {**env, "name": "b", "weight": 1, "group_size": 3, "temperature": 1.0, "max_tokens": None,
+         "agent_kwargs": {"calls": str(calls)}},
+    ]  # fmt: skip
+    with worker_thread(environments, log):
         wait_until(lambda: log.exists() and len(log.read_text().splitlines()) >= 9, 30, "four rounds logged")
-    finally:
-        stop.set()
-        worker.join(30)
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     rounds = [[r for r in rows if r["round"] == k] for k in range(4)]
     assert [(group[0]["env"], len(group)) for group in rounds] == [("a", 2), ("a", 2), ("b", 3), ("a", 2)]
@@ -87,25 +93,18 @@ def test_a_finished_rollout_is_logged_before_its_round_ends(tmp_path: Path) -> N
     agent = tmp_path / "agent.py"
     agent.write_text(HELD_AGENT)
     log, release = tmp_path / "worker.jsonl", tmp_path / "release"
-    spec = {
-        "model": "m",
-        "seed": 0,
-        "run": "abc",
-        "environments": [
-            {"name": "a", "agent": f"{agent}:agent", "tasks": f"{agent}:tasks",
-             "split": "train", "weight": 1, "group_size": 2, "temperature": 1.0, "max_tokens": None,
-             "agent_kwargs": {"release": str(release)}},
-        ],
+    environment = {
+        "name": "a", "agent": f"{agent}:agent", "tasks": f"{agent}:tasks", "split": "train", "weight": 1,
+        "group_size": 2, "temperature": 1.0, "max_tokens": None, "agent_kwargs": {"release": str(release)},
     }  # fmt: skip
-    stop = threading.Event()
-    worker = threading.Thread(target=run_worker, args=(spec, "http://x/v1", 0, log, stop, None))
-    worker.start()
-    try:
-        wait_until(lambda: log.exists() and log.read_text().count("\n") == 1, 30, "the first rollout logged")
-        (row,) = [json.loads(line) for line in log.read_text().splitlines()]
-        assert worker.is_alive() and (row["round"], row["reward"], row["error"]) == (0, 0.5, None)
-    finally:
-        stop.set()
-        release.touch()
-        worker.join(30)
+    with worker_thread([environment], log) as (worker, stop):
+        try:
+            wait_until(
+                lambda: log.exists() and log.read_text().count("\n") == 1, 30, "the first rollout logged"
+            )
+            (row,) = [json.loads(line) for line in log.read_text().splitlines()]
+            assert worker.is_alive() and (row["round"], row["reward"], row["error"]) == (0, 0.5, None)
+        finally:
+            stop.set()  # the round ends when the held rollout is released; no round after it
+            release.touch()
     assert [json.loads(line)["round"] for line in log.read_text().splitlines()] == [0, 0]
