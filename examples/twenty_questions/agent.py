@@ -68,9 +68,9 @@ def parse_answer(reply: str) -> str:
 
 
 def score(questions: list[str], answer: str, found: bool, listed: Collection[str] = ()) -> float:
-    """1 when the noun was named; else up to 0.4 for the closest word to it, up to 0.1 for asking in
-    question form and, when the player was shown the candidate nouns (``listed``), up to 0.2 for
-    naming one of them: each a share of the questions."""
+    """1 when the noun was named; else up to 0.4 for the closest word to it and, as shares of the
+    questions, up to 0.1 for asking in question form and up to 0.2 for naming one of the ``listed``
+    nouns (the candidates, when the player was shown them)."""
     if found:
         return 1.0
     if not questions:
