@@ -75,11 +75,10 @@ def score(questions: list[str], answer: str, found: bool, listed: Collection[str
         return 1.0
     if not questions:
         return 0.0
-    words = [w for q in questions for w in WORD.findall(q.lower())]
-    closest = max((difflib.SequenceMatcher(None, w, answer).ratio() for w in words), default=0.0)
+    words = [set(WORD.findall(q.lower())) for q in questions]  # each question's words
+    closest = max((difflib.SequenceMatcher(None, w, answer).ratio() for ws in words for w in ws), default=0.0)
     asked = sum(q.strip().endswith("?") for q in questions) / len(questions)
-    candidates = set(listed)
-    named = sum(not candidates.isdisjoint(WORD.findall(q.lower())) for q in questions) / len(questions)
+    named = sum(not ws.isdisjoint(listed) for ws in words) / len(questions)
     return round(0.4 * closest + 0.1 * asked + 0.2 * named, 6)
 
 

@@ -87,8 +87,8 @@ def test_flow_plays_with_structured_tool_calls_and_leaves_the_sampled_ids(tmp_pa
     with BackgroundServer(create_app(PolicyHolder(sampler, tokenizer, "test-model"))) as endpoint:
         spans = tmp_path / "spans"
         results = _play({"spans_dir": str(spans)}, endpoint.url + "/v1", games, "test-model", 180)
-    score = load_ref(f"{ROOT / 'examples' / 'twenty_questions' / 'agent.py'}:score")
-    nouns = load_ref(f"{ROOT / 'examples' / 'twenty_questions' / 'agent.py'}:nouns")
+    agent = ROOT / "examples" / "twenty_questions" / "agent.py"
+    score, nouns = load_ref(f"{agent}:score"), load_ref(f"{agent}:nouns")
     wrong_guess = score(["Is it a banana?"], "apple", found=False, listed=nouns("fruit"))  # a listed noun
     red = score(["Is it red?"] * 2, "cat", found=False, listed=nouns("animal"))
     assert score(["Is it a banana?"], "apple", found=False) < wrong_guess < 1.0 and 0.0 < red < wrong_guess
@@ -184,7 +184,7 @@ def test_smollm2_trains_a_step_through_the_runner(tmp_path: Path) -> None:
     # Each logged game was scored as the worker logged it. A worker killed mid-round (after stop_workers'
     # grace) can leave a game in the spans whose line it did not write: compare the logged groups only.
     scored = {(row["task_id"], round(row["reward"], 6)) for row in played}
-    logged = {task_id for task_id, _ in scored}
+    logged = {row["task_id"] for row in played}
     built_rewards = {
         (t["task_id"], round(t["reward"], 6))
         for t in built.trajectories.select(["task_id", "reward"]).to_pylist()
