@@ -12,8 +12,9 @@ from tinkertrace.cli.options import OptionsOf, config_option, validated, with_se
 from tinkertrace.serving.settings import RecordingSettings, ServeSettings
 
 
-def make_recorder(recording: RecordingSettings) -> Any:
-    """A :class:`~tinkertrace.serving.recording.CallRecorder` when --collector or --spans-dir is given."""
+def make_recorder(recording: RecordingSettings, name: str = "serve") -> Any:
+    """A :class:`~tinkertrace.serving.recording.CallRecorder` when --collector or --spans-dir is given
+    (``name``: the command, which names its default journal folder)."""
     if not recording.records:
         return None
     from tinkertrace.serving.recording import CallRecorder
@@ -22,7 +23,11 @@ def make_recorder(recording: RecordingSettings) -> Any:
         collector=recording.collector,
         spans_dir=recording.spans_dir,
         spool_dir=recording.spool_dir,
+        journal_dir=recording.journal_dir,
+        name=name,
         capture_content=recording.record_content,
+        durable=recording.durable,
+        rollout_idle_s=recording.rollout_timeout_s,
     )
 
 

@@ -94,7 +94,33 @@ def name_os_thread() -> None:
 
 
 def file_tag(instance: str, segment: int) -> str:
+    """The name prefix of the Parquet files holding a WAL segment's spans."""
     return f"{instance}-{segment:020d}"
+
+
+def next_batch(source: queue.Queue[Any], wait_s: float, limit: int = 4096) -> list[Any]:
+    """What is queued (up to ``limit`` items), waiting up to ``wait_s`` for the first: one group commit's
+    worth."""
+    try:
+        batch = [source.get(timeout=wait_s)]
+    except queue.Empty:
+        return []
+    while len(batch) < limit:
+        try:
+            batch.append(source.get_nowait())
+        except queue.Empty:
+            break
+    return batch
+
+
+def remove_segment_files(out: Path, tag: str) -> int:
+    """Delete the Parquet files (and temporary files) tagged ``tag`` under ``out``, before the segment is
+    replayed into new ones: what a crash left of them is replaced, so each span is stored once. Returns
+    how many were deleted."""
+    stale = [*out.rglob(f"{tag}-*.parquet"), *out.rglob(f"{TEMP_PREFIX}{tag}-*")]
+    for path in stale:
+        path.unlink()
+    return len(stale)
 
 
 class Ingestor:
@@ -144,12 +170,7 @@ class Ingestor:
                 report.notes.append(str(note))
                 continue
             tag = file_tag(self.config.instance, segment)
-            for stale in [
-                *self.config.out.rglob(f"{tag}-*.parquet"),
-                *self.config.out.rglob(f"{TEMP_PREFIX}{tag}-*"),
-            ]:
-                stale.unlink()
-                report.files_replaced += 1
+            report.files_replaced += remove_segment_files(self.config.out, tag)
             self.writer.file_prefix = tag
             for record in records:
                 result = self.config.convert(record.payload, record.received_at_ns)
@@ -279,7 +300,7 @@ class Ingestor:
                             self._writer_q.put(("close", self.wal.abandon_segment()))
                         self.troubles.hit(WAL, exc)
                         retry_at, backoff = time.monotonic() + backoff, min(backoff * 2, RETRY_MAX_S)
-                batch = self._next_batch(min(cfg.idle_flush_s / 2, 0.2))
+                batch = next_batch(self._wal_q, min(cfg.idle_flush_s / 2, 0.2))
                 stop = any(item is _STOP for item in batch)
                 items = [item for item in batch if item is not _STOP]
                 now = time.monotonic()
@@ -312,19 +333,6 @@ class Ingestor:
             self._fail(f"write-ahead log failed: {exc!r}")
             self._refuse_queued(f"write-ahead log failed: {exc!r}")
             self._writer_q.put(_STOP)
-
-    def _next_batch(self, wait_s: float) -> list[Any]:
-        """What is queued (up to 4096 items), waiting up to ``wait_s`` for the first."""
-        try:
-            batch = [self._wal_q.get(timeout=wait_s)]
-        except queue.Empty:
-            return []
-        while len(batch) < 4096:
-            try:
-                batch.append(self._wal_q.get_nowait())
-            except queue.Empty:
-                break
-        return batch
 
     def _log_batch(self, items: list[_Item]) -> None:
         for item in items:

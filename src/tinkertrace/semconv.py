@@ -23,12 +23,13 @@ AGENT_NAME: Final = "gen_ai.agent.name"
 
 # --- rollout (root) span ----------------------------------------------------------------------------
 TASK_INPUT: Final = "tinkertrace.task.input"  # JSON text
-ROLLOUT_STATUS: Final = "tinkertrace.rollout.status"  # "succeeded" | "failed"
+ROLLOUT_STATUS: Final = "tinkertrace.rollout.status"  # "succeeded" | "failed" | "timed_out"
 ROLLOUT_LLM_CALLS: Final = "tinkertrace.rollout.llm_calls"  # LLM spans the rollout made
 ROLLOUT_REWARDS: Final = "tinkertrace.rollout.rewards"  # reward spans the rollout made
 ROLLOUT_AGENT_SPANS: Final = "tinkertrace.rollout.agent_spans"  # agent spans the rollout made
 STATUS_SUCCEEDED: Final = "succeeded"
 STATUS_FAILED: Final = "failed"
+STATUS_TIMED_OUT: Final = "timed_out"  # closed by the endpoint after its idle time (never finished)
 
 # --- LLM call span (GenAI conventions) -------------------------------------------------------------
 GENAI_OPERATION: Final = "gen_ai.operation.name"  # "chat" | "text_completion"

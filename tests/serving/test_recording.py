@@ -28,6 +28,7 @@ from tinkertrace.serving.recording import CallRecorder
 from tinkertrace.spanstore.reader import open_spans
 
 MODEL = "scripted-model"
+ROLLOUT_ATTRS = (semconv.ROLLOUT_STATUS, semconv.ROLLOUT_LLM_CALLS, semconv.ROLLOUT_REWARDS)
 
 
 @contextmanager
@@ -267,17 +268,29 @@ def test_calls_recorded_while_the_collector_is_down_arrive_once_it_is_back(
     assert rows == [("llm", reply.id), ("rollout", None)]
 
 
-def test_an_idle_rollout_is_forgotten_when_the_next_one_starts(
+def test_an_idle_rollout_is_closed_as_timed_out_and_written(
     tokenizer: Any, scripted: Any, start_server: Callable[..., BackgroundServer], tmp_path: Path
 ) -> None:
-    recorder = CallRecorder(spans_dir=tmp_path / "spans", rollout_idle_s=0.0)
+    """A rollout nobody finishes is not silently lost: after its idle time the endpoint writes its
+    rollout span, status timed_out, with its counts; later rewards get 409 naming that status."""
+    recorder = CallRecorder(spans_dir=tmp_path / "spans", rollout_idle_s=0.5)
     server = start_server(PolicyHolder(scripted(["a", "b"]), tokenizer, MODEL), recorder=recorder)
-    for rollout in ("old", "new"):
-        client = openai.OpenAI(base_url=f"{server.url}/rollouts/{rollout}/v1", api_key="x", max_retries=0)
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
-    assert recorder.stats()["open_rollouts"] == 1
-    assert httpx.post(f"{server.url}/v1/rollouts/old/reward", json={"value": 1}).status_code == 404
-    assert httpx.post(f"{server.url}/v1/rollouts/new/reward", json={"value": 1}).status_code == 200
+    client = openai.OpenAI(base_url=f"{server.url}/rollouts/idle/v1", api_key="x", max_retries=0)
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert httpx.post(f"{server.url}/v1/rollouts/idle/reward", json={"value": 1}).status_code == 200
+    deadline = time.monotonic() + 20
+    while recorder.stats()["rollouts_timed_out"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert recorder.stats()["open_rollouts"] == 0
+    late = httpx.post(f"{server.url}/v1/rollouts/idle/reward", json={"value": 1})
+    assert late.status_code == 409 and "timed_out" in late.json()["error"]["message"]
+    assert recorder.flush()
+    rows = _query(
+        tmp_path / "spans",
+        "SELECT " + ", ".join(f"json_extract_string(attributes, '$.\"{name}\"')" for name in ROLLOUT_ATTRS)
+        + " FROM spans WHERE span_type = 'rollout'",
+    )
+    assert rows == [("timed_out", "1", "1")]
 
 
 def test_a_call_seen_by_the_sdk_and_by_the_endpoint_builds_one_triplet(

@@ -14,9 +14,10 @@ GroupBy = Literal["task", "task+agent"]
 
 REWARD_POLICIES: tuple[str, ...] = ("nearest", "sibling", "link", "final")
 GROUP_BYS: tuple[str, ...] = ("task", "task+agent")
-# Rollout statuses `statuses` selects: the root span's tinkertrace.rollout.status, or "unknown" when the
-# rollout has no root or its producer records none (Agent-lightning).
-STATUSES: tuple[str, ...] = ("succeeded", "failed", "unknown")
+# Rollout statuses `statuses` selects: the root span's tinkertrace.rollout.status ("timed_out": closed by
+# the endpoint after its idle time), or "unknown" when the rollout has no root or its producer records
+# none (Agent-lightning).
+STATUSES: tuple[str, ...] = ("succeeded", "failed", "timed_out", "unknown")
 MAX_BUCKETS = 256
 
 

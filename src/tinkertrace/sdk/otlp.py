@@ -212,7 +212,11 @@ class OtlpSpoolingExporter(SpanExporter):
         request = encode_batch(spans, self._stats)
         if request is None:
             return SpanExportResult.FAILURE
-        payload, n_spans = request.SerializeToString(), len(spans)
+        return self.export_payload(request.SerializeToString(), len(spans))
+
+    def export_payload(self, payload: bytes, n_spans: int) -> SpanExportResult:
+        """:meth:`export` for a batch already encoded (an ``ExportTraceServiceRequest`` of ``n_spans``):
+        sent now, or kept in the spool (fsynced) to be re-sent."""
         if not self.spool.pending():
             outcome, rejected = self._sender.send(payload)
             if outcome is Outcome.REJECTED:

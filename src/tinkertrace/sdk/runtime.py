@@ -21,7 +21,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -205,12 +205,13 @@ def _scope() -> InstrumentationScope:
     return InstrumentationScope(SCOPE_NAME, __version__)
 
 
-def _build(config: cfg.TraceConfig) -> Runtime:
+def _build(config: cfg.TraceConfig, sink: SpanProcessor | None = None) -> Runtime:
+    """The runtime of ``config``; with ``sink``, spans go to it instead of the SDK's own exporters."""
     stats = ExportStats()
     queue, batch, delay_s = config.max_queue_spans, config.batch_size, config.schedule_delay_s
     pipelines = [
         TrainingDataProcessor(exporter, stats, max_queue=queue, batch_size=batch, schedule_delay_s=delay_s)
-        for exporter in _own_exporters(config, stats)
+        for exporter in (_own_exporters(config, stats) if sink is None else [])
     ]
     stock_pipelines = [
         BatchSpanProcessor(stock, queue, delay_s * 1000, min(batch, queue)) for stock in config.exporters
@@ -222,7 +223,7 @@ def _build(config: cfg.TraceConfig) -> Runtime:
         shutdown_on_exit=False,
         active_span_processor=processor,
     )
-    for pipeline in (*pipelines, *stock_pipelines):
+    for pipeline in (*pipelines, *stock_pipelines, *([sink] if sink is not None else [])):
         provider.add_span_processor(pipeline)
     scope = _scope()
     tracer = provider.get_tracer(scope.name, scope.version)
@@ -236,11 +237,12 @@ def _build(config: cfg.TraceConfig) -> Runtime:
     return runtime
 
 
-def private_runtime(**init_args: Any) -> Runtime:
+def private_runtime(*, sink: SpanProcessor | None = None, **init_args: Any) -> Runtime:
     """A runtime of its own beside the process's (``init()``'s, untouched): the same exporters and
-    pipelines from the same ``init()`` arguments, without HTTP capture or the executor patch. The
-    sampling endpoint records the calls it serves with one; :func:`close_runtime` ends it."""
-    return _build(cfg.resolve(**init_args, capture_http=False, patch_executors=False))
+    pipelines from the same ``init()`` arguments, without HTTP capture or the executor patch; with
+    ``sink``, every span goes to that processor alone (the endpoint's journal) instead of the SDK's
+    exporters. The sampling endpoint records the calls it serves with one; :func:`close_runtime` ends it."""
+    return _build(cfg.resolve(**init_args, capture_http=False, patch_executors=False), sink)
 
 
 def flush_runtime(runtime: Runtime, timeout_s: float = 30.0) -> bool:

@@ -27,7 +27,8 @@ from tinkertrace.sdk.runtime import Runtime
 
 log = logging.getLogger("tinkertrace")
 
-_COUNTED = {semconv.TYPE_LLM: "llm_calls", semconv.TYPE_REWARD: "rewards", semconv.TYPE_AGENT: "agent_spans"}
+# span type -> the RolloutState count it adds to (the root span reports them)
+COUNTED = {semconv.TYPE_LLM: "llm_calls", semconv.TYPE_REWARD: "rewards", semconv.TYPE_AGENT: "agent_spans"}
 
 # what a deferred span computes: name, attributes, events, status
 SpanContent = tuple[str, dict[str, Any], tuple[Event, ...], Status]
@@ -42,7 +43,7 @@ def context_attributes(span_type: str) -> dict[str, Any]:
         attrs[semconv.TASK_ID] = state.task_id
         attrs[semconv.ATTEMPT] = state.attempt
         attrs[semconv.SPLIT] = state.split
-        counted = _COUNTED.get(span_type)
+        counted = COUNTED.get(span_type)
         if counted:
             state.count(counted)
     if (agent := AGENT.get()) is not None:
@@ -127,7 +128,7 @@ class LlmSpan:
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        self.parent, self.context = _child_span_context(rt)
+        self.parent, self.context = child_span_context(rt)
         self.context_attributes = context_attributes(semconv.TYPE_LLM)
         self.start_ns = time.time_ns()
 
@@ -146,7 +147,7 @@ class LlmSpan:
         self.rt.processor.on_end(span)
 
 
-def _child_span_context(rt: Runtime) -> tuple[SpanContext | None, SpanContext]:
+def child_span_context(rt: Runtime) -> tuple[SpanContext | None, SpanContext]:
     """``(parent, own)`` span contexts of a new span under the current span, as OTel would make them."""
     parent = trace.get_current_span().get_span_context()
     ids = rt.provider.id_generator

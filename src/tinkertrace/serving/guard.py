@@ -63,7 +63,7 @@ def guarded(
             response = ApiError(500, f"The server failed to answer: {exc}", type="server_error").response()
         if call is not None:
             assert recorder is not None
-            return recorder.close_call(call, response)
+            return await recorder.close_call(call, response)
         return response
 
     return run

@@ -1,21 +1,24 @@
 """The endpoint records what it serves: every LLM call it answers as an LLM span of the SDK's contract.
 
-A :class:`CallRecorder` holds a runtime of its own (:func:`tinkertrace.sdk.runtime.private_runtime`:
-the SDK's exporters, batch processors and OTLP spool, so a collector that is down loses nothing), and
-makes each span with the SDK's own :class:`~tinkertrace.sdk.llm_call.LlmCall`: the request body and
-the response bytes go in, the span content (messages, packed token ids, logprobs, policy version,
-finish reasons) is built on the export thread exactly as for a call the SDK captured in an agent. Every
-such span says ``tinkertrace.llm.capture_side = server``.
+A :class:`CallRecorder` holds a runtime of its own (:func:`tinkertrace.sdk.runtime.private_runtime`)
+whose spans all go to the endpoint's :class:`~tinkertrace.serving.journal.Journal`, and makes each
+span with the SDK's own :class:`~tinkertrace.sdk.llm_call.LlmCall`: the request body and the response
+bytes go in, the span content (messages, packed token ids, logprobs, policy version, finish reasons)
+is built on the journal's thread exactly as for a call the SDK captured in an agent. Every such span
+says ``tinkertrace.llm.capture_side = server``. An answer (a whole body; a stream's last bytes; a
+reward's or finish's 200) leaves only once its spans are durable in the journal (``durable``, the
+default: see :mod:`.journal`); a record that cannot be stored gets a 503 (a stream is cut off).
 
 Which rollout a call belongs to comes from the request (:mod:`.rollout_routing`): the headers
 ``x-tinkertrace-rollout-id`` / ``-task-id`` / ``-attempt`` / ``-split`` / ``-agent-name`` (a URL
 prefix ``/rollouts/{id}/...`` sets the same), and W3C ``traceparent`` makes the span a child of the
-caller's span. The first call of a rollout id starts its rollout span (held open in memory); rewards
-posted over HTTP become reward spans of the SDK's form, and ``finish`` ends the rollout span with its
-status and the counts of LLM and reward spans, as ``@traced_rollout`` does. A rollout driven by the
-SDK in the agent (which writes its own rollout span) is never finished here: its open state is
-forgotten after ``rollout_idle_s`` without calls. Files in a spans folder are closed (made readable)
-every ``roll_s`` seconds, as a collector rolls its files.
+caller's span. The first call of a rollout id opens it (:mod:`.served_rollouts`; its state is kept in
+the journal, so it can be rewarded and finished after a restart); rewards posted over HTTP become
+reward spans of the SDK's form, and ``finish`` writes the rollout span with its status and the counts
+of LLM and reward spans, as ``@traced_rollout`` does. A rollout without a call or reward for
+``rollout_idle_s`` is finished by the endpoint with status ``timed_out``. A rollout driven by the SDK
+in the agent (its first call carried a ``traceparent``; the SDK writes its own rollout span) is never
+finished here: its open state is forgotten after ``rollout_idle_s``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import threading
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,20 +34,25 @@ import httpx
 import orjson
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanContext, Status, StatusCode
+from opentelemetry.trace import Span, SpanContext
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tinkertrace import semconv
+from tinkertrace.sdk import config as sdk_config
 from tinkertrace.sdk import runtime as sdk_runtime
-from tinkertrace.sdk.context import ROLLOUT, RolloutState
+from tinkertrace.sdk.context import ROLLOUT
 from tinkertrace.sdk.llm_call import LlmCall
 from tinkertrace.sdk.rewards import reward_attributes
 from tinkertrace.sdk.spans import start_span
+from tinkertrace.serving.journal import Durable, Journal, JournalStats, JournalUnavailable
+from tinkertrace.serving.journal_targets import default_journal_dir, targets_for
 from tinkertrace.serving.openai_wire.errors import ApiError, read_json, require_object
 from tinkertrace.serving.rollout_routing import CallIdentity
+from tinkertrace.serving.served_rollouts import ServedRollout
+from tinkertrace.serving.settings import DEFAULT_ROLLOUT_IDLE_S
 
 Handler = Callable[[Request], Awaitable[Response]]
 ROLLOUT_STATUSES = (semconv.STATUS_SUCCEEDED, semconv.STATUS_FAILED)
@@ -58,15 +65,6 @@ def caller_span(headers: Mapping[str, str]) -> SpanContext | None:
         return None
     parent = trace.get_current_span(_PROPAGATOR.extract(headers)).get_span_context()
     return parent if parent.is_valid else None
-
-
-@dataclass
-class ServedRollout:
-    """A rollout seen by the endpoint: the SDK's rollout state (counts) and its open root span."""
-
-    state: RolloutState
-    agent_name: str | None
-    last_seen: float = field(default_factory=time.monotonic)
 
 
 @contextmanager
@@ -93,16 +91,25 @@ class CallRecorder:
         collector: str | None = None,
         spans_dir: str | Path | None = None,
         spool_dir: str | Path | None = None,
+        journal_dir: str | Path | None = None,
+        name: str = "serve",
         service_name: str = "tinkertrace-serve",
         capture_content: bool = True,
         request_token_ids: bool = True,
-        rollout_idle_s: float = 3600.0,
+        durable: bool = True,
+        rollout_idle_s: float = DEFAULT_ROLLOUT_IDLE_S,
         roll_s: float = 5.0,
         **options: Any,
     ) -> None:
         if collector is None and spans_dir is None:
             raise ValueError("a recorder needs a collector URL or a spans folder (or both)")
+        config = sdk_config.resolve(endpoint=collector, spans_dir=spans_dir, spool_dir=spool_dir, **options)
+        counts = JournalStats()
+        targets = targets_for(config, counts, name)
+        folder = Path(journal_dir) if journal_dir else default_journal_dir(config, name)
+        self.journal = Journal(folder, targets, counts, roll_s=roll_s)
         self.rt = sdk_runtime.private_runtime(
+            sink=self.journal,
             endpoint=collector,
             spans_dir=spans_dir,
             spool_dir=spool_dir,
@@ -111,18 +118,32 @@ class CallRecorder:
             request_token_ids=request_token_ids,
             **options,
         )
+        self.durable = durable
         self.rollout_idle_s = rollout_idle_s
         self._rollouts: dict[str, ServedRollout] = {}
         self._finished: dict[str, str] = {}  # rollout id -> status, newest last (bounded)
         self._lock = threading.Lock()
         self.calls_recorded = 0
+        self.rollouts_timed_out = 0
         self._closed = threading.Event()
-        if spans_dir is not None:  # the spans folder's open files are closed (readable) this often
-            threading.Thread(target=self._roll, args=(roll_s,), name="tinkertrace-roll", daemon=True).start()
+        for record in self.journal.recover().values():  # what the previous run left open or finished
+            if "status" in record:
+                self._finished[record["id"]] = record["status"]
+            else:
+                self._rollouts[record["id"]] = ServedRollout.from_record(record)
+        self.journal.start()
+        every_s = max(0.05, min(5.0, rollout_idle_s / 4))
+        threading.Thread(target=self._expire, args=(every_s,), name="tinkertrace-expire", daemon=True).start()
 
-    def _roll(self, every_s: float) -> None:
-        while not self._closed.wait(every_s):
-            sdk_runtime.flush_runtime(self.rt, 30.0)
+    async def stored(self, durable: Durable) -> None:
+        """Wait until the records of ``durable`` are on disk (not at all when ``durable`` is off); a 503
+        :class:`ApiError` if they could not be stored."""
+        if not self.durable:
+            return
+        try:
+            await durable.wait()
+        except JournalUnavailable as exc:
+            raise ApiError(503, f"The call could not be recorded: {exc}", type="server_error") from exc
 
     # --- calls ---------------------------------------------------------------------------------------
     async def open_call(self, request: Request, kind: str) -> LlmCall | None:
@@ -153,58 +174,74 @@ class CallRecorder:
         request.state.llm_call = call  # for a handler that must know it (the proxy retries refusals)
         return call
 
-    def close_call(self, call: LlmCall, response: Response) -> Response:
-        """Record ``response`` as the answer to ``call``: at once for a whole body, as it is sent for a
-        stream (the span ends when the stream ends or the client goes away)."""
+    async def close_call(self, call: LlmCall, response: Response) -> Response:
+        """Record ``response`` as the answer to ``call``: a whole body is sent once its span is stored (a
+        503 if it cannot be); a stream as it comes, its end once the span is stored (the span ends when
+        the stream ends or the client goes away)."""
         call.status = response.status_code
         call.headers = response.headers
         self.calls_recorded += 1
         if not isinstance(response, StreamingResponse):
-            call.feed(bytes(response.body))
-            call.finish()
+            with self.journal.capture() as durable:
+                call.feed(bytes(response.body))
+                call.finish()
+            try:
+                await self.stored(durable)
+            except ApiError as err:
+                return err.response()
             return response
-        response.body_iterator = _teed(response.body_iterator, call)
+        response.body_iterator = _teed(response.body_iterator, call, self)
         return response
 
     # --- rollouts ------------------------------------------------------------------------------------
     def _rollout_for(self, identity: CallIdentity, parent: SpanContext | None) -> ServedRollout:
-        """The open rollout of ``identity.rollout_id``, started (its root span opened) on first sight."""
+        """The open rollout of ``identity.rollout_id``, opened (logged in the journal) on first sight."""
         assert identity.rollout_id is not None
-        now = time.monotonic()
         with self._lock:
             rollout = self._rollouts.get(identity.rollout_id)
             if rollout is not None:
-                rollout.last_seen = now
+                rollout.last_seen = time.monotonic()
                 return rollout
-            self._forget_idle(now)
-            attributes = {
-                semconv.ROLLOUT_ID: identity.rollout_id,
-                semconv.TASK_ID: identity.task_id or identity.rollout_id,
-                semconv.ATTEMPT: identity.attempt,
-                semconv.SPLIT: identity.split,
-            }
             with _inside(None, parent):
-                span = start_span(
-                    self.rt, f"rollout {identity.agent_name or 'served'}", semconv.TYPE_ROLLOUT, attributes
-                )
-            state = RolloutState(
-                identity.rollout_id, str(attributes[semconv.TASK_ID]), identity.attempt, identity.split, span
-            )
-            rollout = ServedRollout(state, identity.agent_name, now)
+                rollout = ServedRollout.open(self.rt, identity)
             self._rollouts[identity.rollout_id] = rollout
+            self._finished.pop(identity.rollout_id, None)
+            self.journal.rollout_opened(rollout.record())  # logged before the call's span (queue order)
             return rollout
 
-    def _forget_idle(self, now: float) -> None:
-        """Forget rollouts without a call for ``rollout_idle_s`` (their root spans are never written)."""
-        idle = [rid for rid, r in self._rollouts.items() if now - r.last_seen > self.rollout_idle_s]
-        for rid in idle:
-            del self._rollouts[rid]
+    def _expire(self, every_s: float) -> None:
+        """Every ``every_s``: rollouts without a call or reward for ``rollout_idle_s`` are finished as
+        ``timed_out`` (their rollout span written), or forgotten if driven by the SDK in the agent."""
+        while not self._closed.wait(every_s):
+            now = time.monotonic()
+            with self._lock:
+                idle = [r for r in self._rollouts.values() if now - r.last_seen > self.rollout_idle_s]
+            for rollout in idle:
+                rollout_id = rollout.state.rollout_id
+                if rollout.caller_driven:
+                    with self._lock:
+                        if self._rollouts.get(rollout_id) is rollout:
+                            del self._rollouts[rollout_id]
+                            self.journal.rollout_closed(rollout_id, None)
+                    continue
+                try:
+                    self._end_rollout(rollout_id, semconv.STATUS_TIMED_OUT)
+                    self.rollouts_timed_out += 1
+                except ApiError:  # finished meanwhile
+                    continue
+
+    def finished_status(self, rollout_id: str) -> str | None:
+        """The status a rollout was finished with (kept across restarts, for the newest 100,000
+        finished rollouts), or None if it is open or unknown."""
+        with self._lock:
+            return self._finished.get(rollout_id)
 
     def _open_rollout(self, rollout_id: str) -> ServedRollout:
         with self._lock:
             rollout = self._rollouts.get(rollout_id)
             status = self._finished.get(rollout_id)
         if rollout is not None:
+            rollout.last_seen = time.monotonic()
             return rollout
         if status is not None:
             raise ApiError(
@@ -247,6 +284,10 @@ class CallRecorder:
                 f"Invalid 'status': expected one of {', '.join(ROLLOUT_STATUSES)}, got {status!r}.",
                 param="status",
             )
+        return self._end_rollout(rollout_id, status)
+
+    def _end_rollout(self, rollout_id: str, status: str) -> dict[str, Any]:
+        """Write the rollout's span with ``status`` and its counts, and log it as finished."""
         rollout = self._open_rollout(rollout_id)
         with self._lock:
             if self._rollouts.pop(rollout_id, None) is None:  # another finish won the race
@@ -254,18 +295,11 @@ class CallRecorder:
             self._finished[rollout_id] = status
             while len(self._finished) > 100_000:
                 del self._finished[next(iter(self._finished))]
+        for call in rollout.state.take_open_calls():  # a stream still open ends with its rollout
+            call.end_with_rollout()
         state = rollout.state
-        state.span.set_attributes(
-            {
-                semconv.ROLLOUT_STATUS: status,
-                semconv.ROLLOUT_LLM_CALLS: state.llm_calls,
-                semconv.ROLLOUT_REWARDS: state.rewards,
-                semconv.ROLLOUT_AGENT_SPANS: state.agent_spans,
-            }
-        )
-        ok = status == semconv.STATUS_SUCCEEDED
-        state.span.set_status(Status(StatusCode.OK if ok else StatusCode.ERROR))
-        state.span.end()
+        self.rt.processor.on_end(rollout.end_span(self.rt, status))
+        self.journal.rollout_closed(rollout_id, status)
         return {
             "rollout_id": rollout_id,
             "status": status,
@@ -280,20 +314,25 @@ class CallRecorder:
         return {
             "calls_recorded": self.calls_recorded,
             "open_rollouts": open_rollouts,
-            **self.rt.stats.snapshot(),
+            "rollouts_timed_out": self.rollouts_timed_out,
+            "durable": self.durable,
+            **self.journal.health(),
         }
 
     def flush(self, timeout_s: float = 30.0) -> bool:
-        """Export every recorded span now (True when all reached the collector / spans folder)."""
-        return sdk_runtime.flush_runtime(self.rt, timeout_s)
+        """Deliver every recorded span now (True when all reached the collector / spans folder)."""
+        return self.journal.flush(timeout_s)
 
     def close(self, timeout_s: float = 30.0) -> bool:
-        """Flush and shut the exporters down (what could not be sent stays in the spool); once."""
+        """Deliver what was recorded and stop (what could not be sent stays in the spool, the open
+        rollouts in the journal); once. True when every span reached its targets."""
         with self._lock:
             if self._closed.is_set():
                 return True
             self._closed.set()
-        return sdk_runtime.close_runtime(self.rt, timeout_s)
+        delivered = self.journal.flush(timeout_s)
+        self.rt.provider.shutdown()  # the journal's too
+        return delivered
 
 
 def rollout_routes(recorder: CallRecorder | None, guard: Callable[[Handler], Handler]) -> list[Route]:
@@ -313,11 +352,17 @@ def rollout_routes(recorder: CallRecorder | None, guard: Callable[[Handler], Han
 
     async def reward(request: Request) -> Response:
         body = require_object(await read_json(request))
-        return JSONResponse(recording().reward(request.path_params["rollout_id"], body))
+        with recording().journal.capture() as durable:
+            answer = recording().reward(request.path_params["rollout_id"], body)
+        await recording().stored(durable)
+        return JSONResponse(answer)
 
     async def finish(request: Request) -> Response:
         body = require_object(await read_json(request)) if (await request.body()).strip() else {}
-        return JSONResponse(recording().finish(request.path_params["rollout_id"], body))
+        with recording().journal.capture() as durable:
+            answer = recording().finish(request.path_params["rollout_id"], body)
+        await recording().stored(durable)
+        return JSONResponse(answer)
 
     return [
         Route("/v1/rollouts/{rollout_id}/reward", guard(reward), methods=["POST"]),
@@ -325,13 +370,16 @@ def rollout_routes(recorder: CallRecorder | None, guard: Callable[[Handler], Han
     ]
 
 
-async def _teed(body: AsyncIterable[Any], call: LlmCall) -> AsyncIterator[Any]:
-    """``body``'s chunks, each also fed to ``call``; the call ends with the stream."""
-    finished = False
+async def _teed(body: AsyncIterable[Any], call: LlmCall, recorder: CallRecorder) -> AsyncIterator[Any]:
+    """``body``'s chunks, each also fed to ``call``; the call ends with the stream, and the stream's end
+    (the last bytes the client waits for) goes once its span is stored (else the stream is cut off)."""
     try:
         async for chunk in body:
             call.feed(bytes(chunk) if isinstance(chunk, bytes | bytearray) else str(chunk).encode())
             yield chunk
-        finished = True
-    finally:
-        call.finish(closed_early=not finished)
+    except BaseException:
+        call.finish(closed_early=True)
+        raise
+    with recorder.journal.capture() as durable:
+        call.finish()
+    await recorder.stored(durable)

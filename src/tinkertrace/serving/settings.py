@@ -17,6 +17,7 @@ from tinkertrace.training.errors import raise_problems
 LOOPBACK = "127.0.0.1"
 ToolParserName = Literal["auto", "hermes", "qwen", "none"]  # the choices of serving.tool_parsers
 API_KEY_ENV = "TINKERTRACE_API_KEY"
+DEFAULT_ROLLOUT_IDLE_S = 3600.0  # a rollout without a call or reward this long is closed as timed_out
 
 
 @dataclass(kw_only=True)
@@ -35,6 +36,21 @@ class RecordingSettings:
         None, "Where spans wait while the collector is down (default under $TINKERTRACE_HOME)."
     )
     record_content: bool = setting(True, "Record the messages of each call (token ids are always recorded).")
+    durable: bool = setting(
+        True,
+        "Answer a call (and a reward or finish) only once its spans are fsynced in the journal, so a crash "
+        "loses no answered call; --no-durable answers first (faster; the last moments lost on a crash).",
+    )
+    journal_dir: Path | None = setting(
+        None,
+        "The journal (write-ahead log of recorded spans and open rollouts) replayed at the next start "
+        "(default: SPANS_DIR/_journal/serve|proxy; for a collector only, SPOOL_DIR/journal/serve|proxy).",
+    )
+    rollout_timeout_s: float = setting(
+        DEFAULT_ROLLOUT_IDLE_S,
+        "Close a rollout without a call or reward for this many seconds: its rollout span is written with "
+        "status timed_out (one driven by the SDK in the agent is forgotten).",
+    )
 
     @property
     def records(self) -> bool:

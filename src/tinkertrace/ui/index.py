@@ -26,7 +26,7 @@ from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.ui.sources import RunSources, discover, span_files
 
 PAGE_SIZES = (25, 50, 100, 200)
-STATUSES = (sc.STATUS_SUCCEEDED, sc.STATUS_FAILED, "unknown")
+STATUSES = (sc.STATUS_SUCCEEDED, sc.STATUS_FAILED, sc.STATUS_TIMED_OUT, "unknown")
 
 
 def _q(text: str) -> str:

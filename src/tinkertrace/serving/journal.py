@@ -1,0 +1,368 @@
+"""The endpoint's journal: an answered call is a stored call, and an open rollout outlives a restart.
+
+Every span the endpoint records (LLM calls, rewards, rollout ends) and every change to the state of a
+rollout (opened, finished, forgotten) is appended to a write-ahead log (the collector's
+:class:`~tinkertrace.collector.wal.WriteAheadLog`) and fsynced, all that is queued at once in one sync
+(group commit), before the answer leaves: a handler ends its spans inside :meth:`Journal.capture` and
+awaits :meth:`Durable.wait`. A log record is ``S`` + the spans of one commit as an OTLP
+``ExportTraceServiceRequest``, or ``R`` + a JSON list of rollout states. The counts a rollout's root
+span reports (LLM calls, rewards) are counted here from the spans committed, so after a crash they
+match what was stored.
+
+A delivery thread then hands the span records to the targets (:mod:`.journal_targets`: Parquet files
+named by their segment, or the OTLP exporter and its spool). Segments roll every ``roll_s`` seconds;
+the new segment starts with a snapshot of every rollout's state, and the old one is deleted once its
+spans are delivered. At start, :meth:`Journal.recover` reads the segments left by the previous run:
+rollout states (last one wins) and span records, which go to the targets again
+(:meth:`~.journal_targets.Target.replay`: exactly once into Parquet, at least once to a collector).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import fcntl
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+
+from tinkertrace import semconv
+from tinkertrace.collector.ingest import name_os_thread, next_batch
+from tinkertrace.collector.wal import WriteAheadLog, iter_records
+from tinkertrace.sdk.export import encode_batch
+from tinkertrace.sdk.spans import COUNTED
+from tinkertrace.sdk.stats import ExportStats
+from tinkertrace.serving.journal_targets import SpanRecord, Target, span_count
+
+log = logging.getLogger("tinkertrace.serving")
+
+SPANS, ROLLOUTS = b"S", b"R"  # the first byte of a log record
+RolloutRecord = dict[str, Any]  # an open rollout's state, or {"id", "status"} once finished
+_STOP = object()
+_CAPTURE: contextvars.ContextVar[list[Future[None]] | None] = contextvars.ContextVar(
+    "tinkertrace_journal_capture", default=None
+)
+
+
+@dataclass
+class JournalStats(ExportStats):
+    """The export counts plus the journal's."""
+
+    journal_commits: int = 0  # group commits: one fsync each
+    spans_logged: int = 0  # made durable in the journal
+    spans_delivered: int = 0  # handed to the targets (Parquet, collector) after logging
+    spans_replayed: int = 0  # handed to the targets again at a start, from what a previous run left
+    journal_errors: int = 0  # commits that failed (their calls answered 503)
+    delivery_errors: int = 0  # deliveries that failed (their segments kept, to be replayed)
+
+
+class JournalUnavailable(Exception):
+    """The record could not be made durable (the disk refused it, or the journal is closed)."""
+
+
+@dataclass
+class _Item:
+    kind: str  # "span" | "rollout" | "flush"
+    value: Any
+    future: Future[None] = field(default_factory=Future)
+
+
+@dataclass
+class Durable:
+    """The records ended inside one :meth:`Journal.capture`."""
+
+    futures: list[Future[None]] = field(default_factory=list)
+
+    async def wait(self) -> None:
+        """Return once every record is durable; :class:`JournalUnavailable` if one could not be."""
+        for future in self.futures:
+            await asyncio.wrap_future(future)
+
+
+def _lock_folder(folder: Path) -> int:
+    """An exclusive lock on ``folder`` for this process (released when it exits, however it exits)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RuntimeError(
+            f"the journal {folder} is in use by another process (an endpoint recording to the same place): "
+            "give each endpoint its own --journal-dir"
+        ) from None
+    return fd
+
+
+class Journal(SpanProcessor):
+    """The write-ahead journal of one endpoint (see the module docstring); a span processor."""
+
+    def __init__(
+        self,
+        folder: Path,
+        targets: Sequence[Target],
+        stats: JournalStats,
+        *,
+        roll_s: float = 5.0,
+        keep_finished: int = 100_000,
+    ) -> None:
+        self.folder = Path(folder)
+        self._lock_fd = _lock_folder(self.folder)
+        self.targets = list(targets)
+        self.roll_s = roll_s
+        self.keep_finished = keep_finished
+        self.wal = WriteAheadLog(self.folder)
+        self.rollouts: dict[str, RolloutRecord] = {}  # owned by the journal thread once started
+        self.stats = stats
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._deliveries: queue.Queue[Any] = queue.Queue()
+        self._closed = False
+        self._segment_has_data = False
+        self._threads = [
+            threading.Thread(target=self._log_loop, name="tt-journal", daemon=True),
+            threading.Thread(target=self._delivery_loop, name="tt-deliver", daemon=True),
+        ]
+
+    # --- start ---------------------------------------------------------------------------------------
+    def recover(self) -> dict[str, RolloutRecord]:
+        """Replay what an earlier run left: its span records to the targets, its rollout states returned
+        (and kept); then a new segment holds their snapshot and the old segments are deleted."""
+        replayed = []
+        for segment, records, note in iter_records(self.folder):
+            if note:
+                log.warning("tinkertrace journal: %s", note)
+            if records is None:
+                continue
+            spans: list[SpanRecord] = []
+            for record in records:
+                kind, body = record.payload[:1], record.payload[1:]
+                if kind == ROLLOUTS:
+                    self._apply(orjson.loads(body))
+                elif kind == SPANS:
+                    spans.append((body, record.received_at_ns))
+            for target in self.targets:
+                target.replay(segment, spans)
+            self.stats.add("spans_replayed", sum(span_count(payload) for payload, _ in spans))
+            replayed.append(segment)
+        self._open_segment()
+        for segment in replayed:
+            self.wal.delete(segment)
+        return dict(self.rollouts)
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    # --- what handlers call --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[Durable]:
+        """Collect the records made inside (spans ended, rollout changes) for :meth:`Durable.wait`."""
+        durable = Durable()
+        token = _CAPTURE.set(durable.futures)
+        try:
+            yield durable
+        finally:
+            _CAPTURE.reset(token)
+
+    def rollout_opened(self, record: RolloutRecord) -> None:
+        """Log a rollout's open state (``id`` and what it needs to be ended after a restart)."""
+        self._put(_Item("rollout", {**record, "llm_calls": 0, "rewards": 0, "agent_spans": 0}))
+
+    def rollout_closed(self, rollout_id: str, status: str | None) -> None:
+        """Log a rollout's end: finished with ``status``, or forgotten (``None``: its spans are its
+        caller's, as with a rollout driven by the SDK)."""
+        self._put(_Item("rollout", {"id": rollout_id, "status": status}))
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """End the current segment now and wait until its spans reached every target (Parquet files
+        written; records sent to the collector or spooled). True when all arrived."""
+        item = _Item("flush", None)
+        self._put(item)
+        try:
+            item.future.result(timeout_s)
+        except Exception:
+            return False
+        return all(target.flush(timeout_s) for target in self.targets)
+
+    def health(self) -> dict[str, Any]:
+        return {"journal": str(self.folder), **self.stats.snapshot()}
+
+    # --- SpanProcessor -------------------------------------------------------------------------------
+    def on_end(self, span: ReadableSpan) -> None:
+        self._put(_Item("span", span))
+
+    def shutdown(self) -> None:
+        """Log and deliver what is queued, keep the rollout states, stop the threads; once."""
+        if self._closed:
+            return
+        self._put(_STOP)
+        self._closed = True
+        for thread in self._threads:
+            thread.join(60)
+        for target in self.targets:
+            target.close()
+        os.close(self._lock_fd)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.flush(timeout_millis / 1000)
+
+    def _put(self, item: Any) -> None:
+        if self._closed:
+            if isinstance(item, _Item):
+                item.future.set_exception(JournalUnavailable("the endpoint's journal is closed"))
+            return
+        if isinstance(item, _Item) and (captured := _CAPTURE.get()) is not None:
+            captured.append(item.future)
+        self._queue.put(item)
+
+    # --- the journal thread --------------------------------------------------------------------------
+    def _log_loop(self) -> None:
+        """Commit what is queued (group commit), roll the segment every ``roll_s``, stop on ``_STOP``."""
+        name_os_thread()
+        retry_at = 0.0
+        while True:
+            batch = next_batch(self._queue, 0.1)
+            stop = _STOP in batch
+            items = [item for item in batch if item is not _STOP]
+            try:
+                if not self.wal.is_open and time.monotonic() >= retry_at:
+                    self._open_segment()
+                if items and not self.wal.is_open:
+                    raise OSError("the journal has no open segment (the last attempt to open one failed)")
+                if items:
+                    self._commit(items)
+                flushing = any(item.kind == "flush" for item in items)
+                aged = time.monotonic() - self.wal.segment_started >= self.roll_s
+                if self._segment_has_data and (aged or flushing or stop):
+                    self._roll()
+                for item in items:
+                    if item.kind == "flush":
+                        self._deliveries.put(item)  # done once delivery reaches it
+            except Exception as exc:  # the disk (OSError), or a bug: those calls are not answered 200
+                log.error("tinkertrace journal: %r", exc, exc_info=not isinstance(exc, OSError))
+                self.stats.add("journal_errors")
+                for item in items:
+                    if not item.future.done():
+                        item.future.set_exception(JournalUnavailable(f"the journal could not log it: {exc}"))
+                if self.wal.is_open:  # kept: it holds the rollout snapshot; the next start replays it
+                    self._deliveries.put(("end_keep", self.wal.abandon_segment()))
+                retry_at = time.monotonic() + 1.0
+            if stop:
+                if self.wal.is_open:
+                    self.wal.close_segment()  # it holds the rollout snapshot: kept for the next start
+                self._deliveries.put(_STOP)
+                return
+
+    def _commit(self, items: list[_Item]) -> None:
+        spans = [item.value for item in items if item.kind == "span"]
+        payload = b""
+        if spans:
+            request = encode_batch(spans, self.stats)  # builds deferred spans' content here
+            payload = request.SerializeToString() if request is not None else b""
+        changed: dict[str, RolloutRecord] = {}
+        for item in items:  # in queue order: a rollout's opening before its calls' spans
+            if item.kind == "rollout":
+                changed[item.value["id"]] = self._apply([item.value])[0]
+            elif item.kind == "span":
+                rollout_id = self._count(item.value)
+                if rollout_id is not None:
+                    changed[rollout_id] = self.rollouts[rollout_id]
+        now = time.time_ns()
+        if payload:
+            self.wal.append(SPANS + payload, now)
+        if changed:
+            self.wal.append(ROLLOUTS + orjson.dumps(list(changed.values())), now)
+        self.wal.sync()
+        self._segment_has_data = True
+        self.stats.add("journal_commits")
+        self.stats.add("spans_logged", len(spans))
+        if payload:
+            self._deliveries.put(("spans", payload, now, len(spans)))
+        for item in items:
+            if item.kind == "span" and not payload:
+                item.future.set_exception(JournalUnavailable("the span could not be encoded (see the log)"))
+            elif item.kind != "flush":
+                item.future.set_result(None)
+
+    def _count(self, span: ReadableSpan) -> str | None:
+        """Count ``span`` for its open rollout's root span; the rollout id, if it counted."""
+        attributes = span.attributes or {}
+        rollout_id = attributes.get(semconv.ROLLOUT_ID)
+        counted = COUNTED.get(str(attributes.get(semconv.SPAN_TYPE)))
+        rollout = self.rollouts.get(rollout_id) if isinstance(rollout_id, str) else None
+        if counted is None or rollout is None or "status" in rollout:
+            return None
+        rollout[counted] = rollout.get(counted, 0) + 1
+        return str(rollout_id)
+
+    def _apply(self, records: list[RolloutRecord]) -> list[RolloutRecord]:
+        """Apply rollout states in order (finished: ``status`` set; forgotten: ``status`` None)."""
+        for record in records:
+            rollout_id = record["id"]
+            self.rollouts.pop(rollout_id, None)  # re-inserted last: the oldest finished go first
+            if "status" not in record or record["status"] is not None:
+                self.rollouts[rollout_id] = record
+        finished = [rid for rid, r in self.rollouts.items() if "status" in r]
+        for rollout_id in finished[: max(0, len(finished) - self.keep_finished)]:
+            del self.rollouts[rollout_id]
+        return records
+
+    def _open_segment(self) -> None:
+        """A new segment starting with the snapshot of every rollout's state, synced."""
+        segment = self.wal.open_segment()
+        if self.rollouts:
+            self.wal.append(ROLLOUTS + orjson.dumps(list(self.rollouts.values())), time.time_ns())
+        self.wal.sync()
+        self._segment_has_data = False
+        self._deliveries.put(("begin", segment))
+
+    def _roll(self) -> None:
+        """End the current segment; it is deleted once delivered (after the next one's snapshot is synced)."""
+        ended = self.wal.close_segment()
+        self._deliveries.put(("end", ended))
+        self._open_segment()
+
+    # --- the delivery thread -------------------------------------------------------------------------
+    def _delivery_loop(self) -> None:
+        """Hand span records to the targets in log order; delete a segment once all its spans arrived. A
+        failure keeps the segment (the next start replays it) and is counted."""
+        name_os_thread()
+        failed: set[int] = set()
+        segment = 0
+        while True:
+            message = self._deliveries.get()
+            if message is _STOP:
+                return
+            if isinstance(message, _Item):  # a flush: everything before it was delivered
+                message.future.set_result(None)
+                continue
+            kind, value, *rest = message
+            try:
+                if kind == "begin":
+                    segment = value
+                    for target in self.targets:
+                        target.begin(value)
+                elif kind == "spans":
+                    for target in self.targets:
+                        target.deliver(value, rest[0])
+                    self.stats.add("spans_delivered", rest[1])
+                elif kind in ("end", "end_keep"):
+                    for target in self.targets:
+                        target.end(value)
+                    if kind == "end" and value not in failed:
+                        self.wal.delete(value)
+            except Exception:
+                log.exception("tinkertrace journal: delivering segment %d failed; kept to replay", segment)
+                self.stats.add("delivery_errors")
+                failed.add(segment)
