@@ -31,7 +31,7 @@ def proxy(
 
     app = create_proxy_app(
         run.upstream,
-        recorder=make_recorder(run, "proxy"),
+        recorder=make_recorder(run, f"proxy-{run.port}"),
         api_key=run.api_key,
         upstream_api_key=run.upstream_api_key,
         timeout_s=run.timeout,

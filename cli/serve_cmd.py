@@ -12,9 +12,9 @@ from tinkertrace.cli.options import OptionsOf, config_option, validated, with_se
 from tinkertrace.serving.settings import RecordingSettings, ServeSettings
 
 
-def make_recorder(recording: RecordingSettings, name: str = "serve") -> Any:
+def make_recorder(recording: RecordingSettings, name: str) -> Any:
     """A :class:`~tinkertrace.serving.recording.CallRecorder` when --collector or --spans-dir is given
-    (``name``: the command, which names its default journal folder)."""
+    (``name``: the command and its port, e.g. ``serve-8000``, which name its default journal folder)."""
     if not recording.records:
         return None
     from tinkertrace.serving.recording import CallRecorder
@@ -61,7 +61,7 @@ def serve(
         raise typer.Exit(1) from None
     app = create_app(
         holder,
-        recorder=make_recorder(run),
+        recorder=make_recorder(run, f"serve-{run.port}"),
         api_key=run.api_key,
         admin_token=run.admin_token,
         default_max_tokens=run.max_tokens,

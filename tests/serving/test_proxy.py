@@ -38,7 +38,8 @@ def proxy_to(tmp_path: Path) -> Iterator[Any]:
     started: list[BackgroundServer] = []
 
     def start(upstream: str, **options: Any) -> tuple[BackgroundServer, CallRecorder]:
-        recorder = CallRecorder(spans_dir=tmp_path / "spans", schedule_delay_s=0.05)
+        journal = tmp_path / "spans" / "_journal" / f"proxy-{len(started)}"  # one per proxy
+        recorder = CallRecorder(spans_dir=tmp_path / "spans", journal_dir=journal)
         server = BackgroundServer(create_proxy_app(upstream, recorder=recorder, **options)).start()
         started.append(server)
         return server, recorder

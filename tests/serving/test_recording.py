@@ -287,7 +287,8 @@ def test_an_idle_rollout_is_closed_as_timed_out_and_written(
     assert recorder.flush()
     rows = _query(
         tmp_path / "spans",
-        "SELECT " + ", ".join(f"json_extract_string(attributes, '$.\"{name}\"')" for name in ROLLOUT_ATTRS)
+        "SELECT "
+        + ", ".join(f"json_extract_string(attributes, '$.\"{name}\"')" for name in ROLLOUT_ATTRS)
         + " FROM spans WHERE span_type = 'rollout'",
     )
     assert rows == [("timed_out", "1", "1")]

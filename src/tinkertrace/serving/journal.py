@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,15 @@ class Durable:
             await asyncio.wrap_future(future)
 
 
+def _settle(future: Future[None], error: Exception | None = None) -> None:
+    """Resolve ``future`` unless it is settled already (a waiter that went away cancels it)."""
+    with contextlib.suppress(InvalidStateError):
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+
 def _lock_folder(folder: Path) -> int:
     """An exclusive lock on ``folder`` for this process (released when it exits, however it exits)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -99,8 +108,8 @@ def _lock_folder(folder: Path) -> int:
     except BlockingIOError:
         os.close(fd)
         raise RuntimeError(
-            f"the journal {folder} is in use by another process (an endpoint recording to the same place): "
-            "give each endpoint its own --journal-dir"
+            f"the journal {folder} is in use by another endpoint recording to the same place: give each "
+            "endpoint its own --journal-dir"
         ) from None
     return fd
 
@@ -220,7 +229,7 @@ class Journal(SpanProcessor):
     def _put(self, item: Any) -> None:
         if self._closed:
             if isinstance(item, _Item):
-                item.future.set_exception(JournalUnavailable("the endpoint's journal is closed"))
+                _settle(item.future, JournalUnavailable("the endpoint's journal is closed"))
             return
         if isinstance(item, _Item) and (captured := _CAPTURE.get()) is not None:
             captured.append(item.future)
@@ -253,8 +262,7 @@ class Journal(SpanProcessor):
                 log.error("tinkertrace journal: %r", exc, exc_info=not isinstance(exc, OSError))
                 self.stats.add("journal_errors")
                 for item in items:
-                    if not item.future.done():
-                        item.future.set_exception(JournalUnavailable(f"the journal could not log it: {exc}"))
+                    _settle(item.future, JournalUnavailable(f"the journal could not log it: {exc}"))
                 if self.wal.is_open:  # kept: it holds the rollout snapshot; the next start replays it
                     self._deliveries.put(("end_keep", self.wal.abandon_segment()))
                 retry_at = time.monotonic() + 1.0
@@ -291,9 +299,9 @@ class Journal(SpanProcessor):
             self._deliveries.put(("spans", payload, now, len(spans)))
         for item in items:
             if item.kind == "span" and not payload:
-                item.future.set_exception(JournalUnavailable("the span could not be encoded (see the log)"))
+                _settle(item.future, JournalUnavailable("the span could not be encoded (see the log)"))
             elif item.kind != "flush":
-                item.future.set_result(None)
+                _settle(item.future)
 
     def _count(self, span: ReadableSpan) -> str | None:
         """Count ``span`` for its open rollout's root span; the rollout id, if it counted."""
@@ -345,7 +353,7 @@ class Journal(SpanProcessor):
             if message is _STOP:
                 return
             if isinstance(message, _Item):  # a flush: everything before it was delivered
-                message.future.set_result(None)
+                _settle(message.future)
                 continue
             kind, value, *rest = message
             try:

@@ -44,7 +44,7 @@ class RecordingSettings:
     journal_dir: Path | None = setting(
         None,
         "The journal (write-ahead log of recorded spans and open rollouts) replayed at the next start "
-        "(default: SPANS_DIR/_journal/serve|proxy; for a collector only, SPOOL_DIR/journal/serve|proxy).",
+        "(default: SPANS_DIR/_journal/serve-PORT or proxy-PORT; for a collector only, under SPOOL_DIR).",
     )
     rollout_timeout_s: float = setting(
         DEFAULT_ROLLOUT_IDLE_S,
