@@ -7,18 +7,27 @@ the SDK's export thread included) and one not; one OpenAI client calls them in i
 and this process's CPU time per call (the recording side's flushed after each call, so the export
 thread's work on its span is counted with it): on a loaded machine the CPU figure is the steadier.
 
+``durable``: two ``tinkertrace serve`` processes on the built-in model, both recording to a spans
+folder, one answering only once each call's spans are fsynced in its journal (``--durable``, the
+default) and one answering first (``--no-durable``); ``--agents`` concurrent agents (asyncio, one
+connection each, calls under a rollout URL prefix) load one of them for ``--round-s`` seconds at a
+time, alternating (off, on, on, off, ...). Latency per call (p50/p99), calls per second, and how many
+spans each journal commit (one fsync) carried.
+
 ``restart``: the endpoint (scripted sampler: the recording path, not the model, is what is loaded)
 records to a real collector subprocess; client threads call it for ``--seconds`` under rollout URL
 prefixes; midway the collector is killed (SIGKILL, no flush) and restarted on the same port two
 seconds later. After a flush, every answered call's response id is looked up in the Parquet files.
 
     .venv/bin/python benchmarks/serving_capture.py cost --pairs 100
+    .venv/bin/python benchmarks/serving_capture.py durable --agents 64 --rounds 6 --round-s 5
     .venv/bin/python benchmarks/serving_capture.py restart --seconds 20 --clients 4
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import subprocess
@@ -31,7 +40,7 @@ import duckdb
 import openai
 
 from tinkertrace.collector.launch import collector_command, wait_until_healthy
-from tinkertrace.netutil import BackgroundServer, free_port
+from tinkertrace.netutil import BackgroundServer, free_port, wait_for_port
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.serving.recording import CallRecorder
@@ -74,8 +83,8 @@ def cost(pairs: int, max_tokens: int, warmup: int) -> None:
             for name in ("off", "on") if i % 2 == 0 else ("on", "off"):
                 cpu_start = time.process_time()
                 seconds, n = _call(clients[name], BUILTIN_MODEL, max_tokens)
-                if name == "on":  # the export thread's work on this call's span counts for this call
-                    recorder.flush(30)
+                if name == "on":  # the delivery of this call's span (Parquet) counts for this call
+                    _delivered(recorder, i + 1)
                 if i >= warmup:
                     cpu[name].append(time.process_time() - cpu_start)
                     times[name].append(seconds)
@@ -99,6 +108,89 @@ def cost(pairs: int, max_tokens: int, warmup: int) -> None:
     print(
         f"recording costs {med * 100:+.1f} % wall (medians), {mean * 100:+.1f} % wall (means), "
         f"{cpu_cost * 100:+.1f} % CPU (means, span building and export included); {recorded}"
+    )
+
+
+def _delivered(recorder: CallRecorder, spans: int) -> None:
+    """Wait until the journal delivered ``spans`` spans (without ending its segment)."""
+    while recorder.stats()["spans_delivered"] < spans:
+        time.sleep(0.0005)
+
+
+async def _agents_round(url: str, agents: int, seconds: float, tag: str) -> tuple[list[float], int]:
+    """``agents`` agents calling ``url`` for ``seconds``: each call's latency, and the errors."""
+    import httpx
+
+    latencies: list[float] = []
+    errors = 0
+    deadline = time.perf_counter() + seconds
+    body = {
+        "model": BUILTIN_MODEL,
+        "messages": [{"role": "user", "content": "Who are you?"}],
+        "max_tokens": 8,
+    }
+
+    async def agent(n: int, client: httpx.AsyncClient) -> None:
+        nonlocal errors
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            reply = await client.post(f"{url}/rollouts/{tag}-{n}/v1/chat/completions", json=body)
+            if reply.status_code == 200:
+                latencies.append(time.perf_counter() - started)
+            else:
+                errors += 1
+        await client.post(f"{url}/v1/rollouts/{tag}-{n}/finish")
+
+    limits = httpx.Limits(max_connections=agents + 1)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        await asyncio.gather(*(agent(n, client) for n in range(agents)))
+    return latencies, errors
+
+
+def durable(agents: int, rounds: int, round_s: float) -> None:
+    import sys
+
+    import httpx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        procs, urls = {}, {}
+        for name, flag in (("off", "--no-durable"), ("on", "--durable")):
+            port = free_port()
+            cmd = [sys.executable, "-m", "tinkertrace.cli.main", "serve", "--port", str(port), flag]
+            cmd += ["--spans-dir", str(Path(tmp) / name), "--engine-dir", str(Path(tmp) / "engine")]
+            procs[name] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            urls[name] = f"http://127.0.0.1:{port}"
+        for name, url in urls.items():
+            wait_for_port(int(url.rsplit(":", 1)[1]), timeout=180)
+            asyncio.run(_agents_round(url, agents, 1.0, f"warm-{name}"))
+        latencies: dict[str, list[float]] = {"off": [], "on": []}
+        rates: dict[str, list[float]] = {"off": [], "on": []}
+        errors = {"off": 0, "on": 0}
+        for r in range(rounds):
+            for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                lat, err = asyncio.run(_agents_round(urls[name], agents, round_s, f"r{r}"))
+                latencies[name] += lat
+                rates[name].append(len(lat) / round_s)
+                errors[name] += err
+        journal = {name: httpx.get(f"{url}/health").json()["recording"] for name, url in urls.items()}
+        for proc in procs.values():
+            proc.terminate()
+            proc.wait(60)
+    print(f"load: {os.getloadavg()[0]:.2f} (1-min average), {os.cpu_count()} CPUs; {agents} agents")
+    p50, p99 = {}, {}
+    for name in ("off", "on"):
+        q = statistics.quantiles(latencies[name], n=100)
+        p50[name], p99[name] = statistics.median(latencies[name]), q[98]
+        stats = journal[name]
+        print(
+            f"durable {name:3s}: p50 {p50[name] * 1000:7.1f} ms, p99 {p99[name] * 1000:7.1f} ms per call, "
+            f"{statistics.fmean(rates[name]):6.1f} calls/s ({len(latencies[name])} calls, {errors[name]} "
+            f"errors); {stats['spans_logged'] / max(1, stats['journal_commits']):.1f} spans per commit"
+        )
+    print(
+        f"durability adds {(p50['on'] - p50['off']) * 1000:+.1f} ms at p50, "
+        f"{(p99['on'] - p99['off']) * 1000:+.1f} ms at p99; throughput "
+        f"{(statistics.fmean(rates['on']) / statistics.fmean(rates['off']) - 1) * 100:+.1f} %"
     )
 
 
@@ -176,12 +268,18 @@ def main() -> None:
     c.add_argument("--pairs", type=int, default=100)
     c.add_argument("--max-tokens", type=int, default=20)
     c.add_argument("--warmup", type=int, default=5)
+    d = sub.add_parser("durable", help="latency and throughput, durable answers vs not (interleaved)")
+    d.add_argument("--agents", type=int, default=64)
+    d.add_argument("--rounds", type=int, default=6)
+    d.add_argument("--round-s", type=float, default=5.0)
     r = sub.add_parser("restart", help="calls lost across a collector restart under load")
     r.add_argument("--seconds", type=float, default=20.0)
     r.add_argument("--clients", type=int, default=4)
     args = parser.parse_args()
     if args.what == "cost":
         cost(args.pairs, args.max_tokens, args.warmup)
+    elif args.what == "durable":
+        durable(args.agents, args.rounds, args.round_s)
     else:
         restart(args.seconds, args.clients)
 
