@@ -1,0 +1,127 @@
+"""The endpoint's journal: replay after a crash stores each span once; rollouts outlive a restart.
+
+Real servers on loopback ports (the scripted sampler stands in for the model), the real OpenAI client,
+the journal's real write-ahead log and Parquet files read back with DuckDB.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import httpx
+import openai
+import orjson
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from tinkertrace import semconv
+from tinkertrace.collector.wal import WriteAheadLog, segment_ids
+from tinkertrace.netutil import BackgroundServer
+from tinkertrace.sdk.export import encode_batch
+from tinkertrace.serving.journal import ROLLOUTS, SPANS, Journal, JournalStats
+from tinkertrace.serving.journal_targets import ParquetTarget
+from tinkertrace.serving.policy import PolicyHolder
+from tinkertrace.serving.recording import CallRecorder
+from tinkertrace.spanstore.reader import open_spans
+
+MODEL = "scripted-model"
+
+
+def _query(spans: Path, sql: str) -> list[tuple[Any, ...]]:
+    con = duckdb.connect()
+    open_spans(con, spans)
+    return con.execute(sql).fetchall()
+
+
+def _llm_span_payload(span_id: int, rollout_id: str) -> bytes:
+    span = ReadableSpan(
+        "chat m",
+        context=SpanContext(0xABC, span_id, False, TraceFlags(TraceFlags.SAMPLED)),
+        resource=Resource.create({"service.name": "t"}),
+        attributes={semconv.SPAN_TYPE: semconv.TYPE_LLM, semconv.ROLLOUT_ID: rollout_id},
+        start_time=time.time_ns(),
+        end_time=time.time_ns(),
+    )
+    request = encode_batch([span], JournalStats())
+    assert request is not None
+    return request.SerializeToString()
+
+
+def test_a_segment_delivered_before_a_crash_is_replayed_into_parquet_exactly_once(tmp_path: Path) -> None:
+    """The kill between delivery and the segment's deletion: its Parquet files are already written; the
+    replay replaces them (not adds to them), and the rollout state logged with it comes back."""
+    spans, folder = tmp_path / "spans", tmp_path / "spans" / "_journal" / "t"
+    payloads, logged = [_llm_span_payload(i, "r-1") for i in (0x1234, 0x5678)], time.time_ns()
+    wal = WriteAheadLog(folder)
+    segment = wal.open_segment()
+    opened = {"id": "r-1", "task_id": "t", "attempt": 0, "split": "train", "llm_calls": 2, "start_ns": 1}
+    wal.append(ROLLOUTS + orjson.dumps([opened, {"id": "r-0", "status": "failed"}]), logged)
+    for payload in payloads:
+        wal.append(SPANS + payload, logged)
+    wal.sync()
+    wal.close_segment()
+    delivered = ParquetTarget(spans, "t", JournalStats())  # what the run did before it was killed:
+    delivered.begin(segment)
+    for payload in payloads:  # each span in a file of its own (a replay writes one file)
+        delivered.deliver(payload, logged)
+        delivered.writer.flush()
+    delivered.end(segment)
+    assert _query(spans, "SELECT count(*), count(DISTINCT filename) FROM spans") == [(2, 2)]
+
+    stats = JournalStats()
+    journal = Journal(folder, [ParquetTarget(spans, "t", stats)], stats)
+    restored = journal.recover()
+    journal.start()
+    journal.shutdown()
+    rows = _query(spans, "SELECT span_id, rollout_id FROM spans ORDER BY 1")
+    assert rows == [(f"{0x1234:016x}", "r-1"), (f"{0x5678:016x}", "r-1")]
+    assert restored == {"r-1": opened, "r-0": {"id": "r-0", "status": "failed"}}
+    assert stats.spans_replayed == 2 and segment not in segment_ids(folder)
+
+
+def _served(
+    start_server: Callable[..., BackgroundServer], policy: PolicyHolder, spans: Path
+) -> tuple[BackgroundServer, CallRecorder]:
+    recorder = CallRecorder(spans_dir=spans)
+    return start_server(policy, recorder=recorder), recorder
+
+
+def test_an_open_rollout_is_rewarded_and_finished_after_a_restart_and_stays_finished(
+    tokenizer: Any, scripted: Any, start_server: Callable[..., BackgroundServer], tmp_path: Path
+) -> None:
+    spans = tmp_path / "spans"
+    policy = PolicyHolder(scripted(["before", "after"]), tokenizer, MODEL)
+    server, recorder = _served(start_server, policy, spans)
+    client = openai.OpenAI(base_url=f"{server.url}/rollouts/r-9/task/t-9/v1", api_key="x", max_retries=0)
+    first = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert httpx.post(f"{server.url}/v1/rollouts/r-9/reward", json={"value": 0.5}).status_code == 200
+    server.stop()  # the endpoint restarts on the same folder
+
+    server, recorder = _served(start_server, policy, spans)
+    assert recorder.stats()["open_rollouts"] == 1
+    client = openai.OpenAI(base_url=f"{server.url}/rollouts/r-9/task/t-9/v1", api_key="x", max_retries=0)
+    second = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "again"}])
+    reward = httpx.post(f"{server.url}/v1/rollouts/r-9/reward", json={"value": 1.0, "response_id": second.id})
+    assert reward.json()["rewards"] == 2  # the count carried over the restart
+    done = httpx.post(f"{server.url}/v1/rollouts/r-9/finish")
+    assert done.json() == {"rollout_id": "r-9", "status": "succeeded", "llm_calls": 2, "rewards": 2}
+    server.stop()
+
+    server, recorder = _served(start_server, policy, spans)  # a finished rollout stays finished
+    assert recorder.finished_status("r-9") == semconv.STATUS_SUCCEEDED
+    again = httpx.post(f"{server.url}/v1/rollouts/r-9/finish")
+    assert again.status_code == 409 and "succeeded" in again.json()["error"]["message"]
+    assert recorder.flush()
+    rows = _query(
+        spans,
+        "SELECT span_type, count(DISTINCT span_id), count(DISTINCT trace_id), min(task_id) FROM spans "
+        "GROUP BY 1 ORDER BY 1",
+    )
+    assert rows == [("llm", 2, 1, "t-9"), ("reward", 2, 1, "t-9"), ("rollout", 1, 1, "t-9")]
+    [(parent,)] = _query(spans, f"SELECT DISTINCT parent_span_id FROM spans WHERE response_id = '{first.id}'")
+    assert _query(spans, "SELECT span_id FROM spans WHERE span_type = 'rollout'") == [(parent,)]
