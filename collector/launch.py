@@ -9,8 +9,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -38,3 +40,19 @@ def wait_until_healthy(process: subprocess.Popen[Any], port: int, timeout: float
             raise TimeoutError(f"no collector answered on port {port} after {timeout:.0f}s")
         time.sleep(0.1)
     raise RuntimeError(f"the collector exited with code {process.returncode}")
+
+
+@contextmanager
+def running_collector(
+    out: str | Path, http_port: int, *options: str, output: int | IO[Any] = subprocess.DEVNULL
+) -> Iterator[str]:
+    """A collector process (``options``: any of ``tinkertrace collector``'s) for the ``with`` block, its
+    output to ``output``; yields its OTLP/HTTP URL, and stops it (it flushes) at the end."""
+    command = collector_command(out, http_port, *options)
+    proc = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+    try:
+        wait_until_healthy(proc, http_port, timeout=120)
+        yield f"http://127.0.0.1:{http_port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

@@ -7,10 +7,9 @@ posted over HTTP. The scripted sampler replies with known texts; its token ids a
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import pytest
 
 from tinkertrace import semconv
 from tinkertrace.builder.build import build_trajectories
-from tinkertrace.collector.launch import collector_command, wait_until_healthy
+from tinkertrace.collector.launch import running_collector
 from tinkertrace.netutil import BackgroundServer, free_port
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.serving.recording import CallRecorder
@@ -31,20 +30,9 @@ MODEL = "scripted-model"
 ROLLOUT_ATTRS = (semconv.ROLLOUT_STATUS, semconv.ROLLOUT_LLM_CALLS, semconv.ROLLOUT_REWARDS)
 
 
-@contextmanager
-def _collector_on(out: Path, port: int) -> Iterator[str]:
+def _collector_on(out: Path, port: int) -> AbstractContextManager[str]:
     """A real collector process on ``port`` writing to ``out``, stopped on exit: its URL."""
-    proc = subprocess.Popen(
-        collector_command(out, port, "--no-grpc", "--roll-seconds", "0.2"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_until_healthy(proc, port, timeout=60)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    return running_collector(out, port, "--no-grpc", "--roll-seconds", "0.2")
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ import pytest
 
 from tinkertrace import semconv
 from tinkertrace.builder.build import build_trajectories
-from tinkertrace.collector.launch import collector_command, wait_until_healthy
+from tinkertrace.collector.launch import running_collector
 from tinkertrace.netutil import free_port
 from tinkertrace.spanstore.reader import open_spans
 from tinkertrace.tokenizer import BUILTIN_MODEL
@@ -168,7 +168,10 @@ def test_every_answered_call_reward_and_finish_is_stored_through_kill_9(
     with ExitStack() as stack:
         if target == "collector":
             collector_port = free_port()
-            collector = stack.enter_context(_collector(spans, collector_port, log))
+            log_file = stack.enter_context(open(log, "ab"))
+            options = ("--no-grpc", "--roll-seconds", "0.2")
+            running = running_collector(spans, collector_port, *options, output=log_file)
+            collector = stack.enter_context(running)
             recording = ["--collector", collector, "--spool-dir", str(tmp_path / "spool")]
         else:
             recording = ["--spans-dir", str(spans)]
@@ -262,19 +265,3 @@ def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not condition() and time.monotonic() < deadline:
         time.sleep(0.2)
-
-
-@contextmanager
-def _collector(out: Path, port: int, log: Path) -> Iterator[str]:
-    with open(log, "ab") as sink:
-        proc = subprocess.Popen(
-            collector_command(out, port, "--no-grpc", "--roll-seconds", "0.2"),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_until_healthy(proc, port, timeout=120)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from tinkertrace.sdk.config import TraceConfig
 from tinkertrace.sdk.export import encode_batch
 from tinkertrace.sdk.spool import Spool
 from tinkertrace.sdk.stats import ExportStats
@@ -190,6 +191,20 @@ class OtlpSpoolingExporter(SpanExporter):
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._retry_loop, name="tinkertrace-spool", daemon=True)
         self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: TraceConfig, stats: ExportStats) -> OtlpSpoolingExporter:
+        """The exporter to ``config``'s endpoint (its URL, protocol, spool, headers and timings)."""
+        assert config.otlp_url is not None and config.spool_dir is not None
+        return cls(
+            config.otlp_url,
+            config.protocol,
+            config.spool_dir,
+            stats,
+            headers=config.headers,
+            timeout_s=config.export_timeout_s,
+            retry_interval_s=config.retry_interval_s,
+        )
 
     def __repr__(self) -> str:
         return f"OtlpSpoolingExporter({self._sender.url!r})"

@@ -184,18 +184,7 @@ def _own_exporters(config: cfg.TraceConfig, stats: ExportStats) -> list[SpanExpo
             from tinkertrace.extras import require
 
             require("grpc", "init(protocol='grpc')")
-        assert config.spool_dir is not None
-        exporters.append(
-            OtlpSpoolingExporter(
-                config.otlp_url,
-                config.protocol,
-                config.spool_dir,
-                stats,
-                headers=config.headers,
-                timeout_s=config.export_timeout_s,
-                retry_interval_s=config.retry_interval_s,
-            )
-        )
+        exporters.append(OtlpSpoolingExporter.from_config(config, stats))
     return exporters
 
 

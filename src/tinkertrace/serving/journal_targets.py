@@ -87,16 +87,7 @@ class CollectorTarget:
     """Span records sent to an OTLP endpoint; what it cannot take now waits in the spool."""
 
     def __init__(self, config: TraceConfig, stats: ExportStats) -> None:
-        assert config.otlp_url is not None and config.spool_dir is not None
-        self.exporter = OtlpSpoolingExporter(
-            config.otlp_url,
-            config.protocol,
-            config.spool_dir,
-            stats,
-            headers=config.headers,
-            timeout_s=config.export_timeout_s,
-            retry_interval_s=config.retry_interval_s,
-        )
+        self.exporter = OtlpSpoolingExporter.from_config(config, stats)
 
     def __repr__(self) -> str:
         return repr(self.exporter)
