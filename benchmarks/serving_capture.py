@@ -134,7 +134,12 @@ async def _agents_round(url: str, agents: int, seconds: float, tag: str) -> tupl
         nonlocal errors
         while time.perf_counter() < deadline:
             started = time.perf_counter()
-            reply = await client.post(f"{url}/rollouts/{tag}-{n}/v1/chat/completions", json=body)
+            try:
+                reply = await client.post(f"{url}/rollouts/{tag}-{n}/v1/chat/completions", json=body)
+            except httpx.HTTPError as exc:
+                print(f"{url}: {exc!r}")
+                errors += 1
+                continue
             if reply.status_code == 200:
                 latencies.append(time.perf_counter() - started)
             else:
@@ -158,7 +163,8 @@ def durable(agents: int, rounds: int, round_s: float) -> None:
             port = free_port()
             cmd = [sys.executable, "-m", "tinkertrace.cli.main", "serve", "--port", str(port), flag]
             cmd += ["--spans-dir", str(Path(tmp) / name), "--engine-dir", str(Path(tmp) / "engine")]
-            procs[name] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            with open(Path(tmp) / f"{name}.log", "wb") as log:
+                procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
             urls[name] = f"http://127.0.0.1:{port}"
         for name, url in urls.items():
             wait_for_port(int(url.rsplit(":", 1)[1]), timeout=180)
@@ -173,9 +179,11 @@ def durable(agents: int, rounds: int, round_s: float) -> None:
                 rates[name].append(len(lat) / round_s)
                 errors[name] += err
         journal = {name: httpx.get(f"{url}/health").json()["recording"] for name, url in urls.items()}
-        for proc in procs.values():
+        for name, proc in procs.items():
             proc.terminate()
             proc.wait(60)
+            if any(errors.values()):
+                print(f"--- {name} server's output:", (Path(tmp) / f"{name}.log").read_text()[-3000:])
     print(f"load: {os.getloadavg()[0]:.2f} (1-min average), {os.cpu_count()} CPUs; {agents} agents")
     p50, p99 = {}, {}
     for name in ("off", "on"):
