@@ -16,13 +16,16 @@ import httpx
 import openai
 import orjson
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from tinkertrace import semconv
 from tinkertrace.collector.wal import WriteAheadLog, segment_ids
 from tinkertrace.netutil import BackgroundServer
 from tinkertrace.sdk.export import encode_batch
+from tinkertrace.sdk.llm_call import LlmCall
+from tinkertrace.sdk.runtime import private_runtime
+from tinkertrace.serving.call_records import call_record, restored_span
 from tinkertrace.serving.journal import ROLLOUTS, SPANS, Journal, JournalStats
 from tinkertrace.serving.journal_targets import ParquetTarget
 from tinkertrace.serving.policy import PolicyHolder
@@ -75,7 +78,7 @@ def test_a_segment_delivered_before_a_crash_is_replayed_into_parquet_exactly_onc
 
     stats = JournalStats()
     journal = Journal(folder, [ParquetTarget(spans, "t", stats)], stats)
-    restored = journal.recover()
+    restored = journal.recover(private_runtime(sink=journal, spans_dir=spans))
     journal.start()
     journal.shutdown()
     rows = _query(spans, "SELECT span_id, rollout_id FROM spans ORDER BY 1")
@@ -125,3 +128,65 @@ def test_an_open_rollout_is_rewarded_and_finished_after_a_restart_and_stays_fini
     assert rows == [("llm", 2, 1, "t-9"), ("reward", 2, 1, "t-9"), ("rollout", 1, 1, "t-9")]
     [(parent,)] = _query(spans, f"SELECT DISTINCT parent_span_id FROM spans WHERE response_id = '{first.id}'")
     assert _query(spans, "SELECT span_id FROM spans WHERE span_type = 'rollout'") == [(parent,)]
+
+
+class _Kept(SpanProcessor):
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.spans.append(span)
+
+
+def test_a_call_record_rebuilds_the_span_the_live_call_builds(tmp_path: Path) -> None:
+    """What the journal logs for a call (its own bytes) gives, replayed, the span built live: name,
+    ids, times, every attribute (token ids, messages, rollout), events and status."""
+    kept = _Kept()
+    rt = private_runtime(sink=kept, spans_dir=tmp_path)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    answer = {
+        "id": "chatcmpl-7",
+        "model": "m",
+        "policy_version": 3,
+        "prompt_token_ids": [1, 2, 3],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "ok"},
+                "finish_reason": "stop",
+                "token_ids": [7, 8],
+                "logprobs": {"content": [{"token": "o", "logprob": -0.5}, {"token": "k", "logprob": -0.25}]},
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    }
+    for status, response in ((200, orjson.dumps(answer)), (400, b'{"error": {"message": "too long"}}')):
+        call = LlmCall(
+            rt, "chat", httpx.URL("http://127.0.0.1:9/v1/chat/completions"), body, orjson.dumps(body), None
+        )
+        call.span.context_attributes[semconv.ROLLOUT_ID] = "r-1"
+        call.extended_body()
+        call.status, call.headers = status, {"content-type": "application/json"}
+        if status == 400:
+            call.drop_injection()
+            call.judge_refusal(400)
+        call.feed(response)
+        call.finish()
+    for live in kept.spans:
+        replayed = restored_span(rt, call_record(live))
+        assert (replayed.name, replayed.context, replayed.parent) == (live.name, live.context, live.parent)
+        assert (replayed.start_time, replayed.end_time, replayed.kind) == (
+            live.start_time,
+            live.end_time,
+            live.kind,
+        )
+        assert dict(replayed.attributes or {}) == dict(live.attributes or {})
+        assert [(e.name, dict(e.attributes or {})) for e in replayed.events] == [
+            (e.name, dict(e.attributes or {})) for e in live.events
+        ]
+        assert (replayed.status.status_code, replayed.status.description) == (
+            live.status.status_code,
+            live.status.description,
+        )
+    assert kept.spans[0].attributes[semconv.GENAI_RESPONSE_ID] == "chatcmpl-7"
+    assert kept.spans[1].status.status_code.name == "ERROR" and kept.spans[1].events

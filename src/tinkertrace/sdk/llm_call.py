@@ -228,7 +228,7 @@ class LlmCall:
     def _end(self, end_ns: int | None = None) -> None:
         if self.rollout is not None:
             self.rollout.call_ended(self)
-        self.span.end(end_ns or time.time_ns(), self.span_content)
+        self.span.end(end_ns or time.time_ns(), self.span_content, source=self)
 
     def span_content(self) -> SpanContent:
         """The span's name, attributes, events and status (on the export thread). A failure here
@@ -244,8 +244,21 @@ class LlmCall:
         name = f"{operation} {model}" if isinstance(model, str) else operation
         return name, attributes, tuple(self.events), self.span_status
 
+    @property
+    def closed_early(self) -> bool:
+        return self._closed_early
+
+    def restore_ended(self, response: bytes, closed_early: bool) -> None:
+        """Make this the ended call a record describes (the endpoint's journal replays one): its
+        response bytes, and whether its stream was closed early."""
+        self._chunks, self._done, self._closed_early = [response], True, closed_early
+
+    def response_bytes(self) -> bytes:
+        """The response body as received (still content-encoded)."""
+        return b"".join(self._chunks)
+
     def _body(self) -> bytes:
-        body = b"".join(self._chunks)
+        body = self.response_bytes()
         encoding = self.headers.get("content-encoding", "").lower()
         if encoding in ("gzip", "deflate", "x-gzip"):
             return zlib.decompress(body, wbits=47)

@@ -89,6 +89,7 @@ class DeferredSpan(ReadableSpan):
         start_time: int,
         end_time: int,
         instrumentation_scope: InstrumentationScope,
+        source: Any = None,
     ) -> None:
         # ``ReadableSpan.__init__`` would set the deferred fields too: its other fields are set here
         # (on the agent's thread: 0.8 µs instead of 1.8 µs here)
@@ -97,6 +98,7 @@ class DeferredSpan(ReadableSpan):
         self._instrumentation_scope, self._instrumentation_info = instrumentation_scope, None
         self._content = content
         self._content_lock = threading.Lock()
+        self.source = source  # what the content is made from (an LLM call), for a reader that logs it
 
     def __getattr__(self, name: str) -> Any:  # only called for what is not set yet
         if name not in DeferredSpan._DEFERRED:
@@ -132,10 +134,12 @@ class LlmSpan:
         self.context_attributes = context_attributes(semconv.TYPE_LLM)
         self.start_ns = time.time_ns()
 
-    def end(self, end_ns: int, content: Callable[[], SpanContent]) -> None:
-        """End the span at ``end_ns``; ``content()`` runs later and must read only settled data."""
+    def end(self, end_ns: int, content: Callable[[], SpanContent], source: Any = None) -> None:
+        """End the span at ``end_ns``; ``content()`` runs later and must read only settled data (that of
+        ``source``)."""
         span = DeferredSpan(
             content,
+            source=source,
             context=self.context,
             parent=self.parent,
             resource=self.rt.provider.resource,

@@ -4,8 +4,10 @@ Every span the endpoint records (LLM calls, rewards, rollout ends) and every cha
 rollout (opened, finished, forgotten) is appended to a write-ahead log (the collector's
 :class:`~tinkertrace.collector.wal.WriteAheadLog`) and fsynced, all that is queued at once in one sync
 (group commit), before the answer leaves: a handler ends its spans inside :meth:`Journal.capture` and
-awaits :meth:`Durable.wait`. A log record is ``S`` + the spans of one commit as an OTLP
-``ExportTraceServiceRequest``, or ``R`` + a JSON list of rollout states. The counts a rollout's root
+awaits :meth:`Durable.wait`. A log record is ``C`` + one LLM call's own bytes
+(:mod:`.call_records`: its span is built after the answer, on the delivery thread), ``S`` + the other
+spans of one commit (rollouts, rewards) as an OTLP ``ExportTraceServiceRequest``, or ``R`` + a JSON
+list of rollout states. The counts a rollout's root
 span reports (LLM calls, rewards) are counted here from the spans committed, so after a crash they
 match what was stored.
 
@@ -41,13 +43,15 @@ from tinkertrace import semconv
 from tinkertrace.collector.ingest import name_os_thread, next_batch
 from tinkertrace.collector.wal import WriteAheadLog, iter_records
 from tinkertrace.sdk.export import encode_batch
+from tinkertrace.sdk.runtime import Runtime
 from tinkertrace.sdk.spans import COUNTED
 from tinkertrace.sdk.stats import ExportStats
+from tinkertrace.serving.call_records import call_record, restored_span
 from tinkertrace.serving.journal_targets import SpanRecord, Target, span_count
 
 log = logging.getLogger("tinkertrace.serving")
 
-SPANS, ROLLOUTS = b"S", b"R"  # the first byte of a log record
+SPANS, CALL, ROLLOUTS = b"S", b"C", b"R"  # the first byte of a log record
 RolloutRecord = dict[str, Any]  # an open rollout's state, or {"id", "status"} once finished
 _STOP = object()
 _CAPTURE: contextvars.ContextVar[list[Future[None]] | None] = contextvars.ContextVar(
@@ -144,9 +148,10 @@ class Journal(SpanProcessor):
         ]
 
     # --- start ---------------------------------------------------------------------------------------
-    def recover(self) -> dict[str, RolloutRecord]:
-        """Replay what an earlier run left: its span records to the targets, its rollout states returned
-        (and kept); then a new segment holds their snapshot and the old segments are deleted."""
+    def recover(self, rt: Runtime) -> dict[str, RolloutRecord]:
+        """Replay what an earlier run left: its spans (calls' built with ``rt``) to the targets, its
+        rollout states returned (and kept); then a new segment holds their snapshot and the old
+        segments are deleted."""
         replayed = []
         for segment, records, note in iter_records(self.folder):
             if note:
@@ -160,6 +165,10 @@ class Journal(SpanProcessor):
                     self._apply(orjson.loads(body))
                 elif kind == SPANS:
                     spans.append((body, record.received_at_ns))
+                elif kind == CALL:
+                    request = encode_batch([restored_span(rt, body)], self.stats)
+                    if request is not None:
+                        spans.append((request.SerializeToString(), record.received_at_ns))
             for target in self.targets:
                 target.replay(segment, spans)
             self.stats.add("spans_replayed", sum(span_count(payload) for payload, _ in spans))
@@ -274,9 +283,11 @@ class Journal(SpanProcessor):
 
     def _commit(self, items: list[_Item]) -> None:
         spans = [item.value for item in items if item.kind == "span"]
+        calls = [span for span in spans if getattr(span, "source", None) is not None]
+        plain = [span for span in spans if getattr(span, "source", None) is None]
         payload = b""
-        if spans:
-            request = encode_batch(spans, self.stats)  # builds deferred spans' content here
+        if plain:  # rollout and reward spans: a few attributes each
+            request = encode_batch(plain, self.stats)
             payload = request.SerializeToString() if request is not None else b""
         changed: dict[str, RolloutRecord] = {}
         for item in items:  # in queue order: a rollout's opening before its calls' spans
@@ -289,6 +300,8 @@ class Journal(SpanProcessor):
         now = time.time_ns()
         if payload:
             self.wal.append(SPANS + payload, now)
+        for call in calls:  # the calls' own bytes: their spans are built after the answer (call_records)
+            self.wal.append(CALL + call_record(call), now)
         if changed:
             self.wal.append(ROLLOUTS + orjson.dumps(list(changed.values())), now)
         self.wal.sync()
@@ -296,16 +309,19 @@ class Journal(SpanProcessor):
         self.stats.add("journal_commits")
         self.stats.add("spans_logged", len(spans))
         if payload:
-            self._deliveries.put(("spans", payload, now, len(spans)))
+            self._deliveries.put(("spans", payload, now, len(plain)))
+        if calls:
+            self._deliveries.put(("calls", calls, now))
         for item in items:
-            if item.kind == "span" and not payload:
+            if item.kind == "span" and plain and not payload and item.value in plain:
                 _settle(item.future, JournalUnavailable("the span could not be encoded (see the log)"))
             elif item.kind != "flush":
                 _settle(item.future)
 
     def _count(self, span: ReadableSpan) -> str | None:
         """Count ``span`` for its open rollout's root span; the rollout id, if it counted."""
-        attributes = span.attributes or {}
+        source = getattr(span, "source", None)  # an LLM call: its start attributes (nothing built)
+        attributes = source.span.context_attributes if source is not None else (span.attributes or {})
         rollout_id = attributes.get(semconv.ROLLOUT_ID)
         counted = COUNTED.get(str(attributes.get(semconv.SPAN_TYPE)))
         rollout = self.rollouts.get(rollout_id) if isinstance(rollout_id, str) else None
@@ -362,9 +378,11 @@ class Journal(SpanProcessor):
                     for target in self.targets:
                         target.begin(value)
                 elif kind == "spans":
-                    for target in self.targets:
-                        target.deliver(value, rest[0])
-                    self.stats.add("spans_delivered", rest[1])
+                    self._deliver(value, rest[0], rest[1])
+                elif kind == "calls":  # their spans are built here, after the answers left
+                    request = encode_batch(value, self.stats)
+                    if request is not None:
+                        self._deliver(request.SerializeToString(), rest[0], len(value))
                 elif kind in ("end", "end_keep"):
                     for target in self.targets:
                         target.end(value)
@@ -374,3 +392,8 @@ class Journal(SpanProcessor):
                 log.exception("tinkertrace journal: delivering segment %d failed; kept to replay", segment)
                 self.stats.add("delivery_errors")
                 failed.add(segment)
+
+    def _deliver(self, payload: bytes, logged_at_ns: int, n_spans: int) -> None:
+        for target in self.targets:
+            target.deliver(payload, logged_at_ns)
+        self.stats.add("spans_delivered", n_spans)

@@ -126,7 +126,7 @@ class CallRecorder:
         self.calls_recorded = 0
         self.rollouts_timed_out = 0
         self._closed = threading.Event()
-        for record in self.journal.recover().values():  # what the previous run left open or finished
+        for record in self.journal.recover(self.rt).values():  # what the previous run left open or finished
             if "status" in record:
                 self._finished[record["id"]] = record["status"]
             else:
