@@ -9,10 +9,12 @@ thread's work on its span is counted with it): on a loaded machine the CPU figur
 
 ``durable``: two ``tinkertrace serve`` processes on the built-in model, both recording to a spans
 folder, one answering only once each call's spans are fsynced in its journal (``--durable``, the
-default) and one answering first (``--no-durable``); ``--agents`` concurrent agents (asyncio, one
-connection each, calls under a rollout URL prefix) load one of them for ``--round-s`` seconds at a
-time, alternating (off, on, on, off, ...). Latency per call (p50/p99), calls per second, and how many
-spans each journal commit (one fsync) carried.
+default) and one answering first (``--no-durable``); for each ``--agents`` level, that many concurrent
+agents (asyncio, calls under a rollout URL prefix, 8-token completions) load one of them for
+``--round-s`` seconds at a time, alternating (off, on, on, off, ...). Latency per call (p50/p99),
+calls per second, and how many spans each journal fsync carried. With one agent the difference is
+what durability adds to a call; with many, the model is the bottleneck and agents queue for it
+(closed loop: equal throughput means equal mean latency), so throughput is the figure to compare.
 
 ``restart``: the endpoint (scripted sampler: the recording path, not the model, is what is loaded)
 records to a real collector subprocess; client threads call it for ``--seconds`` under rollout URL
@@ -20,7 +22,7 @@ prefixes; midway the collector is killed (SIGKILL, no flush) and restarted on th
 seconds later. After a flush, every answered call's response id is looked up in the Parquet files.
 
     .venv/bin/python benchmarks/serving_capture.py cost --pairs 100
-    .venv/bin/python benchmarks/serving_capture.py durable --agents 64 --rounds 6 --round-s 5
+    .venv/bin/python benchmarks/serving_capture.py durable --agents 1 64 --rounds 8 --round-s 5
     .venv/bin/python benchmarks/serving_capture.py restart --seconds 20 --clients 4
 """
 
@@ -152,54 +154,63 @@ async def _agents_round(url: str, agents: int, seconds: float, tag: str) -> tupl
     return latencies, errors
 
 
-def durable(agents: int, rounds: int, round_s: float) -> None:
+def _durable_servers(tmp: Path) -> tuple[dict[str, subprocess.Popen[bytes]], dict[str, str]]:
+    """Two recording `serve` processes, answering after the fsync (``on``) or before it (``off``)."""
     import sys
 
+    procs, urls = {}, {}
+    for name, flag in (("off", "--no-durable"), ("on", "--durable")):
+        port = free_port()
+        cmd = [sys.executable, "-m", "tinkertrace.cli.main", "serve", "--port", str(port), flag]
+        cmd += ["--spans-dir", str(tmp / name), "--engine-dir", str(tmp / "engine")]
+        with open(tmp / f"{name}.log", "wb") as log:
+            procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        urls[name] = f"http://127.0.0.1:{port}"
+    for name, url in urls.items():
+        wait_for_port(int(url.rsplit(":", 1)[1]), timeout=180)
+        asyncio.run(_agents_round(url, 4, 1.0, f"warm-{name}"))
+    return procs, urls
+
+
+def durable(levels: list[int], rounds: int, round_s: float) -> None:
     import httpx
 
+    print(f"load: {os.getloadavg()[0]:.2f} (1-min average), {os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory() as tmp:
-        procs, urls = {}, {}
-        for name, flag in (("off", "--no-durable"), ("on", "--durable")):
-            port = free_port()
-            cmd = [sys.executable, "-m", "tinkertrace.cli.main", "serve", "--port", str(port), flag]
-            cmd += ["--spans-dir", str(Path(tmp) / name), "--engine-dir", str(Path(tmp) / "engine")]
-            with open(Path(tmp) / f"{name}.log", "wb") as log:
-                procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-            urls[name] = f"http://127.0.0.1:{port}"
-        for name, url in urls.items():
-            wait_for_port(int(url.rsplit(":", 1)[1]), timeout=180)
-            asyncio.run(_agents_round(url, agents, 1.0, f"warm-{name}"))
-        latencies: dict[str, list[float]] = {"off": [], "on": []}
-        rates: dict[str, list[float]] = {"off": [], "on": []}
-        errors = {"off": 0, "on": 0}
-        for r in range(rounds):
-            for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
-                lat, err = asyncio.run(_agents_round(urls[name], agents, round_s, f"r{r}"))
-                latencies[name] += lat
-                rates[name].append(len(lat) / round_s)
-                errors[name] += err
-        journal = {name: httpx.get(f"{url}/health").json()["recording"] for name, url in urls.items()}
+        procs, urls = _durable_servers(Path(tmp))
+        for agents in levels:
+            before = {name: httpx.get(f"{url}/health").json()["recording"] for name, url in urls.items()}
+            latencies: dict[str, list[float]] = {"off": [], "on": []}
+            rates: dict[str, list[float]] = {"off": [], "on": []}
+            errors = {"off": 0, "on": 0}
+            for r in range(rounds):
+                for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                    lat, err = asyncio.run(_agents_round(urls[name], agents, round_s, f"a{agents}r{r}"))
+                    latencies[name] += lat
+                    rates[name].append(len(lat) / round_s)
+                    errors[name] += err
+            after = {name: httpx.get(f"{url}/health").json()["recording"] for name, url in urls.items()}
+            p50, p99 = {}, {}
+            for name in ("off", "on"):
+                p50[name] = statistics.median(latencies[name])
+                p99[name] = statistics.quantiles(latencies[name], n=100)[98]
+                spans = after[name]["spans_logged"] - before[name]["spans_logged"]
+                commits = after[name]["journal_commits"] - before[name]["journal_commits"]
+                print(
+                    f"{agents:3d} agents, durable {name:3s}: p50 {p50[name] * 1000:7.1f} ms, p99 "
+                    f"{p99[name] * 1000:7.1f} ms, {statistics.fmean(rates[name]):6.1f} calls/s "
+                    f"({len(latencies[name])} calls, {errors[name]} errors); {spans / max(1, commits):.1f} "
+                    "spans per fsync"
+                )
+            print(
+                f"{agents:3d} agents: durability adds {(p50['on'] - p50['off']) * 1000:+.1f} ms at p50, "
+                f"{(p99['on'] - p99['off']) * 1000:+.1f} ms at p99; throughput "
+                f"{(statistics.fmean(rates['on']) / statistics.fmean(rates['off']) - 1) * 100:+.1f} %"
+            )
         for name, proc in procs.items():
             proc.terminate()
             proc.wait(60)
-            if any(errors.values()):
-                print(f"--- {name} server's output:", (Path(tmp) / f"{name}.log").read_text()[-3000:])
-    print(f"load: {os.getloadavg()[0]:.2f} (1-min average), {os.cpu_count()} CPUs; {agents} agents")
-    p50, p99 = {}, {}
-    for name in ("off", "on"):
-        q = statistics.quantiles(latencies[name], n=100)
-        p50[name], p99[name] = statistics.median(latencies[name]), q[98]
-        stats = journal[name]
-        print(
-            f"durable {name:3s}: p50 {p50[name] * 1000:7.1f} ms, p99 {p99[name] * 1000:7.1f} ms per call, "
-            f"{statistics.fmean(rates[name]):6.1f} calls/s ({len(latencies[name])} calls, {errors[name]} "
-            f"errors); {stats['spans_logged'] / max(1, stats['journal_commits']):.1f} spans per commit"
-        )
-    print(
-        f"durability adds {(p50['on'] - p50['off']) * 1000:+.1f} ms at p50, "
-        f"{(p99['on'] - p99['off']) * 1000:+.1f} ms at p99; throughput "
-        f"{(statistics.fmean(rates['on']) / statistics.fmean(rates['off']) - 1) * 100:+.1f} %"
-    )
+    print(f"load: {os.getloadavg()[0]:.2f} (1-min average) at the end")
 
 
 def restart(seconds: float, clients: int) -> None:
@@ -277,7 +288,7 @@ def main() -> None:
     c.add_argument("--max-tokens", type=int, default=20)
     c.add_argument("--warmup", type=int, default=5)
     d = sub.add_parser("durable", help="latency and throughput, durable answers vs not (interleaved)")
-    d.add_argument("--agents", type=int, default=64)
+    d.add_argument("--agents", type=int, nargs="+", default=[1, 64], help="concurrency levels, in turn")
     d.add_argument("--rounds", type=int, default=6)
     d.add_argument("--round-s", type=float, default=5.0)
     r = sub.add_parser("restart", help="calls lost across a collector restart under load")

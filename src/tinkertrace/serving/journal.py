@@ -141,6 +141,7 @@ class Journal(SpanProcessor):
         self._queue: queue.Queue[Any] = queue.Queue()
         self._deliveries: queue.Queue[Any] = queue.Queue()
         self._closed = False
+        self._put_lock = threading.Lock()
         self._segment_has_data = False
         self._threads = [
             threading.Thread(target=self._log_loop, name="tt-journal", daemon=True),
@@ -222,10 +223,11 @@ class Journal(SpanProcessor):
 
     def shutdown(self) -> None:
         """Log and deliver what is queued, keep the rollout states, stop the threads; once."""
-        if self._closed:
-            return
-        self._put(_STOP)
-        self._closed = True
+        with self._put_lock:  # nothing is queued after the stop
+            if self._closed:
+                return
+            self._queue.put(_STOP)
+            self._closed = True
         for thread in self._threads:
             thread.join(60)
         for target in self.targets:
@@ -235,14 +237,14 @@ class Journal(SpanProcessor):
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return self.flush(timeout_millis / 1000)
 
-    def _put(self, item: Any) -> None:
-        if self._closed:
-            if isinstance(item, _Item):
-                _settle(item.future, JournalUnavailable("the endpoint's journal is closed"))
-            return
-        if isinstance(item, _Item) and (captured := _CAPTURE.get()) is not None:
+    def _put(self, item: _Item) -> None:
+        if (captured := _CAPTURE.get()) is not None:
             captured.append(item.future)
-        self._queue.put(item)
+        with self._put_lock:
+            if not self._closed:
+                self._queue.put(item)
+                return
+        _settle(item.future, JournalUnavailable("the endpoint's journal is closed"))
 
     # --- the journal thread --------------------------------------------------------------------------
     def _log_loop(self) -> None:
