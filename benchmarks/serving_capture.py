@@ -196,18 +196,20 @@ def durable(levels: list[int], rounds: int, round_s: float) -> None:
                 p99[name] = statistics.quantiles(latencies[name], n=100)[98]
                 spans = after[name]["spans_logged"] - before[name]["spans_logged"]
                 commits = after[name]["journal_commits"] - before[name]["journal_commits"]
+                waited = after[name]  # the last 10,000 records' wait for their fsync, queued to durable
                 print(
                     f"{agents:3d} agents, durable {name:3s}: p50 {p50[name] * 1000:7.1f} ms, p99 "
                     f"{p99[name] * 1000:7.1f} ms, {statistics.fmean(rates[name]):6.1f} calls/s "
                     f"({len(latencies[name])} calls, {errors[name]} errors); {spans / max(1, commits):.1f} "
-                    "spans per fsync"
+                    f"spans per fsync, journal wait p50 {waited.get('durable_wait_ms_p50')} ms, "
+                    f"p99 {waited.get('durable_wait_ms_p99')} ms"
                 )
             print(
                 f"{agents:3d} agents: durability adds {(p50['on'] - p50['off']) * 1000:+.1f} ms at p50, "
                 f"{(p99['on'] - p99['off']) * 1000:+.1f} ms at p99; throughput "
                 f"{(statistics.fmean(rates['on']) / statistics.fmean(rates['off']) - 1) * 100:+.1f} %"
             )
-        for name, proc in procs.items():
+        for proc in procs.values():
             proc.terminate()
             proc.wait(60)
     print(f"load: {os.getloadavg()[0]:.2f} (1-min average) at the end")

@@ -30,6 +30,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
@@ -80,6 +81,7 @@ class _Item:
     kind: str  # "span" | "rollout" | "flush"
     value: Any
     future: Future[None] = field(default_factory=Future)
+    queued: float = field(default_factory=time.perf_counter)
 
 
 @dataclass
@@ -143,6 +145,7 @@ class Journal(SpanProcessor):
         self._closed = False
         self._put_lock = threading.Lock()
         self._segment_has_data = False
+        self._waits: deque[float] = deque(maxlen=10_000)  # seconds from queued to durable, newest last
         self._threads = [
             threading.Thread(target=self._log_loop, name="tt-journal", daemon=True),
             threading.Thread(target=self._delivery_loop, name="tt-deliver", daemon=True),
@@ -215,7 +218,12 @@ class Journal(SpanProcessor):
         return all(target.flush(timeout_s) for target in self.targets)
 
     def health(self) -> dict[str, Any]:
-        return {"journal": str(self.folder), **self.stats.snapshot()}
+        """Counts, and how long the last (up to 10,000) records waited to be durable (ms)."""
+        waits = sorted(self._waits)
+        percentiles = {
+            f"durable_wait_ms_p{q}": round(waits[len(waits) * q // 100] * 1000, 2) for q in (50, 99)
+        }
+        return {"journal": str(self.folder), **self.stats.snapshot(), **percentiles}
 
     # --- SpanProcessor -------------------------------------------------------------------------------
     def on_end(self, span: ReadableSpan) -> None:
@@ -314,11 +322,13 @@ class Journal(SpanProcessor):
             self._deliveries.put(("spans", payload, now, len(plain)))
         if calls:
             self._deliveries.put(("calls", calls, now))
+        synced = time.perf_counter()
         for item in items:
             if item.kind == "span" and plain and not payload and item.value in plain:
                 _settle(item.future, JournalUnavailable("the span could not be encoded (see the log)"))
             elif item.kind != "flush":
                 _settle(item.future)
+                self._waits.append(synced - item.queued)
 
     def _count(self, span: ReadableSpan) -> str | None:
         """Count ``span`` for its open rollout's root span; the rollout id, if it counted."""
