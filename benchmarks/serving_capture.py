@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
@@ -176,8 +177,11 @@ def durable(levels: list[int], rounds: int, round_s: float) -> None:
     import httpx
 
     print(f"load: {os.getloadavg()[0]:.2f} (1-min average), {os.cpu_count()} CPUs")
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         procs, urls = _durable_servers(Path(tmp))
+        for proc in procs.values():
+            stack.callback(proc.wait, 60)
+            stack.callback(proc.terminate)
         for agents in levels:
             before = {name: httpx.get(f"{url}/health").json()["recording"] for name, url in urls.items()}
             latencies: dict[str, list[float]] = {"off": [], "on": []}
@@ -209,9 +213,6 @@ def durable(levels: list[int], rounds: int, round_s: float) -> None:
                 f"{(p99['on'] - p99['off']) * 1000:+.1f} ms at p99; throughput "
                 f"{(statistics.fmean(rates['on']) / statistics.fmean(rates['off']) - 1) * 100:+.1f} %"
             )
-        for proc in procs.values():
-            proc.terminate()
-            proc.wait(60)
     print(f"load: {os.getloadavg()[0]:.2f} (1-min average) at the end")
 
 

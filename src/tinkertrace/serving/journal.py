@@ -220,9 +220,8 @@ class Journal(SpanProcessor):
     def health(self) -> dict[str, Any]:
         """Counts, and how long the last (up to 10,000) records waited to be durable (ms)."""
         waits = sorted(self._waits)
-        percentiles = {
-            f"durable_wait_ms_p{q}": round(waits[len(waits) * q // 100] * 1000, 2) for q in (50, 99)
-        }
+        at = {q: waits[len(waits) * q // 100] for q in (50, 99)} if waits else {}
+        percentiles = {f"durable_wait_ms_p{q}": round(wait * 1000, 2) for q, wait in at.items()}
         return {"journal": str(self.folder), **self.stats.snapshot(), **percentiles}
 
     # --- SpanProcessor -------------------------------------------------------------------------------
