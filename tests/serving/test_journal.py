@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +191,23 @@ def test_a_call_record_rebuilds_the_span_the_live_call_builds(tmp_path: Path) ->
         )
     assert kept.spans[0].attributes[semconv.GENAI_RESPONSE_ID] == "chatcmpl-7"
     assert kept.spans[1].status.status_code.name == "ERROR" and kept.spans[1].events
+
+
+def test_concurrent_calls_share_their_fsyncs(
+    tokenizer: Any, scripted: Any, start_server: Callable[..., BackgroundServer], tmp_path: Path
+) -> None:
+    """Group commit: calls answered together are made durable by one fsync, not one each."""
+    policy = PolicyHolder(scripted(["same reply"]), tokenizer, MODEL)
+    server, recorder = _served(start_server, policy, tmp_path / "spans")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+    def call(_: int) -> str:
+        return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}]).id
+
+    with ThreadPoolExecutor(16) as pool:
+        answered = set(pool.map(call, range(64)))
+    stats = recorder.stats()
+    assert len(answered) == 64 and stats["spans_logged"] == 64
+    assert stats["journal_commits"] < 64, stats
+    assert recorder.flush()
+    assert _query(tmp_path / "spans", "SELECT count(DISTINCT response_id) FROM spans") == [(64,)]
