@@ -132,7 +132,7 @@ def train_with_agents(
     from tinkertrace.online.publish import holder_publisher
     from tinkertrace.online.runner import OnlineStack
     from tinkertrace.online.settings import StackSettings
-    from tinkertrace.training.backends import make_service_client
+    from tinkertrace.training.backends import close_service, make_service_client
 
     log_dir = Path(config.log_dir)
     spans = log_dir / "spans"
@@ -154,20 +154,25 @@ def train_with_agents(
     settings.worker_env = {SPEC_ENV: str(spec)}
     service = make_service_client(config.backend, engine_dir=config.engine_dir or settings.engine_dir)
     started = time.monotonic()
-    with OnlineStack(settings, service=service) as stack:
-        if options.sample_url:
-            stack.base_url = options.sample_url
-        publish = None if options.publish_url else holder_publisher(stack.holder)
-        trainer = FollowTrainer(config, options, publish=publish, service=stack.service)
-        result = stack.run_trainer(
-            trainer,
-            workers=options.workers,
-            max_seconds=options.max_seconds,
-            progress=progress,
-            stop=stop,
-            console=console,
-        )
-        served, agent_rows = stack.holder.version, stack.agent_results()
+    status = "errored"
+    try:
+        with OnlineStack(settings, service=service) as stack:
+            if options.sample_url:
+                stack.base_url = options.sample_url
+            publish = None if options.publish_url else holder_publisher(stack.holder)
+            trainer = FollowTrainer(config, options, publish=publish, service=stack.service)
+            result = stack.run_trainer(
+                trainer,
+                workers=options.workers,
+                max_seconds=options.max_seconds,
+                progress=progress,
+                stop=stop,
+                console=console,
+            )
+            served, agent_rows = stack.holder.version, stack.agent_results()
+        status = "success"
+    finally:
+        close_service(service, status)
     summary = {
         "environments": result.environments,
         "steps": result.steps,
