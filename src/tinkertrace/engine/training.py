@@ -25,7 +25,6 @@ from tinkertrace.engine.model import (
     build_trainable,
     inference_copy,
     load_trainable_state,
-    quiet_progress,
     save_trainable_state,
 )
 from tinkertrace.engine.sampling import SamplingClient, load_sampling_client, prompt_tokens
@@ -37,6 +36,7 @@ from tinkertrace.engine.storage import (
     Kind,
     new_run_id,
 )
+from tinkertrace.models import quiet_progress
 from tinkertrace.tokenizer import load_tokenizer
 
 OPTIMIZER_FILE = "optimizer.pt"
