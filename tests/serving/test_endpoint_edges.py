@@ -42,7 +42,11 @@ def test_a_non_ascii_id_in_the_url_or_a_header_is_recorded_rewarded_and_finished
     by_header = httpx.post(  # raw UTF-8 bytes in the header, as curl sends them
         f"{endpoint.url}/v1/chat/completions",
         json={"model": MODEL, "messages": HI},
-        headers={semconv.HEADER_ROLLOUT_ID: header_id.encode(), semconv.HEADER_AGENT_NAME: "señor".encode()},
+        headers={
+            semconv.HEADER_ROLLOUT_ID: header_id.encode(),
+            semconv.HEADER_TASK_ID: b"gsm8k/17",  # only a rollout id is a route segment: '/' is fine here
+            semconv.HEADER_AGENT_NAME: "señor".encode(),
+        },
         timeout=30,
     )
     assert by_header.status_code == 200, by_header.text
@@ -59,9 +63,9 @@ def test_a_non_ascii_id_in_the_url_or_a_header_is_recorded_rewarded_and_finished
         ("llm", url_id, "tâche", None),
         ("reward", url_id, "tâche", None),
         ("rollout", url_id, "tâche", None),
-        ("llm", header_id, header_id, "señor"),
-        ("reward", header_id, header_id, None),
-        ("rollout", header_id, header_id, None),
+        ("llm", header_id, "gsm8k/17", "señor"),
+        ("reward", header_id, "gsm8k/17", None),
+        ("rollout", header_id, "gsm8k/17", None),
     ]
 
 

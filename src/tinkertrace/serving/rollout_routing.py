@@ -15,10 +15,12 @@ headers the request also sent), so routes, admission and recording read one plac
 
 Every id and name is text decoded one way wherever it arrives: a header's bytes as UTF-8, a URL
 segment percent-decoded then UTF-8 (``/rollouts/r%C3%A9sum%C3%A9/v1`` names ``résumé``), the rollout
-routes' ``/v1/rollouts/{id}/...`` segment too, so an id that is recorded can be rewarded and finished.
-An id that could not make that round trip is a 400 naming the rule (:func:`check_name`) at the first
-call: empty, over :data:`MAX_NAME_CHARS` characters, containing ``/`` or a control character, with
-whitespace at either end (a header cannot carry it), or bytes that are not UTF-8.
+routes' ``/v1/rollouts/{id}/...`` segment too, so a rollout id that is recorded can be rewarded and
+finished. A rollout id that could not make that round trip is a 400 naming the rule
+(:func:`check_name`) at the first call: empty, over :data:`MAX_NAME_CHARS` characters, containing
+``/`` or a control character, with whitespace at either end (a header cannot carry it), or bytes that
+are not UTF-8. Task ids, splits and agent names are never part of a route: any UTF-8 text
+(``gsm8k/17`` included, ``%2F`` in a URL segment) is taken.
 """
 
 from __future__ import annotations
@@ -80,17 +82,18 @@ def _utf8(raw: bytes, what: str) -> str:
 
 
 def segment_text(segment: str, what: str) -> str:
-    """A raw URL path segment percent-decoded as UTF-8, checked by :func:`check_name`."""
-    return check_name(_utf8(unquote_to_bytes(segment), what), what)
+    """A raw URL path segment percent-decoded as UTF-8."""
+    return _utf8(unquote_to_bytes(segment), what)
 
 
 def header_text(headers: Mapping[str, str], name: str) -> str | None:
-    """Header ``name`` of a Starlette request (whose values are latin-1 decoded) as UTF-8 text, checked
-    by :func:`check_name`; None when absent."""
+    """Header ``name`` of a Starlette request (whose values are latin-1 decoded) as UTF-8 text; None
+    when absent; a rollout id checked by :func:`check_name`."""
     value = headers.get(name)
     if value is None:
         return None
-    return check_name(_utf8(value.encode("latin-1"), f"{name} header"), f"{name} header")
+    text = _utf8(value.encode("latin-1"), f"{name} header")
+    return check_name(text, f"{name} header") if name == semconv.HEADER_ROLLOUT_ID else text
 
 
 @dataclass(frozen=True)
@@ -112,10 +115,10 @@ class CallIdentity:
             raise ApiError(400, message, code="invalid_value")
         return cls(
             rollout_id=header_text(headers, semconv.HEADER_ROLLOUT_ID),
-            task_id=header_text(headers, semconv.HEADER_TASK_ID),
+            task_id=header_text(headers, semconv.HEADER_TASK_ID) or None,
             attempt=int(attempt) if attempt is not None else 0,
             split=header_text(headers, semconv.HEADER_SPLIT) or "train",
-            agent_name=header_text(headers, semconv.HEADER_AGENT_NAME),
+            agent_name=header_text(headers, semconv.HEADER_AGENT_NAME) or None,
         )
 
 
@@ -125,7 +128,8 @@ def split_prefix(raw_path: str) -> tuple[str, dict[str, str]] | None:
     match = _PREFIX.match(raw_path)
     if match is None:
         return None
-    headers = {semconv.HEADER_ROLLOUT_ID: segment_text(match["rollout"], "rollout id")}
+    rollout_id = check_name(segment_text(match["rollout"], "rollout id"), "rollout id")
+    headers = {semconv.HEADER_ROLLOUT_ID: rollout_id}
     parts = match["pairs"].split("/")[1:]
     for key, value in zip(parts[::2], parts[1::2], strict=True):
         headers[PREFIX_SEGMENTS[key]] = segment_text(value, f"{key} in the URL")
@@ -144,7 +148,7 @@ class RolloutPrefix:
             raw = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1").partition("?")[0]
             try:
                 if (route := _ROUTE_ID.match(raw)) is not None:
-                    segment_text(route["rollout"], "rollout id")
+                    check_name(segment_text(route["rollout"], "rollout id"), "rollout id")
                 elif raw.startswith("/rollouts/") and (found := split_prefix(raw)) is not None:
                     rest, named = found
                     kept = [(k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in named]
