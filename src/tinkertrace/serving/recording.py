@@ -16,6 +16,10 @@ status and the counts of LLM and reward spans, as ``@traced_rollout`` does. A ro
 SDK in the agent (which writes its own rollout span) is never finished here: its open state is
 forgotten after ``rollout_idle_s`` without calls. Files in a spans folder are closed (made readable)
 every ``roll_s`` seconds, as a collector rolls its files.
+
+A reward naming a ``response_id`` must name an answer of that rollout (:mod:`.served_calls`); a call
+under a finished rollout id is a 409 unless it names a higher attempt, which reopens the rollout,
+recorded as ``{id}/attempt/{n}``.
 """
 
 from __future__ import annotations
@@ -196,8 +200,8 @@ class CallRecorder:
                     409,
                     f"Rollout '{identity.rollout_id}' has already finished ({ended.status}, attempt "
                     f"{ended.attempt}): a call after its end is not added to it. To try it again, reopen it "
-                    f"with a new attempt (URL /rollouts/{{id}}/attempt/{ended.attempt + 1}/v1 or header "
-                    f"x-tinkertrace-attempt: {ended.attempt + 1}), or name a new rollout id.",
+                    f"with a new attempt (URL /rollouts/{identity.rollout_id}/attempt/{ended.attempt + 1}"
+                    f"/v1 or header x-tinkertrace-attempt: {ended.attempt + 1}), or name a new rollout id.",
                     code="rollout_finished",
                 )
             stored_id = (
