@@ -10,7 +10,6 @@ no route, tokenizer or recorder ever sees more; memory stays bounded by concurre
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,25 +48,24 @@ class BodyLimit:
     async def _read(self, receive: Any) -> bytes:
         """The whole body, or an :class:`ApiError` (413 past the limit, 408 past the deadline)."""
         body = bytearray()
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                raise ApiError(
-                    408,
-                    f"The request body did not arrive within {self.timeout_s:g} s ({len(body)} bytes "
-                    "received).",
-                    type="timeout_error",
-                    code="request_timeout",
-                ) from None
-            if message["type"] == "http.disconnect":
-                raise ConnectionResetError("client went away while sending its body")
-            body += message.get("body", b"")
-            if len(body) > self.max_bytes:
-                raise self._too_large(f"more than {len(body)} bytes so far")
-            if not message.get("more_body", False):
-                return bytes(body)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise ConnectionResetError("client went away while sending its body")
+                    body += message.get("body", b"")
+                    if len(body) > self.max_bytes:
+                        raise self._too_large(f"more than {len(body)} bytes so far")
+                    if not message.get("more_body", False):
+                        return bytes(body)
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"The request body did not arrive within {self.timeout_s:g} s ({len(body)} bytes received).",
+                type="timeout_error",
+                code="request_timeout",
+            ) from None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
