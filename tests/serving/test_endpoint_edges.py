@@ -222,8 +222,9 @@ def test_a_call_after_the_finish_is_a_409_unless_a_new_attempt_reopens_the_rollo
     assert rows == [("r-done", "r-done", 0, 2), ("r-done/attempt/1", "r-done", 1, 2)]
 
 
-def test_anthropic_clients_as_they_are(recording_endpoint: Callable[..., Any]) -> None:
-    endpoint = recording_endpoint("serve", ["hello"], api_key="sk-right")
+@pytest.mark.parametrize("kind", BOTH)
+def test_anthropic_clients_as_they_are(recording_endpoint: Callable[..., Any], kind: str) -> None:
+    endpoint = recording_endpoint(kind, ["hello"], api_key="sk-right")
     with_x_api_key = anthropic.Anthropic(
         base_url=f"{endpoint.url}/rollouts/r-a", api_key="sk-right", max_retries=0
     )
