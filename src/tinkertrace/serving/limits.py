@@ -37,7 +37,7 @@ class BodyLimit:
         self.timeout_s = limits.timeout_s
 
     def _too_large(self, size: str) -> ApiError:
-        limit = f"{self.max_bytes / MIB:g} MiB ({self.max_bytes} bytes)"
+        limit = f"{self.max_bytes / MIB:.3g} MiB ({self.max_bytes} bytes)"
         return ApiError(
             413,
             f"The request body ({size}) is over this server's limit of {limit}; the limit is set with "
