@@ -183,10 +183,28 @@ class CallRecorder:
         return response
 
     # --- rollouts ------------------------------------------------------------------------------------
+    def _stored_id(self, identity: CallIdentity) -> str:
+        """The rollout id a new rollout of ``identity`` is recorded under (call with the lock held): its
+        own, or ``{id}/attempt/{n}`` when a higher attempt reopens a finished one (no id sent can
+        contain '/', so it is never another's); a 409 for a call under a finished rollout."""
+        assert identity.rollout_id is not None
+        ended = self._finished.get(identity.rollout_id)
+        if ended is None:
+            return identity.rollout_id
+        if identity.attempt <= ended.attempt:
+            raise ApiError(
+                409,
+                f"Rollout '{identity.rollout_id}' has already finished ({ended.status}, attempt "
+                f"{ended.attempt}): a call after its end is not added to it. To try it again, reopen it "
+                f"with a new attempt (URL /rollouts/{identity.rollout_id}/attempt/{ended.attempt + 1}"
+                f"/v1 or header x-tinkertrace-attempt: {ended.attempt + 1}), or name a new rollout id.",
+                code="rollout_finished",
+            )
+        return f"{identity.rollout_id}/attempt/{identity.attempt}"
+
     def _rollout_for(self, identity: CallIdentity, parent: SpanContext | None) -> ServedRollout:
-        """The open rollout of ``identity.rollout_id``, started (its root span opened) on first sight;
-        a 409 for a finished one, unless the call names a higher attempt: that reopens it, recorded as
-        rollout ``{id}/attempt/{n}`` (no id sent can contain '/', so it is never another's)."""
+        """The open rollout of ``identity.rollout_id``, started (its root span opened) on first sight
+        (see :meth:`_stored_id` for a rollout id that has finished)."""
         assert identity.rollout_id is not None
         now = time.monotonic()
         with self._lock:
@@ -194,19 +212,7 @@ class CallRecorder:
             if rollout is not None:
                 rollout.last_seen = now
                 return rollout
-            ended = self._finished.get(identity.rollout_id)
-            if ended is not None and identity.attempt <= ended.attempt:
-                raise ApiError(
-                    409,
-                    f"Rollout '{identity.rollout_id}' has already finished ({ended.status}, attempt "
-                    f"{ended.attempt}): a call after its end is not added to it. To try it again, reopen it "
-                    f"with a new attempt (URL /rollouts/{identity.rollout_id}/attempt/{ended.attempt + 1}"
-                    f"/v1 or header x-tinkertrace-attempt: {ended.attempt + 1}), or name a new rollout id.",
-                    code="rollout_finished",
-                )
-            stored_id = (
-                identity.rollout_id if ended is None else f"{identity.rollout_id}/attempt/{identity.attempt}"
-            )
+            stored_id = self._stored_id(identity)
             self._forget_idle(now)
             attributes = {
                 semconv.ROLLOUT_ID: stored_id,
