@@ -63,6 +63,7 @@ def serve(
         batch_window_s=run.batch_window_ms / 1000,
         watch_checkpoints=run.watch_checkpoints,
         tool_parser=run.tool_parser,
+        limits=run.limits(),
     )
     parser = app.state.endpoint.tool_parser
     extras = [

@@ -131,12 +131,12 @@ def rollouts(
         con.execute("""SELECT incomplete_reason, count(*) FROM _candidates
                        WHERE incomplete_reason IS NOT NULL GROUP BY ALL ORDER BY 1""").fetchall()
     )
-    summary.incomplete_rollout_ids = [
-        r[0]
-        for r in con.execute(
-            "SELECT rollout_id FROM _candidates WHERE incomplete_reason IS NOT NULL ORDER BY 1"
-        ).fetchall()
-    ]
+    incomplete = con.execute(
+        "SELECT rollout_id, reward_spans > 0 FROM _candidates WHERE incomplete_reason IS NOT NULL ORDER BY 1"
+    ).fetchall()
+    summary.incomplete_rollout_ids = [r[0] for r in incomplete]
+    summary.incomplete_rollouts_rewarded = sum(1 for r in incomplete if r[1])
+    summary.incomplete_included = options.include_incomplete
     pool = "true" if options.include_incomplete else "incomplete_reason IS NULL"
     where = [pool]
     params: dict[str, object] = {}
