@@ -7,6 +7,9 @@ import threading
 import time
 from typing import Any
 
+LOOPBACK = "127.0.0.1"
+"""Where every server of tinkertrace listens unless told otherwise."""
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now."""

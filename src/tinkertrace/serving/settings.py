@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tinkertrace.builtin import BUILTIN_MODEL
+from tinkertrace.netutil import LOOPBACK
 from tinkertrace.settings import check_choices, setting
 from tinkertrace.training.backends import Backend
 from tinkertrace.training.errors import raise_problems
 
-LOOPBACK = "127.0.0.1"
 ToolParserName = Literal["auto", "hermes", "qwen", "none"]  # the choices of serving.tool_parsers
 API_KEY_ENV = "TINKERTRACE_API_KEY"
 
