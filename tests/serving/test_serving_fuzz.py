@@ -8,8 +8,8 @@ answered and stored exactly once with its reward and end, and the process's peak
 from __future__ import annotations
 
 import itertools
-import os
 import json
+import os
 import random
 import socket
 import time
