@@ -269,7 +269,7 @@ def load(
             key = str(raw_key).replace("-", "_")
             if origin == "config file setting" and key in skip:
                 continue
-            if origin == "config file setting" and key in renamed:
+            if key in renamed:
                 if renamed[key] in layer:
                     raise ConfigError(f"{raw_key!r} and {renamed[key]!r} name the same setting: give one")
                 key = renamed[key]
