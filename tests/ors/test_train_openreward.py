@@ -1,0 +1,74 @@
+"""The OpenReward trainer's config file run by `tinkertrace train --config` against the example's real
+ORS server, on the nano built-in model, shortened with `--set`: two follow steps over both
+environments (no --follow: with no source the file runs its environments' agents, as that trainer
+does), then batch mode over the spans it left, and `resume_from` a state it saved."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tinkertrace.training.checkpoints import read_checkpoints
+from tinkertrace.training.metrics import read_metrics
+
+from .conftest import OrsServer
+
+CONFIG = Path(__file__).resolve().parents[2] / "examples" / "openreward" / "tinker-config.yaml"
+SHORT = [
+    *("--set", "model_name=tinkertrace/tiny-chat:nano", "--set", "lora_rank=2", "--set", "batch_size=2"),
+    *("--set", "environments.whodunit.num_rollouts=2", "--set", "environments.arithmetic.num_rollouts=2"),
+    *("--set", "environments.whodunit.max_turns=2", "--set", "environments.arithmetic.max_turns=1"),
+    *("--keep-constant-reward-groups", "--no-progress"),
+]
+
+
+def train(ors: OrsServer, log: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`tinkertrace train --config CONFIG` (shortened) with OPENREWARD_URL at ``ors`` and no Tinker key."""
+    env = {**os.environ, "OPENREWARD_URL": ors.url, "TINKER_API_KEY": "", "OPENREWARD_API_KEY": ""}
+    command = [sys.executable, "-m", "tinkertrace.cli.main", "train", "--config", str(CONFIG), *SHORT]
+    return subprocess.run(
+        [*command, "--set", f"log_path={log}", *extra], capture_output=True, text=True, timeout=420, env=env
+    )
+
+
+@pytest.mark.slow
+def test_config_file_trains_both_environments_then_batch_and_resume(
+    ors_server: OrsServer, tmp_path: Path
+) -> None:
+    run = tmp_path / "follow"
+    done = train(
+        ors_server, run, "--max-steps", "2", "--workers", "2", "--group-timeout", "60", "--max-seconds", "300"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "backend local engine (auto: no TINKER_API_KEY)" in done.stderr
+    assert "W&B project 'tinker-test' configured but the wandb package is not installed" in done.stderr
+    assert (
+        "openreward_run_name is set but OPENREWARD_API_KEY is not: rollouts are not uploaded" in done.stderr
+    )
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["agent_errors"] == []
+    for name in ("whodunit", "arithmetic"):
+        assert summary["environments"][name]["rollouts"] >= 2 and summary["environments"][name]["failed"] == 0
+    episodes = [
+        sum(m[f"env/{n}/total_episodes"] for m in read_metrics(run)) for n in ("whodunit", "arithmetic")
+    ]
+    assert min(episodes) >= 2  # both environments trained in one run
+    config = json.loads((run / "config.json").read_text())
+    assert (config["loss"], config["groups_per_batch"], config["backend"]) == ("ppo", 2, "local")
+
+    batch = train(ors_server, tmp_path / "batch", str(run / "spans"))
+    assert batch.returncode == 0, batch.stderr[-3000:]
+    assert len(read_metrics(tmp_path / "batch")) >= 1
+
+    state = read_checkpoints(run)[-1]["state_path"]
+    resumed = train(ors_server, tmp_path / "resumed", str(run / "spans"), "--set", f"resume_from={state}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    wrong = train(
+        ors_server, tmp_path / "wrong", str(run / "spans"), "--set", "resume_from=tinker://nope/weights/x"
+    )
+    assert wrong.returncode == 2 and "tinker://nope/weights/x" in wrong.stderr
