@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from tinkertrace import schemas
 from tinkertrace.online.env_worker import SPEC_ENV
+from tinkertrace.ors.upload import upload_settings, upload_spool
 from tinkertrace.training.config import Environment, TrainConfig
 from tinkertrace.training.environments import STAT_KEYS, env_of, environment_rows
 from tinkertrace.training.errors import ConfigError
@@ -150,7 +151,10 @@ def train_with_agents(
     log_dir.mkdir(parents=True, exist_ok=True)
     spec = log_dir / "agents" / "environments.json"
     spec.parent.mkdir(parents=True, exist_ok=True)
-    spec.write_text(json.dumps(worker_spec(config), indent=2))
+    uploads, note = upload_settings(config.openreward_run_name, log_dir / "agents" / "openreward")
+    if note and console is not None:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    spec.write_text(json.dumps(worker_spec(config, uploads), indent=2))
     settings.worker_env = {SPEC_ENV: str(spec)}
     service = make_service_client(config.backend, engine_dir=config.engine_dir or settings.engine_dir)
     started = time.monotonic()
@@ -168,6 +172,10 @@ def train_with_agents(
             console=console,
         )
         served, agent_rows = stack.holder.version, stack.agent_results()
+    if uploads:
+        uploaded = upload_spool(Path(uploads["upload_spool"]))
+        if console is not None:
+            console.print(f"openreward: {uploaded}", highlight=False, soft_wrap=True)
     summary = {
         "environments": result.environments,
         "steps": result.steps,
@@ -184,11 +192,16 @@ def train_with_agents(
     return result, summary
 
 
-def worker_spec(config: TrainConfig) -> dict[str, Any]:
-    """What the agent workers need: the model to request, the seed, this run's id, the environments."""
+def worker_spec(config: TrainConfig, uploads: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the agent workers need: the model to request, the seed, this run's id, the environments
+    (an OpenReward environment's agent also gets the ``uploads`` arguments)."""
+    environments = [dataclasses.asdict(env) for env in config.environments]
+    for env in environments:
+        if env["openreward"] and uploads:
+            env["agent_kwargs"] = {**uploads, **env["agent_kwargs"]}
     return {
         "model": config.model,
         "seed": config.seed,
         "run": uuid.uuid4().hex[:6],  # in every group's task id: a resumed run's groups are new groups
-        "environments": [dataclasses.asdict(env) for env in config.environments],
+        "environments": environments,
     }

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import tinkertrace
 from tinkertrace.ors.client import OrsEnvironment, OrsError, ToolResult
+from tinkertrace.ors.upload import spool_rollout
 
 MALFORMED = "malformed_tool_call"  # the endpoint's finish_reason for a tool call it could not parse
 TRUNCATED = "truncated"
@@ -60,6 +62,56 @@ def _arguments(raw: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+@dataclass
+class Episode:
+    """One ORS episode: where it is played, the policy's request settings, the turn limit, and (filled
+    as it is played) its chat transcript with the reward of each rewarded tool message by index."""
+
+    openreward: str
+    request: dict[str, Any]  # chat.completions settings: model, temperature, max_tokens, tool_choice
+    max_turns: int
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    rewarded: dict[int, float] = field(default_factory=dict)
+
+    async def play(self, task: dict[str, Any], policy: Any) -> dict[str, Any]:
+        """Play ``task`` with ``policy`` (an ``AsyncOpenAI`` client); the summed reward and how it ended."""
+        async with OrsEnvironment(self.openreward) as env:
+            tools = chat_tools(await env.tools())
+            names = ", ".join(t["function"]["name"] for t in tools)
+            async with env.session(task["split"], int(task["index"])) as session:
+                self.messages.append({"role": "user", "content": await session.prompt()})
+                for turn in range(self.max_turns):
+                    completion = await policy.chat.completions.create(
+                        messages=self.messages, tools=tools, **self.request
+                    )
+                    choice = completion.choices[0]
+                    self.messages.append(choice.message.model_dump(exclude_none=True))
+                    if not choice.message.tool_calls:
+                        problem = (
+                            "could not be parsed" if choice.finish_reason == MALFORMED else "was missing"
+                        )
+                        error = f"Error: the tool call {problem}. Call one of: {names}."
+                        self.messages.append({"role": "user", "content": error})
+                        continue
+                    for call in choice.message.tool_calls:
+                        result = await _run_call(session, call)
+                        if result.reward is not None:
+                            self.rewarded[len(self.messages)] = result.reward
+                            tinkertrace.emit_reward(result.reward, response_id=completion.id)
+                        self.messages.append(
+                            {"role": "tool", "tool_call_id": call.id, "content": result.text}
+                        )
+                        if result.finished:
+                            return self.outcome(finished=True, turns=turn + 1)
+        tinkertrace.emit_reward(1.0, name=TRUNCATED)
+        return self.outcome(finished=False, turns=self.max_turns)
+
+    def outcome(self, *, finished: bool, turns: int) -> dict[str, Any]:
+        """The agent's return value: summed reward, whether it finished, turns, the rewards in order."""
+        rewards = list(self.rewarded.values())
+        return {"reward": sum(rewards), "finished": finished, "turns": turns, "rewards": rewards}
+
+
 @tinkertrace.traced_rollout
 async def run_episode(
     task: dict[str, Any],
@@ -72,56 +124,31 @@ async def run_episode(
     max_turns: int = 8,
     tool_choice: str | None = None,
     api_key: str = "EMPTY",
+    upload_run: str | None = None,
+    upload_spool: str | None = None,
 ) -> dict[str, Any]:
     """Play task ``task["index"]`` of split ``task["split"]`` of the ORS environment ``openreward``
-    with at most ``max_turns`` policy calls; returns the summed reward and how the episode ended."""
+    with at most ``max_turns`` policy calls; returns the summed reward and how the episode ended.
+    With ``upload_run`` and ``upload_spool``, the finished episode's transcript is spooled for upload."""
     from openai import AsyncOpenAI
 
+    request: dict[str, Any] = {"model": model, "temperature": temperature}
+    request |= {"max_tokens": max_tokens} if max_tokens is not None else {}
+    request |= {"tool_choice": tool_choice} if tool_choice is not None else {}
+    episode = Episode(openreward, request, max_turns)
     policy = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=2)
-    settings: dict[str, Any] = {"model": model, "temperature": temperature}
-    settings |= {"max_tokens": max_tokens} if max_tokens is not None else {}
-    settings |= {"tool_choice": tool_choice} if tool_choice is not None else {}
-    rewards: list[float] = []
     try:
-        async with OrsEnvironment(openreward) as env:
-            tools = chat_tools(await env.tools())
-            names = ", ".join(t["function"]["name"] for t in tools)
-            async with env.session(task["split"], int(task["index"])) as session:
-                messages: list[dict[str, Any]] = [{"role": "user", "content": await session.prompt()}]
-                for turn in range(max_turns):
-                    completion = await policy.chat.completions.create(
-                        messages=messages, tools=tools, **settings
-                    )
-                    choice = completion.choices[0]
-                    messages.append(choice.message.model_dump(exclude_none=True))
-                    if not choice.message.tool_calls:
-                        problem = (
-                            "could not be parsed" if choice.finish_reason == MALFORMED else "was missing"
-                        )
-                        messages.append(
-                            {
-                                "role": "user",
-                                "content": f"Error: the tool call {problem}. Call one of: {names}.",
-                            }
-                        )
-                        continue
-                    for call in choice.message.tool_calls:
-                        result = await _run_call(session, call)
-                        if result.reward is not None:
-                            rewards.append(result.reward)
-                            tinkertrace.emit_reward(result.reward, response_id=completion.id)
-                        messages.append({"role": "tool", "tool_call_id": call.id, "content": result.text})
-                        if result.finished:
-                            return {
-                                "reward": sum(rewards),
-                                "finished": True,
-                                "turns": turn + 1,
-                                "rewards": rewards,
-                            }
+        result = await episode.play(task, policy)
     finally:
         await policy.close()
-    tinkertrace.emit_reward(1.0, name=TRUNCATED)
-    return {"reward": sum(rewards), "finished": False, "turns": max_turns, "rewards": rewards}
+    if upload_run and upload_spool:
+        transcript = {
+            "messages": episode.messages,
+            "rewards": episode.rewarded,
+            "finished": result["finished"],
+        }
+        spool_rollout(upload_spool, upload_run, openreward, task, transcript)
+    return result
 
 
 async def _run_call(session: Any, call: Any) -> ToolResult:
