@@ -98,6 +98,9 @@ def test_turn_limit_truncates_and_a_raising_tool_fails(
     arithmetic = Environment(name="arithmetic", openreward="x", nonterminal_reward=-0.5)
     rows = environment_rows(spans, arithmetic, [cut[0].task_id])
     assert rows.stats["truncated"] == 1 and rows.table["reward"].to_pylist() == [-0.5]
+    for reduction in ("mean", "sum"):  # without nonterminal_reward, an episode that earned nothing earns 0
+        plain = Environment(name="arithmetic", openreward="x", reward_reduction=reduction)  # type: ignore[arg-type]
+        assert environment_rows(spans, plain, [cut[0].task_id]).table["reward"].to_pylist() == [0.0]
     faulty = environment_rows(spans, Environment(name="faulty", openreward="x", max_failing_rollouts=0), None)
     assert (faulty.stats["failed"], faulty.stats["groups_dropped_failing"], faulty.table.num_rows) == (
         1,

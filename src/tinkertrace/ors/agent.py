@@ -80,6 +80,7 @@ class Episode:
             names = ", ".join(t["function"]["name"] for t in tools)
             async with env.session(task["split"], int(task["index"])) as session:
                 self.messages.append({"role": "user", "content": await session.prompt()})
+                completion = None
                 for turn in range(self.max_turns):
                     completion = await policy.chat.completions.create(
                         messages=self.messages, tools=tools, **self.request
@@ -103,6 +104,8 @@ class Episode:
                         )
                         if result.finished:
                             return self.outcome(finished=True, turns=turn + 1)
+        if not self.rewarded and completion is not None:  # an episode that earned nothing earns 0
+            tinkertrace.emit_reward(0.0, response_id=completion.id)
         tinkertrace.emit_reward(1.0, name=TRUNCATED)
         return self.outcome(finished=False, turns=self.max_turns)
 
@@ -134,7 +137,9 @@ async def run_episode(
 
     request: dict[str, Any] = {"model": model, "temperature": temperature}
     request |= {"max_tokens": max_tokens} if max_tokens is not None else {}
-    request |= {"tool_choice": tool_choice} if tool_choice is not None else {}
+    if tool_choice is not None:  # auto, none, required, or a tool's name (that tool is called)
+        named = {"type": "function", "function": {"name": tool_choice}}
+        request["tool_choice"] = tool_choice if tool_choice in ("auto", "none", "required") else named
     episode = Episode(openreward, request, max_turns)
     policy = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=2)
     try:
