@@ -66,9 +66,19 @@ def test_config_file_trains_both_environments_then_batch_and_resume(
     assert len(read_metrics(tmp_path / "batch")) >= 1
 
     state = read_checkpoints(run)[-1]["state_path"]
-    resumed = train(ors_server, tmp_path / "resumed", str(run / "spans"), "--set", f"resume_from={state}")
+    engine = ("--engine-dir", str(run / "engine"))  # the follow run's local engine holds its states
+    resumed = train(
+        ors_server, tmp_path / "resumed", str(run / "spans"), "--set", f"resume_from={state}", *engine
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    fresh, loaded = read_metrics(tmp_path / "batch")[0], read_metrics(tmp_path / "resumed")[0]
+    assert fresh["loss:sum"] != loaded["loss:sum"]  # same rows, other starting weights: the saved state
     wrong = train(
-        ors_server, tmp_path / "wrong", str(run / "spans"), "--set", "resume_from=tinker://nope/weights/x"
+        ors_server,
+        tmp_path / "wrong",
+        str(run / "spans"),
+        "--set",
+        "resume_from=tinker://nope/weights/x",
+        *engine,
     )
     assert wrong.returncode == 2 and "tinker://nope/weights/x" in wrong.stderr
