@@ -61,18 +61,22 @@ def test_config_file_trains_both_environments_then_batch_and_resume(
     config = json.loads((run / "config.json").read_text())
     assert (config["loss"], config["groups_per_batch"], config["backend"]) == ("ppo", 2, "local")
 
-    batch = train(ors_server, tmp_path / "batch", str(run / "spans"))
+    # batch mode over the spans it left; cross_entropy, so the weights move whatever the rewards
+    engine = ("--engine-dir", str(tmp_path / "engine"))
+    imitate = ("--set", "loss_fn=cross_entropy", *engine)
+    batch = train(ors_server, tmp_path / "batch", str(run / "spans"), *imitate)
     assert batch.returncode == 0, batch.stderr[-3000:]
-    assert len(read_metrics(tmp_path / "batch")) >= 1
+    fresh = read_metrics(tmp_path / "batch")
+    assert len(fresh) >= 1 and fresh[0]["env/all/total_episodes"] >= 2
 
-    state = read_checkpoints(run)[-1]["state_path"]
-    engine = ("--engine-dir", str(run / "engine"))  # the follow run's local engine holds its states
+    state = read_checkpoints(tmp_path / "batch")[-1]["state_path"]
     resumed = train(
-        ors_server, tmp_path / "resumed", str(run / "spans"), "--set", f"resume_from={state}", *engine
+        ors_server, tmp_path / "resumed", str(run / "spans"), *imitate, "--set", f"resume_from={state}"
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    fresh, loaded = read_metrics(tmp_path / "batch")[0], read_metrics(tmp_path / "resumed")[0]
-    assert fresh["loss:sum"] != loaded["loss:sum"]  # same rows, other starting weights: the saved state
+    loaded = read_metrics(tmp_path / "resumed")
+    # the same first rows, other starting weights (the saved state's): other logprobs
+    assert fresh[0]["optim/kl_sample_train_v1"] != loaded[0]["optim/kl_sample_train_v1"]
     wrong = train(
         ors_server,
         tmp_path / "wrong",
