@@ -37,6 +37,7 @@ def train(ors: OrsServer, log: Path, *extra: str) -> subprocess.CompletedProcess
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_config_file_trains_both_environments_then_batch_and_resume(
     ors_server: OrsServer, tmp_path: Path
 ) -> None:
@@ -63,7 +64,7 @@ def test_config_file_trains_both_environments_then_batch_and_resume(
 
     # batch mode over the spans it left; cross_entropy, so the weights move whatever the rewards
     engine = ("--engine-dir", str(tmp_path / "engine"))
-    imitate = ("--set", "loss_fn=cross_entropy", *engine)
+    imitate = ("--set", "loss_fn=cross_entropy", "--set", "batch_size=8", *engine)  # 8 groups a step
     batch = train(ors_server, tmp_path / "batch", str(run / "spans"), *imitate)
     assert batch.returncode == 0, batch.stderr[-3000:]
     fresh = read_metrics(tmp_path / "batch")
