@@ -67,7 +67,10 @@ class Arithmetic(Environment):
 
     def get_prompt(self) -> list[TextBlock]:
         question = self.task_spec["question"]
-        return text(f"What is {question}? Call the submit tool with the number as the answer.")
+        example = '{"answer": "12"}'
+        return text(
+            f"What is {question}? Call the submit tool with the number as the answer, like {example}."
+        )
 
     @tool
     async def submit(self, params: Answer) -> ToolOutput:
