@@ -107,3 +107,24 @@ def test_turn_limit_truncates_and_a_raising_tool_fails(
         1,
         0,
     )
+
+
+def test_eval_plays_an_openreward_split(ors_server: OrsServer, endpoint: str, tmp_path: Path) -> None:
+    from tinkertrace.evaluation import evaluate
+    from tinkertrace.evaluation_settings import EvalSettings
+
+    settings = EvalSettings(
+        agent="tinkertrace.ors.agent:run_episode",
+        tasks="tinkertrace.ors.agent:load_tasks",
+        openreward=ors_server.url + "/whodunit",
+        agent_kwargs={"max_turns": "3", "max_tokens": "96"},
+        split="test",
+        samples_per_task=1,
+        max_tasks=3,
+        base_url=endpoint,
+        model="test-model",
+        out=tmp_path / "eval.jsonl",
+    )
+    summary = evaluate(settings)
+    assert (summary.tasks, summary.failed_rollouts, summary.pass_at_k) == (3, 0, {"pass@1": 1.0})
+    assert summary.mean_reward == pytest.approx(1.2)  # two clues and the culprit, on each test case
