@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tinkertrace.netutil import free_port
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.metrics import read_metrics
 
@@ -87,3 +88,13 @@ def test_config_file_trains_both_environments_then_batch_and_resume(
         *engine,
     )
     assert wrong.returncode == 2 and "tinker://nope/weights/x" in wrong.stderr
+
+
+def test_an_unreachable_server_is_one_clear_error_at_start(tmp_path: Path) -> None:
+    dead = OrsServer(f"http://127.0.0.1:{free_port()}", None, tmp_path / "none.log")  # type: ignore[arg-type]
+    done = train(dead, tmp_path / "run", "--max-steps", "1")
+    assert done.returncode == 2
+    assert (
+        "environment 'whodunit' (openreward 'whodunit'): ORS server" in done.stderr
+        and "unreachable" in done.stderr
+    )

@@ -142,6 +142,9 @@ def train_with_agents(
     if options.worker_python and not Path(options.worker_python).exists():
         raise ConfigError(f"worker_python {options.worker_python} does not exist")
     config = dataclasses.replace(config, source=spans)
+    for env in config.environments:
+        if env.openreward:
+            check_openreward(env)
     settings = StackSettings(
         out=log_dir,
         model=config.model,
@@ -190,6 +193,20 @@ def train_with_agents(
     }
     (log_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return result, summary
+
+
+def check_openreward(env: Environment) -> None:
+    """ConfigError unless ``env``'s ORS server answers with tasks in its split (checked once at start,
+    so a wrong URL or name is one clear error, not workers failing every rollout)."""
+    from tinkertrace.ors.agent import load_tasks
+    from tinkertrace.ors.client import OrsError
+
+    try:
+        tasks = load_tasks(env.split, openreward=str(env.openreward))
+    except OrsError as exc:
+        raise ConfigError(f"environment {env.name!r} (openreward {env.openreward!r}): {exc}") from None
+    if not tasks:
+        raise ConfigError(f"environment {env.name!r}: its server lists no tasks in split {env.split!r}")
 
 
 def worker_spec(config: TrainConfig, uploads: dict[str, Any] | None = None) -> dict[str, Any]:
