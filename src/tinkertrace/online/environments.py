@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from tinkertrace.online.env_worker import SPEC_ENV
-from tinkertrace.training.config import TrainConfig
+from tinkertrace.ors.upload import upload_settings, upload_spool
+from tinkertrace.training.config import Environment, TrainConfig
 from tinkertrace.training.errors import ConfigError
 
 WORKER_MODULE = "tinkertrace.online.env_worker"
@@ -43,6 +44,9 @@ def train_with_agents(
     if options.worker_python and not Path(options.worker_python).exists():
         raise ConfigError(f"worker_python {options.worker_python} does not exist")
     config = dataclasses.replace(config, source=spans)
+    for env in config.environments:
+        if env.openreward:
+            check_openreward(env)
     settings = StackSettings(
         out=log_dir,
         model=config.model,
@@ -52,7 +56,10 @@ def train_with_agents(
     log_dir.mkdir(parents=True, exist_ok=True)
     spec = log_dir / "agents" / "environments.json"
     spec.parent.mkdir(parents=True, exist_ok=True)
-    spec.write_text(json.dumps(worker_spec(config), indent=2))
+    uploads, note = upload_settings(config.openreward_run_name, log_dir / "agents" / "openreward")
+    if note and console is not None:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    spec.write_text(json.dumps(worker_spec(config, uploads), indent=2))
     settings.worker_env = {SPEC_ENV: str(spec)}
     service = make_service_client(config.backend, engine_dir=config.engine_dir or settings.engine_dir)
     started = time.monotonic()
@@ -75,6 +82,10 @@ def train_with_agents(
         status = "success"
     finally:
         close_service(service, status)
+    if uploads:
+        uploaded = upload_spool(Path(uploads["upload_spool"]))
+        if console is not None:
+            console.print(f"openreward: {uploaded}", highlight=False, soft_wrap=True)
     summary = {
         "environments": result.environments,
         "steps": result.steps,
@@ -91,11 +102,30 @@ def train_with_agents(
     return result, summary
 
 
-def worker_spec(config: TrainConfig) -> dict[str, Any]:
-    """What the agent workers need: the model to request, the seed, this run's id, the environments."""
+def check_openreward(env: Environment) -> None:
+    """ConfigError unless ``env``'s ORS server answers with tasks in its split (checked once at start,
+    so a wrong URL or name is one clear error, not workers failing every rollout)."""
+    from tinkertrace.ors.agent import load_tasks
+    from tinkertrace.ors.client import OrsError
+
+    try:
+        tasks = load_tasks(env.split, openreward=str(env.openreward))
+    except OrsError as exc:
+        raise ConfigError(f"environment {env.name!r} (openreward {env.openreward!r}): {exc}") from None
+    if not tasks:
+        raise ConfigError(f"environment {env.name!r}: its server lists no tasks in split {env.split!r}")
+
+
+def worker_spec(config: TrainConfig, uploads: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the agent workers need: the model to request, the seed, this run's id, the environments
+    (an OpenReward environment's agent also gets the ``uploads`` arguments)."""
+    environments = [dataclasses.asdict(env) for env in config.environments]
+    for env in environments:
+        if env["openreward"] and uploads:
+            env["agent_kwargs"] = {**uploads, **env["agent_kwargs"]}
     return {
         "model": config.model,
         "seed": config.seed,
         "run": uuid.uuid4().hex[:6],  # in every group's task id: a resumed run's groups are new groups
-        "environments": [dataclasses.asdict(env) for env in config.environments],
+        "environments": environments,
     }

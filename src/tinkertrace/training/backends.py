@@ -14,9 +14,19 @@ from typing import Any, Literal
 
 from tinkertrace.training.errors import BackendError
 
-Backend = Literal["local", "tinker"]
-BACKENDS: tuple[str, ...] = ("local", "tinker")
+Backend = Literal["auto", "local", "tinker"]
+BACKENDS: tuple[str, ...] = ("auto", "local", "tinker")
 HEALTH_PATH = "/api/v1/healthz"
+
+
+def resolve_backend(backend: Backend) -> tuple[Backend, str]:
+    """The backend a run uses and why: ``auto`` is hosted Tinker when ``$TINKER_API_KEY`` is set,
+    else the local engine (as the OpenReward trainer's config file does)."""
+    if backend != "auto":
+        return backend, f"backend {backend} (asked for)"
+    if os.environ.get("TINKER_API_KEY"):
+        return "tinker", "backend tinker (auto: TINKER_API_KEY is set)"
+    return "local", "backend local engine (auto: no TINKER_API_KEY)"
 
 
 def tinker_base_url() -> str:
@@ -55,6 +65,7 @@ def make_service_client(
     ``"local"``: ``tinkertrace.engine.ServiceClient(base_dir=engine_dir)`` (default folder
     ``$TINKERTRACE_HOME/engine``).
     """
+    backend = resolve_backend(backend)[0]  # type: ignore[arg-type]  # an unknown name falls through below
     if backend == "local":
         from tinkertrace.engine import ServiceClient
 

@@ -53,7 +53,10 @@ def adam_params(config: TrainConfig) -> types.AdamParams:
 
 def open_training_client(service: Any, config: TrainConfig, resume_from: dict[str, Any] | None = None) -> Any:
     """A new LoRA training client of ``config.model`` (rank ``config.lora_rank``, seeded), or, with
-    ``resume_from`` (a checkpoint record), the saved state with its optimizer."""
+    ``resume_from`` (a checkpoint record; else ``config.resume_from``, a state path), the saved state
+    with its optimizer."""
+    if resume_from is None and config.resume_from:
+        resume_from = {"state_path": config.resume_from}
     try:
         if resume_from is not None:
             return service.create_training_client_from_state_with_optimizer(
