@@ -39,7 +39,8 @@ from tinkertrace.ui.built import (
     run_settings,
     token_view,
 )
-from tinkertrace.ui.index import PAGE_SIZES, SORTABLE, RolloutQuery, RunIndex
+from tinkertrace.ui.index import PAGE_SIZES, SORTABLE, RolloutPage, RolloutQuery, RunIndex
+from tinkertrace.ui.outcomes import OUTCOMES, outcome_text, row_fates
 from tinkertrace.ui.run_metrics import metric_series
 from tinkertrace.ui.sources import read_json
 from tinkertrace.ui.timeline import messages_of, reward_landings, span_tree
@@ -65,6 +66,8 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["num"] = _num
+    env.filters["outcome"] = outcome_text
+    env.globals["outcomes"] = OUTCOMES
     env.filters["tojson_attr"] = lambda v: json.dumps(v)  # for data-* attributes (then escaped)
     return env
 
@@ -155,22 +158,41 @@ def api_metrics(request: Request) -> Response:
 
 
 # --- rollouts --------------------------------------------------------------------------------------
-def _flag(value: str | None) -> bool | None:
-    return None if value in (None, "") else value in ("1", "true", "yes")
+# Every parameter the rollout list understands; any other is refused (a typo must not pass unseen).
+LIST_PARAMS = (
+    "sort", "order", "page", "per_page", "status", "split", "task", "agent", "q", "incomplete", "trained",
+    "outcome", "partial", "token",
+)  # fmt: skip
+MAX_PAGE = 10**9
+
+
+def _flag(params: Any, name: str) -> bool | None:
+    value = params.get(name)
+    if value in (None, ""):
+        return None
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def parse_query(params: Any) -> RolloutQuery:
     """A :class:`RolloutQuery` from URL parameters; ValueError naming the bad one."""
+    unknown = sorted(set(params.keys()) - set(LIST_PARAMS))
+    if unknown:
+        raise ValueError(f"unknown parameter {unknown[0]!r}; known: {', '.join(LIST_PARAMS[:-2])}")
 
     def integer(name: str, default: int) -> int:
         raw = params.get(name) or str(default)
-        if not raw.isdigit():
-            raise ValueError(f"{name} must be a positive whole number, got {raw!r}")
+        if not raw.isdigit() or int(raw) > MAX_PAGE:
+            raise ValueError(f"{name} must be a whole number from 1 to {MAX_PAGE}, got {raw!r}")
         return int(raw)
 
+    order = params.get("order") or "desc"
+    if order not in ("asc", "desc"):
+        raise ValueError(f"order must be asc or desc, got {order!r}")
     return RolloutQuery(
         sort=params.get("sort") or "start_ms",
-        desc=params.get("order", "desc") != "asc",
+        desc=order == "desc",
         page=integer("page", 1),
         per_page=integer("per_page", 50),
         status=params.get("status") or None,
@@ -178,9 +200,19 @@ def parse_query(params: Any) -> RolloutQuery:
         task=params.get("task") or None,
         agent=params.get("agent") or None,
         text=params.get("q") or None,
-        incomplete=_flag(params.get("incomplete")),
-        trained=_flag(params.get("trained")),
+        incomplete=_flag(params, "incomplete"),
+        trained=_flag(params, "trained"),
+        outcome=params.get("outcome") or None,
     )
+
+
+def _list_page(request: Request) -> tuple[RolloutQuery, RolloutPage]:
+    """The rollout list page the URL asks for; ValueError naming a bad parameter or a page past the end."""
+    query = parse_query(request.query_params)
+    page = _state(request).index.list_rollouts(query)
+    if query.page > page.pages:
+        raise ValueError(f"page {query.page} is past the last page ({page.pages}) of this list")
+    return query, page
 
 
 def _link(request: Request, **changes: Any) -> str:
@@ -198,10 +230,9 @@ def _link(request: Request, **changes: Any) -> str:
 def rollouts_page(request: Request) -> Response:
     state = _state(request)
     try:
-        query = parse_query(request.query_params)
+        _, page = _list_page(request)
     except ValueError as exc:
         return _bad_request(request, str(exc))
-    page = state.index.list_rollouts(query)
     template = "rollouts_table.html" if request.query_params.get("partial") else "rollouts.html"
     return _page(
         request,
@@ -216,12 +247,10 @@ def rollouts_page(request: Request) -> Response:
 
 
 def api_rollouts(request: Request) -> Response:
-    state = _state(request)
     try:
-        query = parse_query(request.query_params)
+        query, page = _list_page(request)
     except ValueError as exc:
         return JSONResponse({"error": str(exc)}, status_code=400)
-    page = state.index.list_rollouts(query)
     body = {"total": page.total, "page": query.page, "pages": page.pages, "rows": page.rows}
     return Response(json.dumps(body, default=str), media_type="application/json")
 
@@ -268,7 +297,8 @@ def trajectory_page(request: Request) -> Response:
     agents = agents_of(built)
     wanted = request.query_params.get("agent")
     agent = next((a for a in agents if (a or "") == (wanted or "")), agents[0] if agents else None)
-    view = token_view(built, agent) if agents else None
+    fates = row_fates(_state(request).index.cursor(), rollout_id)
+    view = token_view(built, agent, fates) if agents else None
     return _page(
         request,
         "trajectory.html",

@@ -192,24 +192,48 @@ class TokenView:
     """A trajectory (one agent of one rollout, all its segments) token by token."""
 
     agent: str | None
-    segments: list[dict[str, Any]]  # per segment: split_reason, reward, advantage, tokens (list of dicts)
+    segments: list[dict[str, Any]]  # per segment: split_reason, reward, advantage, fate, tokens (dicts)
     total_tokens: int
-    trained_tokens: int
+    trained_tokens: int  # went into a Datum that a step trained
+    sampled_tokens: int  # action mask 1
     retokenized_tokens: int
     text_note: str
 
 
-def token_view(built: BuiltRollout, agent: str | None) -> TokenView:
-    """Per-token rows of ``agent``'s trajectory: text, id, trained mask, sampler logprob, advantage on
-    trained tokens, the turn it came from and whether that call's ids were re-tokenised."""
+def _fate_text(fate: dict[str, Any] | None) -> str:
+    if fate is None:
+        return "not trained"
+    if fate["steps"]:
+        steps = ", ".join("?" if s is None else str(s) for s in fate["steps"])
+        return f"trained at step {steps}"
+    when = f" at step {fate['drop_step']}" if fate["drop_step"] is not None else ""
+    return f"dropped: {fate['reason']}{when}"
+
+
+def _trained_positions(fate: dict[str, Any] | None, n: int) -> range:
+    """Positions whose token a step trained (when sampled): a Datum targets tokens 1 .. kept - 1."""
+    if fate is None or not fate["steps"]:
+        return range(0)
+    return range(1, min(n, fate["tokens"] if fate["tokens"] is not None else n))
+
+
+def token_view(
+    built: BuiltRollout, agent: str | None, fates: dict[tuple[Any, Any], dict[str, Any]] | None = None
+) -> TokenView:
+    """Per-token rows of ``agent``'s trajectory: text, id, sampled (mask 1) and trained (in a Datum a
+    step trained, from the trainer's ``outcomes.jsonl``: ``fates`` by (agent, segment)), sampler
+    logprob, advantage on sampled tokens, the turn it came from and whether its call was re-tokenised."""
+    fates = fates or {}
     rows = [r for r in built.trajectories if r["agent_name"] == agent]
     calls = [t for t in built.triplets if t["agent_name"] == agent]
     model = next((t["model"] for t in calls if t.get("model")), None)
     turn_of = _turn_positions(rows, calls)
-    segments, total, trained, retok = [], 0, 0, 0
+    segments, total, trained, sampled, retok = [], 0, 0, 0, 0
     text_note = ""
     for row, turn_positions in zip(rows, turn_of, strict=True):
         texts, text_note = token_texts(model, row["tokens"])
+        fate = fates.get((row["agent_name"], row["segment"]), fates.get((None, None)))
+        in_datum = _trained_positions(fate, len(row["tokens"]))
         tokens = []
         for i, (tid, lp, mask) in enumerate(
             zip(row["tokens"], row["logprobs"], row["action_mask"], strict=True)
@@ -221,7 +245,8 @@ def token_view(built: BuiltRollout, agent: str | None) -> TokenView:
                     "i": i,
                     "id": tid,
                     "text": texts[i] if texts else None,
-                    "trained": bool(mask),
+                    "sampled": bool(mask),
+                    "trained": bool(mask) and i in in_datum,
                     "logprob": float(lp) if mask else None,
                     "advantage": row.get("advantage") if mask and row.get("advantage") is not None else None,
                     "turn": call["turn"] if call else None,
@@ -230,14 +255,16 @@ def token_view(built: BuiltRollout, agent: str | None) -> TokenView:
             )
         total += len(tokens)
         trained += sum(t["trained"] for t in tokens)
+        sampled += sum(t["sampled"] for t in tokens)
         retok += sum(t["retokenized"] for t in tokens)
         segments.append(
             {
                 **{k: v for k, v in row.items() if k not in ("tokens", "logprobs", "action_mask")},
+                "fate": _fate_text(fate),
                 "tokens": tokens,
             }
         )
-    return TokenView(agent, segments, total, trained, retok, text_note)
+    return TokenView(agent, segments, total, trained, sampled, retok, text_note)
 
 
 def _turn_positions(

@@ -22,7 +22,7 @@ import duckdb
 from tinkertrace import semconv as sc
 from tinkertrace.spanstore.compact import superseded_inputs
 from tinkertrace.spanstore.reader import check_file, empty_spans_sql
-from tinkertrace.training.checkpoints import read_checkpoints
+from tinkertrace.ui import outcomes
 from tinkertrace.ui.sources import RunSources, discover, span_files
 
 PAGE_SIZES = (25, 50, 100, 200)
@@ -108,25 +108,28 @@ WITH s AS ({_SPANS_OF_ROLLOUTS}), agg AS (
            count(*) AS spans
     FROM s WHERE rollout_id IS NOT NULL GROUP BY rollout_id
 )
-SELECT agg.*,
-       CASE WHEN NOT has_root THEN 'root_missing'
-            WHEN turns < COALESCE(expected_llm_calls, 0) THEN 'missing_llm_spans'
-            WHEN rewards < COALESCE(expected_rewards, 0) THEN 'missing_reward_spans' END AS incomplete,
-       (end_ns - start_ns) / 1e9 AS duration_s,
-       start_ns // 1000000 AS start_ms,
-       trained.step AS trained_step,
-       lower(concat_ws(' ', rollout_id, task_id, agents, task_input)) AS haystack
-FROM agg LEFT JOIN trained USING (rollout_id)
+SELECT r.*, {outcomes.OUTCOME_SQL} AS outcome FROM (
+    SELECT agg.*,
+           CASE WHEN NOT has_root THEN 'root_missing'
+                WHEN turns < COALESCE(expected_llm_calls, 0) THEN 'missing_llm_spans'
+                WHEN rewards < COALESCE(expected_rewards, 0) THEN 'missing_reward_spans' END AS incomplete,
+           (end_ns - start_ns) / 1e9 AS duration_s,
+           start_ns // 1000000 AS start_ms,
+           fates.* EXCLUDE (rollout_id),
+           lower(concat_ws(' ', rollout_id, task_id, agents, task_input)) AS haystack
+    FROM agg LEFT JOIN fates USING (rollout_id)
+) r
 """
 
 # Columns a list can be sorted by (the table's header links), and the default: newest first.
 SORTABLE = (
     "start_ms", "rollout_id", "task_id", "agents", "status", "reward", "turns", "tokens",
-    "policy_version", "duration_s", "trained_step",
+    "policy_version", "duration_s", "trained_step", "outcome",
 )  # fmt: skip
 LIST_COLUMNS = (
     "rollout_id", "task_id", "agents", "status", "reward", "turns", "tokens", "policy_version",
-    "start_ms", "duration_s", "trained_step", "incomplete", "split", "attempt",
+    "start_ms", "duration_s", "trained_step", "incomplete", "split", "attempt", "outcome", "times_trained",
+    "drop_reason", "drop_step", "versions_behind",
 )  # fmt: skip
 
 
@@ -145,6 +148,7 @@ class RolloutQuery:
     text: str | None = None
     incomplete: bool | None = None
     trained: bool | None = None
+    outcome: str | None = None
 
     def __post_init__(self) -> None:
         if self.sort not in SORTABLE:
@@ -155,6 +159,8 @@ class RolloutQuery:
             raise ValueError(f"page must be 1 or more, got {self.page}")
         if self.status is not None and self.status not in STATUSES:
             raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {self.status!r}")
+        if self.outcome is not None and self.outcome not in outcomes.OUTCOMES:
+            raise ValueError(f"outcome must be one of {', '.join(outcomes.OUTCOMES)}, got {self.outcome!r}")
 
     def where(self) -> tuple[str, list[Any]]:
         """SQL condition and its parameters."""
@@ -172,7 +178,12 @@ class RolloutQuery:
         if self.incomplete is not None:
             terms.append("incomplete IS NOT NULL" if self.incomplete else "incomplete IS NULL")
         if self.trained is not None:
-            terms.append("trained_step IS NOT NULL" if self.trained else "trained_step IS NULL")
+            terms.append("outcome = 'trained'" if self.trained else "outcome <> 'trained'")
+        if self.outcome == "dropped":
+            terms.append(f"outcome IN ({', '.join(_q(d) for d in outcomes.DROPS)})")
+        elif self.outcome is not None:
+            terms.append("outcome = ?")
+            params.append(self.outcome)
         return " AND ".join(terms), params
 
 
@@ -206,14 +217,14 @@ class RunIndex:
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
         self.con.execute(f"CREATE TABLE span_index AS {_span_rows_sql([])}")
-        self.con.execute("CREATE TABLE trained (rollout_id VARCHAR, step BIGINT)")
+        outcomes.load(self.con, [])
         self.con.execute(f"CREATE TABLE rollouts AS {_ROLLOUTS_SQL} LIMIT 0")
         self.sources = RunSources(roots=self.paths)
         self.indexed: set[Path] = set()
         self.skipped: dict[Path, str] = {}  # unreadable files and why
         self.version = 0  # bumped whenever the data shown may have changed
         self.refreshed_at = 0.0
-        self._checkpoint_marks: tuple[Any, ...] = ()
+        self._record_marks: tuple[Any, ...] = ()
         self._lock = threading.Lock()
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -227,7 +238,7 @@ class RunIndex:
             if not force and time.monotonic() - self.refreshed_at < self.refresh_s:
                 return False
             self.sources = discover(self.paths)
-            changed = self._sync_spans() | self._sync_trained()
+            changed = self._sync_spans() | self._sync_outcomes()
             if changed:
                 self.con.execute(f"CREATE OR REPLACE TABLE rollouts AS {_ROLLOUTS_SQL}")
                 self.version += 1
@@ -256,30 +267,14 @@ class RunIndex:
         self.indexed = (self.indexed - gone) | set(good)
         return bool(good or (gone & self.indexed) or gone)
 
-    def _sync_trained(self) -> bool:
-        """Which rollouts each checkpoint trained (``checkpoints.jsonl`` of the run's log folders)."""
-        marks = tuple(
-            (p, p.stat().st_mtime_ns, p.stat().st_size)
-            for d in self.sources.log_dirs
-            if (p := d / "checkpoints.jsonl").is_file()
-        )
-        if marks == self._checkpoint_marks:
+    def _sync_outcomes(self) -> bool:
+        """What training did with each rollout (the trainer's records in the run's log folders)."""
+        files = outcomes.record_files(self.sources.log_dirs)
+        marks = tuple((p, p.stat().st_mtime_ns, p.stat().st_size) for p in files if p.is_file())
+        if marks == self._record_marks:
             return False
-        self._checkpoint_marks = marks
-        rows = [
-            (rid, int(record.get("step", 0)))
-            for d in self.sources.log_dirs
-            for record in read_checkpoints(d)
-            for rid in record.get("trained_rollout_ids") or ()
-        ]
-        self.con.execute("DELETE FROM trained")
-        if rows:
-            self.con.executemany("INSERT INTO trained VALUES (?, ?)", rows)
-            # a rollout trained in several runs of the folder: its first step
-            self.con.execute(
-                "CREATE OR REPLACE TABLE trained AS "
-                "SELECT rollout_id, min(step) AS step FROM trained GROUP BY 1"
-            )
+        self._record_marks = marks
+        outcomes.load(self.con, files)
         return True
 
     # --- reading -------------------------------------------------------------------------------------
@@ -290,12 +285,13 @@ class RunIndex:
             "SELECT count(*), count(DISTINCT filename) FROM span_index"
         ).fetchone()
         row = cur.execute(
-            "SELECT count(*), count(*) FILTER (WHERE trained_step IS NOT NULL), "
-            "count(*) FILTER (WHERE incomplete IS NOT NULL), avg(reward), sum(turns), sum(tokens) "
+            "SELECT count(*), count(*) FILTER (WHERE outcome = 'trained'), "
+            "count(*) FILTER (WHERE incomplete IS NOT NULL), avg(reward), sum(turns), sum(tokens), "
+            f"count(*) FILTER (WHERE outcome IN ({', '.join(_q(d) for d in outcomes.DROPS)})) "
             "FROM rollouts"
         ).fetchone()
         assert row is not None
-        rollouts, trained, incomplete, mean_reward, calls, tokens = row
+        rollouts, trained, incomplete, mean_reward, calls, tokens, dropped = row
         return {
             "version": self.version,
             "spans": spans,
@@ -304,6 +300,8 @@ class RunIndex:
             "rollouts": rollouts,
             "rollouts_trained": trained,
             "rollouts_incomplete": incomplete,
+            "rollouts_dropped": dropped,
+            "trained_fraction": trained / rollouts if rollouts else None,
             "mean_reward": mean_reward,
             "llm_calls": int(calls or 0),
             "tokens_sampled": int(tokens or 0),

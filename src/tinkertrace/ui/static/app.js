@@ -65,13 +65,22 @@
 
   async function onNewData(status) {
     const counts = { rollouts: status.rollouts, trained: status.rollouts_trained, incomplete: status.rollouts_incomplete,
-                     calls: status.llm_calls, tokens: status.tokens_sampled, spans: status.spans, files: status.files };
+                     dropped: status.rollouts_dropped, calls: status.llm_calls, tokens: status.tokens_sampled,
+                     spans: status.spans, files: status.files, skipped: status.files_skipped };
     for (const [key, value] of Object.entries(counts)) {
       const el = $("#count-" + key);
       if (el) el.textContent = String(value);
     }
     const reward = $("#count-reward");
     if (reward && status.mean_reward !== null) reward.textContent = status.mean_reward.toFixed(3);
+    const fraction = $("#trained-fraction");
+    if (fraction && status.trained_fraction !== null) fraction.textContent = (100 * status.trained_fraction).toFixed(1) + " %";
+    for (const el of document.querySelectorAll("[data-live-reload]")) {  // parts rendered server-side: fetch again
+      const res = await fetch(location.href, { credentials: "same-origin" });
+      if (!res.ok) break;
+      const fresh = new DOMParser().parseFromString(await res.text(), "text/html").getElementById(el.id);
+      if (fresh) el.replaceWith(fresh);
+    }
     const part = $("[data-live-fragment]");
     if (part) {
       const res = await fetch(part.dataset.liveFragment, { credentials: "same-origin" });
@@ -93,7 +102,9 @@
       tok.classList.add("picked");
       const d = tok.dataset;
       detail.classList.remove("muted");
-      detail.textContent = `token ${d.i} · id ${d.id} · ${tok.classList.contains("trained") ? "trained" : "not trained"}` +
+      const role = tok.classList.contains("trained") ? "trained"
+        : tok.classList.contains("sampled") ? "sampled, not trained" : "prompt / observation";
+      detail.textContent = `token ${d.i} · id ${d.id} · ${role}` +
         ` · sampler logprob ${d.lp} · advantage ${d.adv} · turn ${d.turn}` +
         (tok.classList.contains("retok") ? " · re-tokenised call" : "") + ` · text ${JSON.stringify(tok.textContent)}`;
     });
