@@ -42,7 +42,7 @@ from tinkertrace.ui.built import (
 from tinkertrace.ui.index import PAGE_SIZES, SORTABLE, RolloutPage, RolloutQuery, RunIndex
 from tinkertrace.ui.outcomes import OUTCOMES, outcome_text, row_fates
 from tinkertrace.ui.run_metrics import metric_series
-from tinkertrace.ui.sources import read_json
+from tinkertrace.ui.sources import not_span_files, read_json
 from tinkertrace.ui.timeline import messages_of, reward_landings, span_tree
 
 HERE = Path(__file__).parent
@@ -126,8 +126,9 @@ def _state(request: Request) -> UiState:
 def _page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
     state: UiState = request.app.state.ui
     html = state.templates.get_template(template).render(
-        request=request, version=state.index.version, nav=template.split(".")[0], **context
-    )
+        request=request, version=state.index.version, nav=template.split(".")[0],
+        missing_spans=state.index.missing_spans(), **context,
+    )  # fmt: skip
     return HTMLResponse(html, status_code=status_code)
 
 
@@ -146,6 +147,8 @@ def run_page(request: Request) -> Response:
         settings=run_settings(state.index),
         summary=summaries[0] if summaries else {},
         sources=state.index.sources.describe(),
+        skipped=sorted(state.index.skipped.items()),
+        not_spans=not_span_files(state.index.sources) if state.index.missing_spans() else [],
     )
 
 

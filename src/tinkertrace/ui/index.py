@@ -10,6 +10,7 @@ trajectory pages and the build report build with :mod:`tinkertrace.builder`.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -198,6 +199,13 @@ class RolloutPage:
         return max(1, -(-self.total // self.query.per_page))
 
 
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except OSError:
+        return None
+
+
 def _dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     names = [d[0] for d in cursor.description]
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
@@ -225,6 +233,7 @@ class RunIndex:
         self.version = 0  # bumped whenever the data shown may have changed
         self.refreshed_at = 0.0
         self._record_marks: tuple[Any, ...] = ()
+        self._settings_marks: tuple[Any, ...] = ()
         self._lock = threading.Lock()
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -241,6 +250,9 @@ class RunIndex:
             changed = self._sync_spans() | self._sync_outcomes()
             if changed:
                 self.con.execute(f"CREATE OR REPLACE TABLE rollouts AS {_ROLLOUTS_SQL}")
+            settings = self._file_marks([*self.sources.summary_files, *self.sources.config_files()])
+            if changed or settings != self._settings_marks:  # a new summary or config shows live too
+                self._settings_marks = settings
                 self.version += 1
             self.refreshed_at = time.monotonic()
             return changed
@@ -270,12 +282,17 @@ class RunIndex:
     def _sync_outcomes(self) -> bool:
         """What training did with each rollout (the trainer's records in the run's log folders)."""
         files = outcomes.record_files(self.sources.log_dirs)
-        marks = tuple((p, p.stat().st_mtime_ns, p.stat().st_size) for p in files if p.is_file())
+        marks = self._file_marks(files)
         if marks == self._record_marks:
             return False
         self._record_marks = marks
         outcomes.load(self.con, files)
         return True
+
+    @staticmethod
+    def _file_marks(files: Sequence[Path]) -> tuple[Any, ...]:
+        """What tells a file changed: its path, modification time and size (of those that exist)."""
+        return tuple((p, s.st_mtime_ns, s.st_size) for p in files if (s := _stat(p)) is not None)
 
     # --- reading -------------------------------------------------------------------------------------
     def counts(self) -> dict[str, Any]:
@@ -390,6 +407,13 @@ class RunIndex:
             {"r": rollout_id},
         )
         return {row["span_id"]: row for row in _dicts(cur)}
+
+    def missing_spans(self) -> str | None:
+        """'no span files found in …' when no span file could be read (None once one is indexed)."""
+        if self.indexed:
+            return None
+        where = self.sources.spans_dirs or self.sources.roots
+        return f"no span files found in {', '.join(str(p) for p in where)}"
 
     def close(self) -> None:
         self.con.close()

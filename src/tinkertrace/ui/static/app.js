@@ -73,6 +73,8 @@
     }
     const reward = $("#count-reward");
     if (reward && status.mean_reward !== null) reward.textContent = status.mean_reward.toFixed(3);
+    const noSpans = $("#no-spans");
+    if (noSpans && status.files > 0) noSpans.remove();
     const fraction = $("#trained-fraction");
     if (fraction && status.trained_fraction !== null) fraction.textContent = (100 * status.trained_fraction).toFixed(1) + " %";
     for (const el of document.querySelectorAll("[data-live-reload]")) {  // parts rendered server-side: fetch again
