@@ -116,9 +116,13 @@ def test_a_summary_written_later_appears_without_a_reload(run: Run, tmp_path: Pa
     with UiServer([root], refresh_s=0.2) as server:
         page.goto(server.url)
         assert page.locator("#summary").count() == 0
-        (root / "summary.json").write_text(json.dumps({"steps": 7, "rollouts_trained": 41}))
+        summary = {"steps": 7, "rollouts_trained": 41, "reward": {"first": 0.123456789, "last": 0.5}}
+        (root / "summary.json").write_text(json.dumps(summary))
         page.locator("#summary").wait_for(timeout=15_000)
         assert "41" in page.locator("#summary").inner_text()
+        nested = page.locator("#summary table.nested")  # a table, not a Python dict's text
+        assert nested.locator("th").all_inner_texts() == ["first", "last"]
+        assert nested.locator("td").all_inner_texts() == ["0.1235", "0.5"]
 
 
 def test_an_empty_token_is_refused_at_start(run: Run) -> None:

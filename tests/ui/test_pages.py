@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -271,3 +272,26 @@ def test_each_outcome_filter_and_a_stale_drop(run: Run, tmp_path: Path, page: An
         assert sum(totals.values()) == rollouts_made(run)
         page.goto(server.url + "rollouts?outcome=dropped")
         assert int(page.locator("#total").inner_text()) == totals["stale"] + totals["constant_reward"]
+
+
+def test_plots_keep_each_metric_family_on_its_own_axis(run: Run, ui: UiServer, page: Any) -> None:
+    """KL apart from entropy, the step's time apart from the run's, the learning rate apart from the
+    batch index; every logged metric plotted once; legend numbers readable."""
+    series = httpx.get(ui.url + "api/metrics").json()
+    panel_of = {name: p["title"] for p in series["panels"] for name in p["names"]}
+    logged = {k for r in read_metrics(run.log_dir) for k, v in r.items()
+              if k != "step" and isinstance(v, int | float)}  # fmt: skip
+    assert set(panel_of) == logged and sum(len(p["names"]) for p in series["panels"]) == len(logged)
+    for a, b in (("optim/kl_sample_train_v1", "optim/entropy"), ("time/step", "time/total"),
+                 ("optim/lr", "progress/batch"), ("progress/done_frac", "progress/batch")):  # fmt: skip
+        assert panel_of[a] != panel_of[b], (a, b)
+    page.goto(ui.url)
+    kl = page.locator('.plot[data-title="KL, sampler vs trainer"]')
+    kl.wait_for()
+    assert kl.get_attribute("data-unit") == "nats"
+    box = kl.locator(".u-over").bounding_box()
+    page.mouse.move(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2)  # the last step
+    shown = kl.locator(".u-legend .u-series").nth(1).locator(".u-value").inner_text()
+    last = read_metrics(run.log_dir)[-1]["optim/kl_sample_train_v1"]
+    assert re.fullmatch(r"-?\d[\d.]*(e[-+]\d+)?", shown) and len(shown.replace("-", "")) <= 9, shown
+    assert float(shown) == pytest.approx(last, rel=1e-3)

@@ -67,6 +67,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["num"] = _num
     env.filters["outcome"] = outcome_text
+    env.filters["readable"] = _readable
     env.globals["outcomes"] = OUTCOMES
     env.filters["tojson_attr"] = lambda v: json.dumps(v)  # for data-* attributes (then escaped)
     return env
@@ -77,6 +78,15 @@ def _num(value: Any, digits: int = 3) -> str:
         return "–"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _readable(value: Any) -> str:
+    """A settings or summary value as text: floats to 4 significant digits, None as a dash."""
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}"
     return str(value)
 
 

@@ -13,6 +13,15 @@
   }
 
   // --- plots --------------------------------------------------------------------------------------
+  // A readable number: 4 significant digits, exponent only when very large or small.
+  function fmt(v) {
+    if (v === null || v === undefined || Number.isNaN(v)) return "–";
+    const a = Math.abs(v);
+    if (a === 0) return "0";
+    if (a >= 1e6 || a < 1e-3) return v.toExponential(2);
+    return String(Number(v.toPrecision(4)));
+  }
+  const stepTicks = (u, ticks) => ticks.map((t) => (Number.isInteger(t) ? String(t) : ""));
   let plottedSteps = -1;
   async function drawPlots() {
     const box = $("#plots");
@@ -34,11 +43,16 @@
       h.textContent = panel.title;
       div.appendChild(h);
       box.appendChild(div);
-      const series = [{ label: "step" }].concat(
-        panel.names.map((name, i) => ({ label: name, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true }))
+      const series = [{ label: "step", value: (u, v) => (v === null ? "–" : String(v)) }].concat(
+        panel.names.map((name, i) => ({ label: name, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
+                                        value: (u, v) => fmt(v) }))
       );
+      div.dataset.unit = panel.unit;
       new uPlot({ width: Math.max(400, div.clientWidth - 12), height: 220, series: series,
-                  scales: { x: { time: false } }, axes: [{ label: "step" }, {}], legend: { live: true } },
+                  scales: { x: { time: false } },
+                  axes: [{ label: "step", values: stepTicks },
+                         { label: panel.unit, size: 64, values: (u, ticks) => ticks.map(fmt) }],
+                  legend: { live: true } },
                 [data.steps].concat(panel.values), div);
     }
   }
