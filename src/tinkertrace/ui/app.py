@@ -10,6 +10,7 @@ Starlette runs them on its thread pool, so a page that builds a rollout never st
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 from collections.abc import MutableMapping
@@ -39,7 +40,8 @@ from tinkertrace.ui.built import (
     run_settings,
     token_view,
 )
-from tinkertrace.ui.index import PAGE_SIZES, SORTABLE, RolloutPage, RolloutQuery, RunIndex
+from tinkertrace.ui.index import RunIndex
+from tinkertrace.ui.listing import PAGE_SIZES, SORTABLE, RolloutPage, RolloutQuery
 from tinkertrace.ui.outcomes import OUTCOMES, outcome_text, row_fates
 from tinkertrace.ui.run_metrics import metric_series
 from tinkertrace.ui.sources import not_span_files, read_json
@@ -158,6 +160,7 @@ def run_page(request: Request) -> Response:
         summary=summaries[0] if summaries else {},
         sources=state.index.sources.describe(),
         skipped=sorted(state.index.skipped.items()),
+        by_version=state.index.by_version(),
         not_spans=not_span_files(state.index.sources) if state.index.missing_spans() else [],
     )
 
@@ -174,7 +177,7 @@ def api_metrics(request: Request) -> Response:
 # Every parameter the rollout list understands; any other is refused (a typo must not pass unseen).
 LIST_PARAMS = (
     "sort", "order", "page", "per_page", "status", "split", "task", "agent", "q", "incomplete", "trained",
-    "outcome", "partial", "token",
+    "outcome", "version", "partial", "token",
 )  # fmt: skip
 MAX_PAGE = 10**9
 
@@ -197,7 +200,8 @@ def parse_query(params: Any) -> RolloutQuery:
     def integer(name: str, default: int) -> int:
         raw = params.get(name) or str(default)
         if not raw.isdigit() or int(raw) > MAX_PAGE:
-            raise ValueError(f"{name} must be a whole number from 1 to {MAX_PAGE}, got {raw!r}")
+            low = 0 if name == "version" else 1
+            raise ValueError(f"{name} must be a whole number from {low} to {MAX_PAGE}, got {raw!r}")
         return int(raw)
 
     order = params.get("order") or "desc"
@@ -216,6 +220,7 @@ def parse_query(params: Any) -> RolloutQuery:
         incomplete=_flag(params, "incomplete"),
         trained=_flag(params, "trained"),
         outcome=params.get("outcome") or None,
+        version=integer("version", 0) if params.get("version") else None,
     )
 
 
@@ -259,6 +264,23 @@ def rollouts_page(request: Request) -> Response:
     )
 
 
+EXPORT_TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson"}
+
+
+def export_rollouts(request: Request) -> Response:
+    """``/export/rollouts.csv`` or ``.jsonl``: every rollout the list's filters match, in its order."""
+    fmt = request.path_params["fmt"]
+    if fmt not in EXPORT_TYPES:
+        return JSONResponse({"error": f"export as csv or jsonl, not {fmt!r}"}, status_code=404)
+    try:
+        query = parse_query(request.query_params)
+    except ValueError as exc:
+        return JSONResponse({"error": str(exc)}, status_code=400)
+    body = _state(request).index.export(query, fmt)
+    disposition = f'attachment; filename="rollouts.{fmt}"'
+    return Response(body, media_type=EXPORT_TYPES[fmt], headers={"content-disposition": disposition})
+
+
 def api_rollouts(request: Request) -> Response:
     try:
         query, page = _list_page(request)
@@ -300,11 +322,13 @@ def rollout_page(request: Request) -> Response:
         messages=messages_of(spans, details),
         rewards=reward_landings(spans, built),
         agents=agents_of(built),
+        group=index.group_rows(row["task_id"], rollout_id),
         types=sc,
     )
 
 
-def trajectory_page(request: Request) -> Response:
+def _trajectory(request: Request) -> dict[str, Any]:
+    """The trajectory the URL asks for: its rollout row, build, policy, agents, agent and token view."""
     rollout_id = request.path_params["rollout_id"]
     row, built, policy = _built(request, rollout_id)
     agents = agents_of(built)
@@ -312,16 +336,28 @@ def trajectory_page(request: Request) -> Response:
     agent = next((a for a in agents if (a or "") == (wanted or "")), agents[0] if agents else None)
     fates = row_fates(_state(request).index.cursor(), rollout_id)
     view = token_view(built, agent, fates) if agents else None
-    return _page(
-        request,
-        "trajectory.html",
-        rollout=row,
-        built=built,
-        policy=policy,
-        agents=agents,
-        agent=agent,
-        view=view,
-    )
+    return {"rollout": row, "built": built, "policy": policy, "agents": agents, "agent": agent, "view": view}
+
+
+def trajectory_page(request: Request) -> Response:
+    return _page(request, "trajectory.html", **_trajectory(request))
+
+
+def api_trajectory(request: Request) -> Response:
+    """A trajectory as JSON: every segment token by token (what the trajectory page shows)."""
+    t = _trajectory(request)
+    rollout_id = t["rollout"]["rollout_id"]
+    body = {"rollout_id": rollout_id, "policy": t["policy"], "agent": t["agent"], "trajectory": t["view"]}
+    return Response(
+        json.dumps(body, default=_jsonable), media_type="application/json",
+        headers={"content-disposition": f'inline; filename="trajectory-{rollout_id}.json"'},
+    )  # fmt: skip
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return str(value)
 
 
 # --- build report ----------------------------------------------------------------------------------
@@ -365,6 +401,8 @@ def create_app(index: RunIndex, *, token: str | None = None) -> Starlette:
         Route("/api/status", api_status),
         Route("/api/metrics", api_metrics),
         Route("/api/rollouts", api_rollouts),
+        Route("/api/trajectory/{rollout_id:path}", api_trajectory),
+        Route("/export/rollouts.{fmt}", export_rollouts),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(

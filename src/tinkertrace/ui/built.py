@@ -41,6 +41,7 @@ class BuiltRollout:
     triplets: list[dict[str, Any]]
     trajectories: list[dict[str, Any]]  # with an "advantage" per row (None when not computable)
     advantage_note: str
+    group_advantages: dict[str, list[float]] = field(default_factory=dict)  # rollout -> its rows' advantages
     unmatched_reward_spans: set[str] = field(default_factory=set)
     incomplete: bool = False  # the builder left the rollout out as incomplete
 
@@ -57,8 +58,8 @@ def _rows(table: pa.Table) -> list[dict[str, Any]]:
     return table.drop_columns([c for c in ("end_time",) if c in table.column_names]).to_pylist()
 
 
-def _advantages(group: pa.Table, rollout_id: str, settings: dict[str, Any]) -> tuple[dict[Any, float], str]:
-    """(agent, segment) -> advantage of ``rollout_id``'s rows, as the trainer computes it over the group."""
+def _advantages(group: pa.Table, settings: dict[str, Any]) -> tuple[dict[Any, float], str]:
+    """(rollout, agent, segment) -> advantage of each row of the group, as the trainer computes it."""
     mode = str(settings.get("advantage", "group"))
     group_by = str(settings.get("group_by", "task"))
     try:
@@ -72,11 +73,7 @@ def _advantages(group: pa.Table, rollout_id: str, settings: dict[str, Any]) -> t
         table["segment"].to_pylist(),
         strict=True,
     )
-    values = {
-        (agent, seg): float(a)
-        for (rid, agent, seg), a in zip(keys, data.advantage_of_row, strict=True)
-        if rid == rollout_id
-    }
+    values = {key: float(a) for key, a in zip(keys, data.advantage_of_row, strict=True)}
     size = len(set(group["rollout_id"].to_pylist()))
     note = f"advantage '{mode}' within the group of {size} rollouts (group key: {group_by})"
     if len(set(group["reward"].to_pylist())) <= 1 and settings.get("remove_constant_reward_groups", True):
@@ -154,13 +151,18 @@ class RolloutBuilds:
             mine.sort_by([("agent_name", "ascending"), ("segment", "ascending")]) if mine.num_rows else mine
         )
         rows = _rows(mine)
+        values: dict[Any, float] = {}
         note = "no trajectory"
-        if rows:
-            values, note = _advantages(group, rollout_id, run_settings(self.index))
-            for row in rows:
-                row["advantage"] = values.get((row["agent_name"], row["segment"]))
+        if group.num_rows:
+            values, note = _advantages(group, run_settings(self.index))
+        for row in rows:
+            row["advantage"] = values.get((rollout_id, row["agent_name"], row["segment"]))
+        per_rollout: dict[str, list[float]] = {}
+        for (rid, _, _), value in values.items():
+            if value not in per_rollout.setdefault(rid, []):
+                per_rollout[rid].append(value)
         trips = _rows(triplets) if triplets.num_columns else []
-        return BuiltRollout(rollout_id, policy, source, trips, rows, note, unmatched, incomplete)
+        return BuiltRollout(rollout_id, policy, source, trips, rows, note, per_rollout, unmatched, incomplete)
 
 
 @functools.lru_cache(maxsize=8)

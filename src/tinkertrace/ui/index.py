@@ -10,28 +10,23 @@ trajectory pages and the build report build with :mod:`tinkertrace.builder`.
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow.csv as pacsv
 
 from tinkertrace import semconv as sc
 from tinkertrace.spanstore.compact import superseded_inputs
 from tinkertrace.spanstore.reader import check_file, empty_spans_sql
 from tinkertrace.ui import outcomes
+from tinkertrace.ui.listing import LIST_COLUMNS, STATUSES, RolloutPage, RolloutQuery
 from tinkertrace.ui.sources import RunSources, discover, span_files
-
-PAGE_SIZES = (25, 50, 100, 200)
-STATUSES = (sc.STATUS_SUCCEEDED, sc.STATUS_FAILED, "unknown")
-
-
-def _q(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def _attr(name: str, cast: str = "VARCHAR") -> str:
@@ -63,7 +58,7 @@ def _span_rows_sql(files: Sequence[Path]) -> str:
     """SQL: the index rows of ``files`` (every spans column present, null where a file lacks it)."""
     source = empty_spans_sql()
     if files:
-        listing = "[" + ", ".join(_q(str(p)) for p in files) + "]"
+        listing = "[" + ", ".join(outcomes.sql_quote(str(p)) for p in files) + "]"
         source = (
             f"SELECT * FROM ({source}) UNION ALL BY NAME SELECT * FROM read_parquet({listing}, "
             "union_by_name = true, filename = true, hive_partitioning = false)"
@@ -121,82 +116,6 @@ SELECT r.*, {outcomes.OUTCOME_SQL} AS outcome FROM (
     FROM agg LEFT JOIN fates USING (rollout_id)
 ) r
 """
-
-# Columns a list can be sorted by (the table's header links), and the default: newest first.
-SORTABLE = (
-    "start_ms", "rollout_id", "task_id", "agents", "status", "reward", "turns", "tokens",
-    "policy_version", "duration_s", "trained_step", "outcome",
-)  # fmt: skip
-LIST_COLUMNS = (
-    "rollout_id", "task_id", "agents", "status", "reward", "turns", "tokens", "policy_version",
-    "start_ms", "duration_s", "trained_step", "incomplete", "split", "attempt", "outcome", "times_trained",
-    "drop_reason", "drop_step", "versions_behind",
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class RolloutQuery:
-    """One page of the rollout list: filters, text search, sort and page (all from the URL)."""
-
-    sort: str = "start_ms"
-    desc: bool = True
-    page: int = 1
-    per_page: int = 50
-    status: str | None = None
-    split: str | None = None
-    task: str | None = None
-    agent: str | None = None
-    text: str | None = None
-    incomplete: bool | None = None
-    trained: bool | None = None
-    outcome: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.sort not in SORTABLE:
-            raise ValueError(f"cannot sort by {self.sort!r}; choose one of {', '.join(SORTABLE)}")
-        if self.per_page not in PAGE_SIZES:
-            raise ValueError(f"page size must be one of {PAGE_SIZES}, got {self.per_page}")
-        if self.page < 1:
-            raise ValueError(f"page must be 1 or more, got {self.page}")
-        if self.status is not None and self.status not in STATUSES:
-            raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {self.status!r}")
-        if self.outcome is not None and self.outcome not in outcomes.OUTCOMES:
-            raise ValueError(f"outcome must be one of {', '.join(outcomes.OUTCOMES)}, got {self.outcome!r}")
-
-    def where(self) -> tuple[str, list[Any]]:
-        """SQL condition and its parameters."""
-        terms, params = ["true"], []
-        for column, value in (("status", self.status), ("split", self.split), ("task_id", self.task)):
-            if value:
-                terms.append(f"{column} = ?")
-                params.append(value)
-        if self.agent:
-            terms.append("contains(lower(agents), lower(?))")
-            params.append(self.agent)
-        if self.text:
-            terms.append("contains(haystack, lower(?))")
-            params.append(self.text.strip())
-        if self.incomplete is not None:
-            terms.append("incomplete IS NOT NULL" if self.incomplete else "incomplete IS NULL")
-        if self.trained is not None:
-            terms.append("outcome = 'trained'" if self.trained else "outcome <> 'trained'")
-        if self.outcome == "dropped":
-            terms.append(f"outcome IN ({', '.join(_q(d) for d in outcomes.DROPS)})")
-        elif self.outcome is not None:
-            terms.append("outcome = ?")
-            params.append(self.outcome)
-        return " AND ".join(terms), params
-
-
-@dataclass
-class RolloutPage:
-    rows: list[dict[str, Any]]
-    total: int  # rows matching the filters
-    query: RolloutQuery
-
-    @property
-    def pages(self) -> int:
-        return max(1, -(-self.total // self.query.per_page))
 
 
 def _stat(path: Path) -> os.stat_result | None:
@@ -272,7 +191,7 @@ class RunIndex:
             else:
                 self.skipped[path] = problem
         if gone & self.indexed:
-            names = ", ".join(_q(str(p)) for p in gone & self.indexed)
+            names = ", ".join(outcomes.sql_quote(str(p)) for p in gone & self.indexed)
             self.con.execute(f"DELETE FROM span_index WHERE filename IN ({names})")
         if good:
             self.con.execute(f"INSERT INTO span_index {_span_rows_sql(good)}")
@@ -304,7 +223,7 @@ class RunIndex:
         row = cur.execute(
             "SELECT count(*), count(*) FILTER (WHERE outcome = 'trained'), "
             "count(*) FILTER (WHERE incomplete IS NOT NULL), avg(reward), sum(turns), sum(tokens), "
-            f"count(*) FILTER (WHERE outcome IN ({', '.join(_q(d) for d in outcomes.DROPS)})) "
+            f"count(*) FILTER (WHERE {outcomes.IS_DROPPED}) "
             "FROM rollouts"
         ).fetchone()
         assert row is not None
@@ -329,13 +248,34 @@ class RunIndex:
         where, params = query.where()
         cur = self.cursor()
         total = cur.execute(f"SELECT count(*) FROM rollouts WHERE {where}", params).fetchone()[0]  # type: ignore[index]
-        order = "DESC" if query.desc else "ASC"
-        cur.execute(
-            f"SELECT {', '.join(LIST_COLUMNS)} FROM rollouts WHERE {where} "
-            f"ORDER BY {query.sort} {order} NULLS LAST, rollout_id LIMIT ? OFFSET ?",
-            [*params, query.per_page, (query.page - 1) * query.per_page],
-        )
+        sql, params = query.select()
+        cur.execute(f"{sql} LIMIT ? OFFSET ?", [*params, query.per_page, (query.page - 1) * query.per_page])
         return RolloutPage(_dicts(cur), int(total), query)
+
+    def export(self, query: RolloutQuery, fmt: str) -> str:
+        """Every row the list's filters match (all pages, its order) as CSV or JSON lines."""
+        sql, params = query.select()
+        cur = self.cursor()
+        if fmt == "jsonl":
+            rows = cur.execute(f"SELECT to_json(r)::VARCHAR FROM ({sql}) r", params).fetchall()
+            return "".join(row[0] + "\n" for row in rows)
+        buffer = io.BytesIO()
+        pacsv.write_csv(cur.execute(sql, params).to_arrow_table(), buffer)
+        return buffer.getvalue().decode()
+
+    def by_version(self) -> list[dict[str, Any]]:
+        """Reward by policy version: rollouts, how many were trained, mean and quartiles of the reward."""
+        cur = self.cursor().execute(
+            """
+            SELECT policy_version, count(*) AS rollouts,
+                   count(*) FILTER (WHERE outcome = 'trained') AS trained, count(reward) AS rewarded,
+                   avg(reward) AS mean, min(reward) AS min,
+                   quantile_cont(reward, 0.25) AS q1, median(reward) AS median,
+                   quantile_cont(reward, 0.75) AS q3, max(reward) AS max
+            FROM rollouts GROUP BY ALL ORDER BY policy_version NULLS FIRST
+            """
+        )
+        return _dicts(cur)
 
     def facets(self) -> dict[str, list[str]]:
         """Values offered in the list's filter menus (statuses, splits; agents when few)."""
@@ -384,6 +324,16 @@ class RunIndex:
         )
         return [Path(r[0]) for r in cur.fetchall()]
 
+    def group_rows(self, task_id: str | None, rollout_id: str) -> list[dict[str, Any]]:
+        """The list rows of the rollouts sharing ``rollout_id``'s task (its GRPO group), by attempt."""
+        column, value = ("task_id", task_id) if task_id is not None else ("rollout_id", rollout_id)
+        cur = self.cursor().execute(
+            f"SELECT {', '.join(LIST_COLUMNS)} FROM rollouts WHERE {column} = ? "
+            "ORDER BY attempt NULLS LAST, start_ms, rollout_id",
+            [value],
+        )
+        return _dicts(cur)
+
     def rollouts_of_task(self, task_id: str | None, rollout_id: str) -> list[str]:
         """The rollouts sharing ``rollout_id``'s task (its GRPO group), or just it when it has no task."""
         if task_id is None:
@@ -397,7 +347,7 @@ class RunIndex:
         """span_id -> the JSON columns (attributes, events) of the rollout's spans, read from its files."""
         if not files:
             return {}
-        listing = "[" + ", ".join(_q(str(p)) for p in files) + "]"
+        listing = "[" + ", ".join(outcomes.sql_quote(str(p)) for p in files) + "]"
         cur = self.cursor().execute(
             f"""
             WITH traces AS (SELECT DISTINCT trace_id FROM span_index WHERE rollout_id = $r)

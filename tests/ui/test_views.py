@@ -1,0 +1,91 @@
+"""The views a user reaches for next: a rollout's group (attempts, rewards, advantages side by side),
+reward by policy version, and downloads of the list (CSV, JSONL) and of a trajectory (JSON), each
+checked against the run's own files."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from typing import Any
+
+import duckdb
+import httpx
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from tinkertrace.training.dataset import prepare
+from tinkertrace.ui.server import UiServer
+
+from .conftest import Run
+
+pytestmark = pytest.mark.slow  # the session's run is traced and trained first
+
+
+def test_group_view_shows_each_attempt_with_the_trainers_advantage(run: Run, ui: UiServer, page: Any) -> None:
+    built = pq.read_table(run.log_dir / "build" / "trajectories.parquet")
+    data = prepare(built, remove_constant_reward_groups=False)  # the trainer's own computation
+    advantage = dict(zip(data.table["rollout_id"].to_pylist(), data.advantage_of_row.tolist(), strict=True))
+    task = built.filter(pc.equal(built["task_id"], "task-3"))
+    group = sorted(task["rollout_id"].to_pylist())
+    assert len(group) == 3
+    page.goto(ui.url + f"rollouts/{group[0]}")
+    rows = page.locator("#group tbody tr")
+    assert sorted(r.get_attribute("data-rollout") for r in rows.all()) == group
+    assert page.locator("#group tbody tr.here").get_attribute("data-rollout") == group[0]
+    for row in rows.all():
+        rid = row.get_attribute("data-rollout")
+        assert float(row.locator(".group-advantage").inner_text()) == pytest.approx(advantage[rid], abs=1e-4)
+    rewards = {r["rollout_id"]: r["reward"] for r in task.select(["rollout_id", "reward"]).to_pylist()}
+    assert sorted(float(t) for t in page.locator("#group tbody td:nth-child(4)").all_inner_texts()) == sorted(
+        rewards.values()
+    )
+
+
+def test_reward_by_policy_version_matches_the_spans(run: Run, ui: UiServer, page: Any) -> None:
+    glob = str(run.spans / "**" / "*.parquet")
+    expected = duckdb.sql(
+        f"""
+        WITH s AS (SELECT * FROM read_parquet('{glob}')),
+        r AS (SELECT rollout_id, min(policy_version) FILTER (WHERE span_type = 'llm') AS version,
+                     sum(reward_value) FILTER (WHERE span_type = 'reward') AS reward
+              FROM s WHERE rollout_id IS NOT NULL GROUP BY 1)
+        SELECT version, count(*), avg(reward) FROM r GROUP BY 1 ORDER BY 1 NULLS FIRST
+        """
+    ).fetchall()
+    page.goto(ui.url)
+    rows = page.locator("#by-version tbody tr")
+    assert rows.count() == len(expected)
+    for row, (version, count, mean) in zip(rows.all(), expected, strict=True):
+        cells = row.locator("td").all_inner_texts()
+        assert cells[0] == (str(version) if version is not None else "–")
+        assert int(cells[1]) == count and float(cells[3]) == pytest.approx(mean, rel=1e-3)
+    if expected[-1][0] is not None:  # each version links to its rollouts
+        page.locator("#by-version tbody tr").last.locator("a").click()
+        page.wait_for_url(re.compile(r"version="))
+        assert int(page.locator("#total").inner_text()) == expected[-1][1]
+
+
+def test_the_list_and_a_trajectory_download(run: Run, ui: UiServer, page: Any) -> None:
+    page.goto(ui.url + "rollouts?outcome=trained&sort=reward&per_page=25")
+    total = int(page.locator("#total").inner_text())
+    assert total > 25  # more than one page: the download holds every page
+    with page.expect_download() as download:
+        page.locator("#export-csv").click()
+    rows = list(csv.DictReader(io.StringIO(download.value.path().read_text())))
+    params = {"outcome": "trained", "sort": "reward", "per_page": 200}
+    listed = httpx.get(ui.url + "api/rollouts", params=params)
+    assert [r["rollout_id"] for r in rows] == [r["rollout_id"] for r in listed.json()["rows"]]
+    assert len(rows) == total and {r["outcome"] for r in rows} == {"trained"}
+    jsonl = httpx.get(ui.url.rstrip("/") + page.locator("#export-jsonl").get_attribute("href"))
+    lines = [json.loads(line) for line in jsonl.text.splitlines()]
+    assert [r["rollout_id"] for r in lines] == [r["rollout_id"] for r in rows]
+
+    page.goto(ui.url + f"trajectory/{run.split_rollout}")
+    body = httpx.get(ui.url.rstrip("/") + page.locator("#trajectory-json").get_attribute("href")).json()
+    built = pq.read_table(run.log_dir / "build" / "trajectories.parquet").select(["rollout_id", "tokens"])
+    tokens = [t for r in built.to_pylist() if r["rollout_id"] == run.split_rollout for t in r["tokens"]]
+    assert [t["id"] for s in body["trajectory"]["segments"] for t in s["tokens"]] == tokens
+    assert body["trajectory"]["trained_tokens"] == int(page.locator("#trained-count").inner_text())
