@@ -1,11 +1,12 @@
 """A token-free index of a run's spans in DuckDB, kept current as files arrive, and the rollout list.
 
 Each span file is read once: one small row per span (ids, type, times, reward, token counts, the
-root's status) goes into the in-memory table ``span_index``; files that disappear (compaction) take
+root's JSON) goes into the in-memory table ``span_index``; files that disappear (compaction) take
 their rows with them. The ``rollouts`` table (one row per rollout) is rebuilt from it after every
-change, so list pages are paged ``ORDER BY ... LIMIT`` queries over ~100 bytes per rollout, never a
-scan of the span files. The builder stays the judge of what a trainer sees: the rollout and
-trajectory pages and the build report build with :mod:`tinkertrace.builder`.
+change with the builder's own relations (:mod:`tinkertrace.ui.rollout_table`), so list pages are
+paged ``ORDER BY ... LIMIT`` queries over ~100 bytes per rollout, never a scan of the span files.
+The builder stays the judge of what a trainer sees: the rollout and trajectory pages and the build
+report build with :mod:`tinkertrace.builder`.
 """
 
 from __future__ import annotations
@@ -21,101 +22,15 @@ from typing import Any
 import duckdb
 import pyarrow.csv as pacsv
 
-from tinkertrace import semconv as sc
 from tinkertrace.spanstore.compact import superseded_inputs
-from tinkertrace.spanstore.reader import check_file, empty_spans_sql
-from tinkertrace.ui import outcomes
+from tinkertrace.spanstore.reader import check_file
+from tinkertrace.ui import outcomes, rollout_table
 from tinkertrace.ui.listing import LIST_COLUMNS, STATUSES, RolloutPage, RolloutQuery
 from tinkertrace.ui.sources import RunSources, discover, span_files
 
 
 def _attr(name: str, cast: str = "VARCHAR") -> str:
     return f"TRY_CAST(json_extract_string(attributes, '$.\"{name}\"') AS {cast})"
-
-
-_ROOT = f"span_type = '{sc.TYPE_ROLLOUT}'"
-_LLM = f"span_type = '{sc.TYPE_LLM}'"
-_REWARD = f"span_type = '{sc.TYPE_REWARD}'"
-
-# One row per span, no token lists and no JSON beyond the root's few fields.
-_SPAN_ROW_SQL = f"""
-SELECT trace_id, span_id, parent_span_id, name, kind, span_type, rollout_id, task_id, attempt, split,
-       agent_name, model, response_id, reward_name, reward_value, token_source, policy_version,
-       epoch_ns(start_time) AS start_ns, epoch_ns(end_time) AS end_ns, status_code, status_message,
-       epoch_ns(received_at) AS received_ns,
-       CAST(len(prompt_token_ids) AS INTEGER) AS prompt_tokens,
-       CAST(len(response_token_ids) AS INTEGER) AS response_tokens,
-       CASE WHEN {_ROOT} THEN {_attr(sc.ROLLOUT_STATUS)} END AS rollout_status,
-       CASE WHEN {_ROOT} THEN {_attr(sc.ROLLOUT_LLM_CALLS, "BIGINT")} END AS expected_llm_calls,
-       CASE WHEN {_ROOT} THEN {_attr(sc.ROLLOUT_REWARDS, "BIGINT")} END AS expected_rewards,
-       CASE WHEN {_ROOT} THEN left({_attr(sc.TASK_INPUT)}, 400) END AS task_input,
-       filename
-FROM ({{source}})
-"""
-
-
-def _span_rows_sql(files: Sequence[Path]) -> str:
-    """SQL: the index rows of ``files`` (every spans column present, null where a file lacks it)."""
-    source = empty_spans_sql()
-    if files:
-        listing = "[" + ", ".join(outcomes.sql_quote(str(p)) for p in files) + "]"
-        source = (
-            f"SELECT * FROM ({source}) UNION ALL BY NAME SELECT * FROM read_parquet({listing}, "
-            "union_by_name = true, filename = true, hive_partitioning = false)"
-        )
-    return _SPAN_ROW_SQL.format(source=source)
-
-
-# Spans with the rollout id their trace's root carries when they carry none (as the builder does).
-_SPANS_OF_ROLLOUTS = f"""
-WITH u AS (
-    SELECT * FROM span_index
-    QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received_ns, filename) = 1
-), roots AS (
-    SELECT trace_id, min(rollout_id) AS root_rollout FROM u WHERE {_ROOT} AND rollout_id IS NOT NULL
-    GROUP BY trace_id
-)
-SELECT u.* REPLACE (COALESCE(u.rollout_id, roots.root_rollout) AS rollout_id)
-FROM u LEFT JOIN roots USING (trace_id)
-"""
-
-_ROLLOUTS_SQL = f"""
-WITH s AS ({_SPANS_OF_ROLLOUTS}), agg AS (
-    SELECT rollout_id,
-           COALESCE(min(task_id) FILTER (WHERE {_ROOT}), min(task_id)) AS task_id,
-           COALESCE(min(attempt) FILTER (WHERE {_ROOT}), min(attempt)) AS attempt,
-           COALESCE(min(split) FILTER (WHERE {_ROOT}), min(split)) AS split,
-           array_to_string(list_sort(list_distinct(list(agent_name))), ', ') AS agents,
-           COALESCE(min(rollout_status), 'unknown') AS status,
-           sum(reward_value) FILTER (WHERE {_REWARD}) AS reward,
-           count(*) FILTER (WHERE {_REWARD}) AS rewards,
-           count(*) FILTER (WHERE {_LLM}) AS turns,
-           COALESCE(sum(response_tokens) FILTER (WHERE {_LLM}), 0) AS tokens,
-           min(policy_version) FILTER (WHERE {_LLM}) AS policy_version,
-           COALESCE(min(start_ns) FILTER (WHERE {_ROOT}), min(start_ns)) AS start_ns,
-           COALESCE(max(end_ns) FILTER (WHERE {_ROOT}), max(end_ns)) AS end_ns,
-           bool_or({_ROOT}) AS has_root,
-           max(expected_llm_calls) AS expected_llm_calls, max(expected_rewards) AS expected_rewards,
-           count(*) FILTER (WHERE token_source = '{sc.SOURCE_RETOKENIZED}') AS retokenized_calls,
-           count(*) FILTER (WHERE {_LLM} AND (COALESCE(prompt_tokens, 0) = 0
-                OR COALESCE(response_tokens, 0) = 0 OR token_source = '{sc.SOURCE_NONE}'))
-                AS calls_without_ids,
-           max(task_input) AS task_input,
-           count(*) AS spans
-    FROM s WHERE rollout_id IS NOT NULL GROUP BY rollout_id
-)
-SELECT r.*, {outcomes.OUTCOME_SQL} AS outcome FROM (
-    SELECT agg.*,
-           CASE WHEN NOT has_root THEN 'root_missing'
-                WHEN turns < COALESCE(expected_llm_calls, 0) THEN 'missing_llm_spans'
-                WHEN rewards < COALESCE(expected_rewards, 0) THEN 'missing_reward_spans' END AS incomplete,
-           (end_ns - start_ns) / 1e9 AS duration_s,
-           start_ns // 1000000 AS start_ms,
-           fates.* EXCLUDE (rollout_id),
-           lower(concat_ws(' ', rollout_id, task_id, agents, task_input)) AS haystack
-    FROM agg LEFT JOIN fates USING (rollout_id)
-) r
-"""
 
 
 def _stat(path: Path) -> os.stat_result | None:
@@ -143,9 +58,9 @@ class RunIndex:
         self.con.execute("SET enable_progress_bar = false")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
-        self.con.execute(f"CREATE TABLE span_index AS {_span_rows_sql([])}")
+        rollout_table.create_index(self.con)
         outcomes.load(self.con, [])
-        self.con.execute(f"CREATE TABLE rollouts AS {_ROLLOUTS_SQL} LIMIT 0")
+        rollout_table.rebuild(self.con)
         self.sources = RunSources(roots=self.paths)
         self.indexed: set[Path] = set()
         self.skipped: dict[Path, str] = {}  # unreadable files and why
@@ -168,7 +83,7 @@ class RunIndex:
             self.sources = discover(self.paths)
             changed = self._sync_spans() | self._sync_outcomes()
             if changed:
-                self.con.execute(f"CREATE OR REPLACE TABLE rollouts AS {_ROLLOUTS_SQL}")
+                rollout_table.rebuild(self.con)
             settings = self._file_marks([*self.sources.summary_files, *self.sources.config_files()])
             if changed or settings != self._settings_marks:  # a new summary or config shows live too
                 self._settings_marks = settings
@@ -194,7 +109,7 @@ class RunIndex:
             names = ", ".join(outcomes.sql_quote(str(p)) for p in gone & self.indexed)
             self.con.execute(f"DELETE FROM span_index WHERE filename IN ({names})")
         if good:
-            self.con.execute(f"INSERT INTO span_index {_span_rows_sql(good)}")
+            rollout_table.ingest(self.con, good)
         self.indexed = (self.indexed - gone) | set(good)
         return bool(good or (gone & self.indexed) or gone)
 
@@ -303,7 +218,7 @@ class RunIndex:
         """The rollout's spans (index rows, with the rollout id inherited from the trace), by start time."""
         cur = self.cursor().execute(
             """
-            WITH traces AS (SELECT DISTINCT trace_id FROM span_index WHERE rollout_id = $r)
+            WITH traces AS (SELECT trace_id FROM trace_rollouts WHERE rollout_id = $r)
             SELECT *, start_ns // 1000 AS start_us, end_ns // 1000 AS end_us FROM (
                 SELECT * FROM span_index WHERE trace_id IN (SELECT trace_id FROM traces)
                 QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received_ns, filename) = 1
@@ -319,7 +234,7 @@ class RunIndex:
             return []
         cur = self.cursor().execute(
             "SELECT DISTINCT filename FROM span_index WHERE trace_id IN "
-            "(SELECT trace_id FROM span_index WHERE rollout_id IN (SELECT unnest($ids))) ORDER BY 1",
+            "(SELECT trace_id FROM trace_rollouts WHERE rollout_id IN (SELECT unnest($ids))) ORDER BY 1",
             {"ids": list(rollout_ids)},
         )
         return [Path(r[0]) for r in cur.fetchall()]
@@ -350,7 +265,7 @@ class RunIndex:
         listing = "[" + ", ".join(outcomes.sql_quote(str(p)) for p in files) + "]"
         cur = self.cursor().execute(
             f"""
-            WITH traces AS (SELECT DISTINCT trace_id FROM span_index WHERE rollout_id = $r)
+            WITH traces AS (SELECT trace_id FROM trace_rollouts WHERE rollout_id = $r)
             SELECT span_id, attributes, events FROM read_parquet({listing}, union_by_name = true)
             WHERE trace_id IN (SELECT trace_id FROM traces)
             """,
