@@ -295,3 +295,21 @@ def test_plots_keep_each_metric_family_on_its_own_axis(run: Run, ui: UiServer, p
     last = read_metrics(run.log_dir)[-1]["optim/kl_sample_train_v1"]
     assert re.fullmatch(r"-?\d[\d.]*(e[-+]\d+)?", shown) and len(shown.replace("-", "")) <= 9, shown
     assert float(shown) == pytest.approx(last, rel=1e-3)
+
+
+def test_a_run_logged_before_outcomes_jsonl_reads_its_checkpoints(
+    run: Run, tmp_path: Path, page: Any
+) -> None:
+    """Without outcomes.jsonl the trained rollouts come from checkpoints.jsonl (no step recorded there)."""
+    old = tmp_path / "old"
+    shutil_copy(run, old)
+    (old / "train" / "outcomes.jsonl").unlink()
+    trained = {r for line in (run.log_dir / "checkpoints.jsonl").read_text().splitlines()
+               for r in json.loads(line)["trained_rollout_ids"]}  # fmt: skip
+    with UiServer([old], refresh_s=0.2) as server:
+        page.goto(server.url + "rollouts?outcome=trained&per_page=100")
+        assert page.locator("#total").inner_text() == str(len(trained))
+        cells = set(page.locator("#rollout-table td.outcome").all_inner_texts())
+        assert cells == {"trained (step not recorded)"}
+        page.goto(server.url + f"trajectory/{run.split_rollout}")
+        assert page.locator("#trained-count").inner_text() == page.locator("#sampled-count").inner_text()
