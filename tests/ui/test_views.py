@@ -89,3 +89,35 @@ def test_the_list_and_a_trajectory_download(run: Run, ui: UiServer, page: Any) -
     tokens = [t for r in built.to_pylist() if r["rollout_id"] == run.split_rollout for t in r["tokens"]]
     assert [t["id"] for s in body["trajectory"]["segments"] for t in s["tokens"]] == tokens
     assert body["trajectory"]["trained_tokens"] == int(page.locator("#trained-count").inner_text())
+
+
+def test_two_attempts_side_by_side_mark_where_they_diverge(run: Run, ui: UiServer, page: Any) -> None:
+    """Turn by turn against the built triplets: same ids are 'same tokens'; the first turn whose ids
+    differ is marked 'diverged here'."""
+    triplets = pq.read_table(run.log_dir / "build" / "triplets.parquet").select(
+        ["rollout_id", "turn", "prompt_token_ids", "response_token_ids"]
+    )
+    calls = {}
+    for t in triplets.to_pylist():
+        calls.setdefault(t["rollout_id"], {})[t["turn"]] = (t["prompt_token_ids"], t["response_token_ids"])
+    # from the split rollout's group view, compare with its sibling
+    page.goto(ui.url + f"rollouts/{run.split_rollout}")
+    page.locator("#group a.compare").first.click()
+    page.wait_for_url(re.compile(r"/compare\?"))
+    sibling = re.search(r"b=([0-9a-f]+)", page.url).group(1)  # type: ignore[union-attr]
+    rows = page.locator("#turns tbody tr")
+    assert rows.count() == len(calls[run.split_rollout]) == 3
+    for row in rows.all():
+        turn = int(row.get_attribute("data-turn"))
+        same = calls[run.split_rollout][turn] == calls[sibling][turn]
+        assert (row.get_attribute("data-differs") == "same") == same
+    # a rollout of another task: the prompts differ from the first turn on
+    page.goto(ui.url + f"compare?a={run.split_rollout}&b={run.script_rollout}")
+    first = page.locator("#turns tbody tr").first
+    assert first.get_attribute("class") == "turn diverged"
+    assert first.locator(".agreement").inner_text() == "diverged here: prompt differs"
+    assert page.locator("#turns tbody tr.diverged").count() == 1
+    assert (
+        page.locator("#turns tbody tr").nth(1).locator(".agreement").inner_text() == "only one made this call"
+    )
+    assert httpx.get(ui.url + "compare?a=x").status_code == 400

@@ -40,6 +40,7 @@ from tinkertrace.ui.built import (
     run_settings,
     token_view,
 )
+from tinkertrace.ui.compare import turn_pairs
 from tinkertrace.ui.index import RunIndex
 from tinkertrace.ui.listing import PAGE_SIZES, SORTABLE, RolloutPage, RolloutQuery
 from tinkertrace.ui.outcomes import OUTCOMES, outcome_text, row_fates
@@ -327,6 +328,21 @@ def rollout_page(request: Request) -> Response:
     )
 
 
+def compare_page(request: Request) -> Response:
+    """``/compare?a=<rollout>&b=<rollout>``: two rollouts' calls side by side, divergence marked."""
+    ids = [request.query_params.get(k) or "" for k in ("a", "b")]
+    if not all(ids):
+        return _bad_request(request, "compare needs two rollouts: ?a=<rollout id>&b=<rollout id>")
+    index = _state(request).index
+    sides, builds, policy = [], [], DEFAULT_POLICY
+    for rid in ids:
+        row, built, policy = _built(request, rid)
+        messages = messages_of(index.spans_of(rid), index.span_details(rid, index.files_of([rid])))
+        sides.append({"rollout": row, "built": built, "messages": messages})
+        builds.append(built)
+    return _page(request, "compare.html", sides=sides, turns=turn_pairs(*builds), policy=policy)
+
+
 def _trajectory(request: Request) -> dict[str, Any]:
     """The trajectory the URL asks for: its rollout row, build, policy, agents, agent and token view."""
     rollout_id = request.path_params["rollout_id"]
@@ -396,6 +412,7 @@ def create_app(index: RunIndex, *, token: str | None = None) -> Starlette:
         Route("/rollouts", rollouts_page),
         Route("/rollouts/{rollout_id:path}", rollout_page),
         Route("/trajectory/{rollout_id:path}", trajectory_page),
+        Route("/compare", compare_page),
         Route("/build", build_page),
         Route("/favicon.ico", lambda request: Response(status_code=204)),
         Route("/api/status", api_status),
