@@ -121,3 +121,20 @@ def test_two_attempts_side_by_side_mark_where_they_diverge(run: Run, ui: UiServe
         page.locator("#turns tbody tr").nth(1).locator(".agreement").inner_text() == "only one made this call"
     )
     assert httpx.get(ui.url + "compare?a=x").status_code == 400
+
+
+def test_a_token_leads_to_its_call_and_colours_by_logprob(run: Run, ui: UiServer, page: Any) -> None:
+    triplets = pq.read_table(run.log_dir / "build" / "triplets.parquet").to_pylist()
+    span_of_turn = {t["turn"]: t["span_id"] for t in triplets if t["rollout_id"] == run.split_rollout}
+    page.goto(ui.url + f"trajectory/{run.split_rollout}")
+    token = page.locator(".segment").first.locator(".tok.trained").last
+    token.click()
+    span = span_of_turn[int(token.get_attribute("data-turn"))]
+    link = page.locator("#token-span")
+    assert link.inner_text() == f" · call span {span}"
+    page.locator("#colour-by").select_option("logprob")
+    assert token.evaluate("t => t.style.background") != ""
+    assert page.locator(".tokens .tok:not(.sampled)").first.evaluate("t => t.style.background") == ""
+    link.click()
+    page.wait_for_url(re.compile(r"/rollouts/.*#span-"))
+    assert page.locator(f"#span-{span}").count() == 1

@@ -252,6 +252,7 @@ def token_view(
                     "logprob": float(lp) if mask else None,
                     "advantage": row.get("advantage") if mask and row.get("advantage") is not None else None,
                     "turn": call["turn"] if call else None,
+                    "span": call["span_id"] if call else None,
                     "retokenized": source == "retokenized",
                 }
             )

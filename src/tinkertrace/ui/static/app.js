@@ -123,6 +123,21 @@
       detail.textContent = `token ${d.i} · id ${d.id} · ${role}` +
         ` · sampler logprob ${d.lp} · advantage ${d.adv} · turn ${d.turn}` +
         (tok.classList.contains("retok") ? " · re-tokenised call" : "") + ` · text ${JSON.stringify(tok.textContent)}`;
+      if (d.span) {  // from the token to its call: the span on the rollout page
+        const link = document.createElement("a");
+        link.href = location.pathname.replace("/trajectory/", "/rollouts/") + "#span-" + d.span;
+        link.textContent = ` · call span ${d.span}`;
+        link.id = "token-span";
+        detail.appendChild(link);
+      }
+    });
+    const colour = $("#colour-by");
+    if (colour) colour.addEventListener("change", () => {
+      for (const tok of document.querySelectorAll(".tokens .tok")) {
+        const lp = Number(tok.dataset.lp);
+        const shade = colour.value === "logprob" && tok.classList.contains("sampled") && !Number.isNaN(lp);
+        tok.style.background = shade ? `hsl(0, 85%, ${100 - Math.min(1, -lp / 5) * 45}%)` : "";
+      }
     });
   }
 
