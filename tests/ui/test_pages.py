@@ -131,6 +131,12 @@ def test_walk_run_to_rollout_to_trajectory(run: Run, ui: UiServer, page: Any) ->
     assert page.locator(".segment").count() == len(rows) == 2
     assert page.locator(".split-reason").inner_text() == f"split: {rows[1]['split_reason']}"
     assert rows[1]["split_reason"] == "template_change"
+    # where the new segment's sequence parts from the previous one (the system prompt changed)
+    parted = next(
+        i for i, (x, y) in enumerate(zip(rows[0]["tokens"], rows[1]["tokens"], strict=False)) if x != y
+    )
+    assert page.locator(".parted-at").inner_text() == f"· parts from the previous segment at token {parted}"
+    assert page.locator(".segment").nth(1).locator(".tok.parts").get_attribute("data-i") == str(parted)
     # tokens carry their mask and logprob; clicking one shows its numbers
     sampled = page.locator(".segment").first.locator(".tok.trained").first
     i = int(sampled.get_attribute("data-i"))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -254,6 +255,7 @@ def token_view(
                     "turn": call["turn"] if call else None,
                     "span": call["span_id"] if call else None,
                     "retokenized": source == "retokenized",
+                    "parts": False,
                 }
             )
         total += len(tokens)
@@ -267,7 +269,22 @@ def token_view(
                 "tokens": tokens,
             }
         )
+    _mark_partings(rows, segments)
     return TokenView(agent, segments, total, trained, sampled, retok, text_note)
+
+
+def _mark_partings(rows: list[dict[str, Any]], segments: list[dict[str, Any]]) -> None:
+    """On each segment after the first, the token where its sequence parts from the previous
+    segment's (what the split is about: a changed template or history): ``parted_at`` and the
+    token's ``parts`` flag; None when one sequence is a prefix of the other."""
+    for k in range(1, len(rows)):
+        before, now = rows[k - 1]["tokens"], rows[k]["tokens"]
+        n = min(len(before), len(now))
+        differ = np.flatnonzero(np.asarray(before[:n]) != np.asarray(now[:n]))
+        at = int(differ[0]) if len(differ) else None
+        segments[k]["parted_at"] = at
+        if at is not None:
+            segments[k]["tokens"][at]["parts"] = True
 
 
 def _turn_positions(
