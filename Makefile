@@ -44,7 +44,7 @@ CREWAI_VENV := .venv-crewai
 CREWAI_STAMP := $(CREWAI_VENV)/.installed
 CREWAI_PINS := "crewai==1.15.30" "crewai-core==1.15.30" "chromadb==1.5.9"
 
-.PHONY: setup demo test lint bench environments agents-env browser cookbook-env ts-agent smollm2 \
+.PHONY: setup demo test check lint environments agents-env browser cookbook-env ts-agent smollm2 \
 	instrumentations-env crewai-env
 
 $(STAMP): pyproject.toml
@@ -141,10 +141,14 @@ environments:
 # end-to-end tests wait on servers and subprocesses, so two workers on 2 cores finish well before one.
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 
-test: environments
-	$(BIN)/ruff check .
-	$(BIN)/mypy
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+test: environments lint
+	$(PYTEST)
+
+# The fast lane: lint and the tests not marked slow, in .venv alone (no foreign environments, no browser).
+check: lint
+	$(PYTEST) -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

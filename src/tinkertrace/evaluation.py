@@ -68,8 +68,11 @@ def local_endpoint(model: str = BUILTIN_MODEL, *, base_dir: Path | None = None) 
     from tinkertrace.serving.app import create_app
 
     policy = _local_policy(model, base_dir)
-    with BackgroundServer(create_app(policy)) as server:
-        yield server.url + "/v1"
+    try:
+        with BackgroundServer(create_app(policy)) as server:
+            yield server.url + "/v1"
+    finally:
+        policy.close()
 
 
 def _local_policy(model: str, base_dir: Path | None) -> Any:

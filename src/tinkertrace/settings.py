@@ -49,11 +49,6 @@ def setting(
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def documented_fields(settings: type) -> list[dataclasses.Field[Any]]:
-    """The fields declared with help text: a config file's keys."""
-    return [f for f in dataclasses.fields(settings) if f.metadata.get("help")]
-
-
 def is_required(field: dataclasses.Field[Any]) -> bool:
     """Whether a field has no default (nor default factory)."""
     return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING

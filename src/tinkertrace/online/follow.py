@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from tinkertrace.online.environments import GroupStager, rollouts_per_step, select_by_weight
+from tinkertrace.online.group_staging import GroupStager, rollouts_per_step, select_by_weight
 from tinkertrace.online.publish import Publisher, admin_publisher, consumed_ids
 from tinkertrace.online.settings import FollowOptions
 from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll

@@ -16,6 +16,10 @@ status and the counts of LLM and reward spans, as ``@traced_rollout`` does. A ro
 SDK in the agent (which writes its own rollout span) is never finished here: its open state is
 forgotten after ``rollout_idle_s`` without calls. Files in a spans folder are closed (made readable)
 every ``roll_s`` seconds, as a collector rolls its files.
+
+A reward naming a ``response_id`` must name an answer of that rollout (:mod:`.served_calls`); a call
+under a finished rollout id is a 409 unless it names a higher attempt, which reopens the rollout,
+recorded as ``{id}/attempt/{n}``.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from tinkertrace.sdk.rewards import reward_attributes
 from tinkertrace.sdk.spans import start_span
 from tinkertrace.serving.openai_wire.errors import ApiError, read_json, require_object
 from tinkertrace.serving.rollout_routing import CallIdentity
+from tinkertrace.serving.served_calls import ServedAnswers, ServedCall
 
 Handler = Callable[[Request], Awaitable[Response]]
 ROLLOUT_STATUSES = (semconv.STATUS_SUCCEEDED, semconv.STATUS_FAILED)
@@ -67,6 +72,15 @@ class ServedRollout:
     state: RolloutState
     agent_name: str | None
     last_seen: float = field(default_factory=time.monotonic)
+    answers: ServedAnswers = field(default_factory=ServedAnswers)  # response ids a reward may name
+
+
+@dataclass(frozen=True)
+class FinishedRollout:
+    """How a rollout ended: its status and attempt (a call naming a higher attempt reopens it)."""
+
+    status: str
+    attempt: int
 
 
 @contextmanager
@@ -113,7 +127,7 @@ class CallRecorder:
         )
         self.rollout_idle_s = rollout_idle_s
         self._rollouts: dict[str, ServedRollout] = {}
-        self._finished: dict[str, str] = {}  # rollout id -> status, newest last (bounded)
+        self._finished: dict[str, FinishedRollout] = {}  # by rollout id, newest last (bounded)
         self._lock = threading.Lock()
         self.calls_recorded = 0
         self._closed = threading.Event()
@@ -140,9 +154,11 @@ class CallRecorder:
         parent = caller_span(request.headers)
         rollout = self._rollout_for(identity, parent) if identity.rollout_id else None
         with _inside(rollout, parent):
-            call = LlmCall(
+            call = ServedCall(
                 self.rt, kind, httpx.URL(str(request.url)), body, raw, rollout.state if rollout else None
             )
+        if rollout is not None:
+            rollout.answers.track(call)
         call.span.context_attributes[semconv.LLM_CAPTURE_SIDE] = semconv.CAPTURE_SERVER
         extended = call.extended_body()  # ask for ids and logprobs as the SDK does (listed on the span)
         if extended is not None:
@@ -167,8 +183,28 @@ class CallRecorder:
         return response
 
     # --- rollouts ------------------------------------------------------------------------------------
+    def _stored_id(self, identity: CallIdentity) -> str:
+        """The rollout id a new rollout of ``identity`` is recorded under (call with the lock held): its
+        own, or ``{id}/attempt/{n}`` when a higher attempt reopens a finished one (no id sent can
+        contain '/', so it is never another's); a 409 for a call under a finished rollout."""
+        assert identity.rollout_id is not None
+        ended = self._finished.get(identity.rollout_id)
+        if ended is None:
+            return identity.rollout_id
+        if identity.attempt <= ended.attempt:
+            raise ApiError(
+                409,
+                f"Rollout '{identity.rollout_id}' has already finished ({ended.status}, attempt "
+                f"{ended.attempt}): a call after its end is not added to it. To try it again, reopen it "
+                f"with a new attempt (URL /rollouts/{identity.rollout_id}/attempt/{ended.attempt + 1}"
+                f"/v1 or header x-tinkertrace-attempt: {ended.attempt + 1}), or name a new rollout id.",
+                code="rollout_finished",
+            )
+        return f"{identity.rollout_id}/attempt/{identity.attempt}"
+
     def _rollout_for(self, identity: CallIdentity, parent: SpanContext | None) -> ServedRollout:
-        """The open rollout of ``identity.rollout_id``, started (its root span opened) on first sight."""
+        """The open rollout of ``identity.rollout_id``, started (its root span opened) on first sight
+        (see :meth:`_stored_id` for a rollout id that has finished)."""
         assert identity.rollout_id is not None
         now = time.monotonic()
         with self._lock:
@@ -176,9 +212,10 @@ class CallRecorder:
             if rollout is not None:
                 rollout.last_seen = now
                 return rollout
+            stored_id = self._stored_id(identity)
             self._forget_idle(now)
             attributes = {
-                semconv.ROLLOUT_ID: identity.rollout_id,
+                semconv.ROLLOUT_ID: stored_id,
                 semconv.TASK_ID: identity.task_id or identity.rollout_id,
                 semconv.ATTEMPT: identity.attempt,
                 semconv.SPLIT: identity.split,
@@ -188,7 +225,7 @@ class CallRecorder:
                     self.rt, f"rollout {identity.agent_name or 'served'}", semconv.TYPE_ROLLOUT, attributes
                 )
             state = RolloutState(
-                identity.rollout_id, str(attributes[semconv.TASK_ID]), identity.attempt, identity.split, span
+                stored_id, str(attributes[semconv.TASK_ID]), identity.attempt, identity.split, span
             )
             rollout = ServedRollout(state, identity.agent_name, now)
             self._rollouts[identity.rollout_id] = rollout
@@ -203,12 +240,12 @@ class CallRecorder:
     def _open_rollout(self, rollout_id: str) -> ServedRollout:
         with self._lock:
             rollout = self._rollouts.get(rollout_id)
-            status = self._finished.get(rollout_id)
+            ended = self._finished.get(rollout_id)
         if rollout is not None:
             return rollout
-        if status is not None:
+        if ended is not None:
             raise ApiError(
-                409, f"Rollout '{rollout_id}' has already finished ({status}).", code="rollout_finished"
+                409, f"Rollout '{rollout_id}' has already finished ({ended.status}).", code="rollout_finished"
             )
         raise ApiError(
             404,
@@ -234,6 +271,14 @@ class CallRecorder:
         except ValueError as exc:
             raise ApiError(400, f"Invalid 'value': {exc}.", param="value") from exc
         rollout = self._open_rollout(rollout_id)
+        if response_id is not None and response_id not in rollout.answers:
+            raise ApiError(
+                404,
+                f"Rollout '{rollout_id}' served no answer with id '{response_id}': a reward's 'response_id' "
+                "names the id of one of this rollout's answers. Nothing was recorded.",
+                param="response_id",
+                code="response_not_found",
+            )
         with _inside(rollout, None):
             start_span(self.rt, semconv.REWARD_SPAN_NAME, semconv.TYPE_REWARD, attributes).end()
         return {"rollout_id": rollout_id, "rewards": rollout.state.rewards}
@@ -251,7 +296,7 @@ class CallRecorder:
         with self._lock:
             if self._rollouts.pop(rollout_id, None) is None:  # another finish won the race
                 raise ApiError(409, f"Rollout '{rollout_id}' has already finished.", code="rollout_finished")
-            self._finished[rollout_id] = status
+            self._finished[rollout_id] = FinishedRollout(status, rollout.state.attempt)
             while len(self._finished) > 100_000:
                 del self._finished[next(iter(self._finished))]
         state = rollout.state
@@ -266,12 +311,15 @@ class CallRecorder:
         ok = status == semconv.STATUS_SUCCEEDED
         state.span.set_status(Status(StatusCode.OK if ok else StatusCode.ERROR))
         state.span.end()
-        return {
+        ended = {
             "rollout_id": rollout_id,
             "status": status,
             "llm_calls": state.llm_calls,
             "rewards": state.rewards,
         }
+        if state.rollout_id != rollout_id:  # a reopened attempt
+            ended["recorded_as"] = state.rollout_id
+        return ended
 
     def stats(self) -> dict[str, Any]:
         """What ``/health`` shows: calls recorded, rollouts open, and the SDK's export counts."""

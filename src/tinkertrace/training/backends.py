@@ -7,6 +7,7 @@ code for either. Problems the user can fix (no API key, service unreachable) rai
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -74,3 +75,13 @@ def make_service_client(
         except tinker.TinkerError as exc:
             raise BackendError(f"could not start a Tinker session: {exc}") from None
     raise BackendError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def close_service(service: Any, status: str = "success") -> None:
+    """End ``service``'s session and stop its threads: hosted Tinker's heartbeats (a session left open
+    heartbeats until the process ends), the local engine's decoding threads. A failure to reach the
+    service while closing is logged, not raised: the run's own outcome is what the caller reports."""
+    try:
+        service.close(status).result(timeout=30)
+    except Exception as exc:  # the SDK's network errors, a timeout
+        logging.getLogger(__name__).warning("closing the %s session failed: %s", type(service).__name__, exc)

@@ -32,7 +32,7 @@ import tinker
 from tinker import types
 
 from tinkertrace.training.advantages import group_outcome_fractions
-from tinkertrace.training.backends import make_service_client
+from tinkertrace.training.backends import close_service, make_service_client
 from tinkertrace.training.checkpoints import append_checkpoint
 from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.dataset import DataReport, TrainingData, prepare
@@ -191,7 +191,10 @@ class TrainingSession:
         (self.log_dir / "config.json").write_text(
             json.dumps({**config.to_dict(), **(extra_config or {})}, indent=2)
         )
-        service = service or make_service_client(config.backend, engine_dir=config.engine_dir)
+        self._own_service = (
+            None if service else make_service_client(config.backend, engine_dir=config.engine_dir)
+        )
+        service = service or self._own_service
         self.client = open_training_client(service, config, resume_from)
         self.adam = adam_params(config)
         self.logger = open_metrics_logger(config, self.log_dir, start_step)
@@ -245,6 +248,8 @@ class TrainingSession:
 
     def __exit__(self, *exc: object) -> None:
         self.logger.close()
+        if self._own_service is not None:  # a service this session made: end it (its heartbeats, threads)
+            close_service(self._own_service, "success" if exc[0] is None else "errored")
 
 
 def status_line(metrics: dict[str, Any]) -> str:

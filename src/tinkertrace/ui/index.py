@@ -24,13 +24,10 @@ import pyarrow.csv as pacsv
 
 from tinkertrace.spanstore.compact import superseded_inputs
 from tinkertrace.spanstore.reader import check_file
+from tinkertrace.spanstore.sql import literal_list
 from tinkertrace.ui import outcomes, rollout_table
 from tinkertrace.ui.listing import LIST_COLUMNS, STATUSES, RolloutPage, RolloutQuery
 from tinkertrace.ui.sources import RunSources, discover, span_files
-
-
-def _attr(name: str, cast: str = "VARCHAR") -> str:
-    return f"TRY_CAST(json_extract_string(attributes, '$.\"{name}\"') AS {cast})"
 
 
 def _stat(path: Path) -> os.stat_result | None:
@@ -106,7 +103,7 @@ class RunIndex:
             else:
                 self.skipped[path] = problem
         if gone & self.indexed:
-            names = ", ".join(outcomes.sql_quote(str(p)) for p in gone & self.indexed)
+            names = literal_list(gone & self.indexed)
             self.con.execute(f"DELETE FROM span_index WHERE filename IN ({names})")
         if good:
             rollout_table.ingest(self.con, good)
@@ -262,7 +259,7 @@ class RunIndex:
         """span_id -> the JSON columns (attributes, events) of the rollout's spans, read from its files."""
         if not files:
             return {}
-        listing = "[" + ", ".join(outcomes.sql_quote(str(p)) for p in files) + "]"
+        listing = f"[{literal_list(files)}]"
         cur = self.cursor().execute(
             f"""
             WITH traces AS (SELECT trace_id FROM trace_rollouts WHERE rollout_id = $r)

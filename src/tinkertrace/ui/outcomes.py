@@ -20,19 +20,14 @@ from typing import Any
 
 import duckdb
 
+from tinkertrace.spanstore.sql import literal, literal_list
 from tinkertrace.training.checkpoints import CHECKPOINTS_FILE
 from tinkertrace.training.outcomes import DROP_REASONS, OUTCOMES_FILE
-
-
-def sql_quote(text: str) -> str:
-    """``text`` as a SQL string literal."""
-    return "'" + text.replace("'", "''") + "'"
-
 
 # The values of the list's ``outcome`` filter: each rollout has one; "dropped" matches any drop.
 OUTCOMES = ("trained", "dropped", *DROP_REASONS, "incomplete", "failed", "not_trained")
 DROPS = (*DROP_REASONS, "dropped")
-IS_DROPPED = "outcome IN (" + ", ".join(f"'{d}'" for d in DROPS) + ")"  # SQL over the rollout list
+IS_DROPPED = f"outcome IN ({literal_list(DROPS)})"  # SQL over the rollout list
 DROP_LABELS = {
     "stale": "stale",
     "constant_reward": "constant-reward group",
@@ -90,12 +85,12 @@ def outcome_rows_sql(files: Sequence[Path]) -> str:
     for path in files:
         if path.name == OUTCOMES_FILE:
             parts.append(
-                f"SELECT * FROM read_json({sql_quote(str(path))}, format = 'newline_delimited', "
+                f"SELECT * FROM read_json({literal(path)}, format = 'newline_delimited', "
                 f"columns = {_COLUMNS}, ignore_errors = true)"
             )
         else:
             source = (
-                f"read_json({sql_quote(str(path))}, format = 'newline_delimited', "
+                f"read_json({literal(path)}, format = 'newline_delimited', "
                 f"columns = {_CHECKPOINT_COLUMNS}, ignore_errors = true)"
             )
             for column, outcome, reason in (

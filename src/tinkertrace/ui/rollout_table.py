@@ -22,16 +22,13 @@ from tinkertrace import semconv as sc
 from tinkertrace.builder import views
 from tinkertrace.builder.adapters import OURS
 from tinkertrace.spanstore.reader import empty_spans_sql
+from tinkertrace.spanstore.sql import attr, literal_list
 from tinkertrace.ui import outcomes
 
 _ROOT = f"span_type = '{sc.TYPE_ROLLOUT}'"
 _LLM = f"span_type = '{sc.TYPE_LLM}'"
 _REWARD = f"span_type = '{sc.TYPE_REWARD}'"
 _KEEP_JSON = f"{_ROOT} OR producer IS DISTINCT FROM '{OURS}'"  # the rows whose JSON the rules read
-
-
-def _attr(name: str, cast: str = "VARCHAR") -> str:
-    return f"TRY_CAST(json_extract_string(attributes, '$.\"{name}\"') AS {cast})"
 
 
 # One row per span (the builder's typed columns), no token lists.
@@ -66,7 +63,7 @@ def create_index(con: duckdb.DuckDBPyConnection) -> None:
 
 def ingest(con: duckdb.DuckDBPyConnection, files: Sequence[Path]) -> None:
     """Add the rows of ``files`` (span Parquet, flat or partitioned) to ``span_index``."""
-    listing = "[" + ", ".join(outcomes.sql_quote(str(p)) for p in files) + "]"
+    listing = f"[{literal_list(files)}]"
     con.execute(
         f"CREATE OR REPLACE TEMP VIEW _ui_raw AS SELECT * FROM ({empty_spans_sql()}) UNION ALL BY NAME "
         f"SELECT * FROM read_parquet({listing}, union_by_name = true, filename = true, "
@@ -92,7 +89,7 @@ WITH s AS (
            count(*) FILTER (WHERE {_LLM} AND (COALESCE(prompt_tokens, 0) = 0
                 OR COALESCE(response_tokens, 0) = 0 OR token_source = '{sc.SOURCE_NONE}'))
                 AS calls_without_ids,
-           max(left({_attr(sc.TASK_INPUT)}, 400)) FILTER (WHERE {_ROOT}) AS task_input
+           max(left({attr(sc.TASK_INPUT)}, 400)) FILTER (WHERE {_ROOT}) AS task_input
     FROM s GROUP BY rollout_id
 )
 SELECT r.*, {outcomes.OUTCOME_SQL} AS outcome FROM (
