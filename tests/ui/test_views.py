@@ -8,6 +8,8 @@ import csv
 import io
 import json
 import re
+import shutil
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -138,3 +140,33 @@ def test_a_token_leads_to_its_call_and_colours_by_logprob(run: Run, ui: UiServer
     link.click()
     page.wait_for_url(re.compile(r"/rollouts/.*#span-"))
     assert page.locator(f"#span-{span}").count() == 1
+
+
+def test_reward_by_version_per_environment(run: Run, tmp_path: Path, page: Any) -> None:
+    """With environments in config.json, each version's reward is split by environment (the task id's
+    part before its first '/', as training groups them), checked against the spans."""
+    root = tmp_path / "envs"
+    shutil.copytree(run.spans, root / "spans")
+    shutil.copytree(run.log_dir, root / "train")
+    config = json.loads((root / "train" / "config.json").read_text())
+    config["environments"] = [{"name": "task-3"}, {"name": "split-task"}]
+    (root / "train" / "config.json").write_text(json.dumps(config))
+    glob = str(run.spans / "**" / "*.parquet")
+    expected = duckdb.sql(
+        f"""
+        WITH r AS (SELECT rollout_id, min(task_id) AS task,
+                          sum(reward_value) FILTER (WHERE span_type = 'reward') AS reward
+                   FROM read_parquet('{glob}') WHERE rollout_id IS NOT NULL GROUP BY 1)
+        SELECT CASE WHEN task IN ('task-3', 'split-task') THEN task END AS env, count(*), avg(reward)
+        FROM r GROUP BY 1 ORDER BY 1 NULLS LAST
+        """
+    ).fetchall()
+    with UiServer([root], refresh_s=0.2) as server:
+        page.goto(server.url)
+        rows = page.locator("#by-version tbody tr")
+        shown = [(r.locator(".env").inner_text(), r.locator("td").nth(2).inner_text(),
+                  r.locator("td").nth(4).inner_text()) for r in rows.all()]  # fmt: skip
+    assert len(shown) == len(expected) == 3
+    for (env_shown, n, mean_shown), (env, count, mean) in zip(shown, expected, strict=True):
+        assert (env_shown, int(n)) == (env or "–", count)
+        assert float(mean_shown) == pytest.approx(mean, rel=1e-3)

@@ -84,6 +84,16 @@ def _num(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def environment_names(settings: dict[str, Any]) -> list[str]:
+    """The environments a training config names (``environments: [{name: …}, …]``), else none."""
+    envs = settings.get("environments")
+    return (
+        [str(e["name"]) for e in envs if isinstance(e, dict) and e.get("name")]
+        if isinstance(envs, list)
+        else []
+    )
+
+
 def _readable(value: Any) -> str:
     """A settings or summary value as text: floats to 4 significant digits, None as a dash."""
     if value is None:
@@ -161,7 +171,7 @@ def run_page(request: Request) -> Response:
         summary=summaries[0] if summaries else {},
         sources=state.index.sources.describe(),
         skipped=sorted(state.index.skipped.items()),
-        by_version=state.index.by_version(),
+        by_version=state.index.by_version(environment_names(run_settings(state.index))),
         not_spans=not_span_files(state.index.sources) if state.index.missing_spans() else [],
     )
 

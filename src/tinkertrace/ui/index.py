@@ -175,16 +175,22 @@ class RunIndex:
         pacsv.write_csv(cur.execute(sql, params).to_arrow_table(), buffer)
         return buffer.getvalue().decode()
 
-    def by_version(self) -> list[dict[str, Any]]:
-        """Reward by policy version: rollouts, how many were trained, mean and quartiles of the reward."""
+    def by_version(self, environments: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """Reward by policy version (and by environment, when the run names ``environments``: a task
+        id's environment is the part before its first ``/``, as training groups them): rollouts, how
+        many were trained, mean and quartiles of the reward."""
+        env = "NULL"
+        if environments:
+            prefix = "split_part(task_id, '/', 1)"
+            env = f"CASE WHEN {prefix} IN ({literal_list(environments)}) THEN {prefix} END"
         cur = self.cursor().execute(
-            """
-            SELECT policy_version, count(*) AS rollouts,
+            f"""
+            SELECT policy_version, {env} AS environment, count(*) AS rollouts,
                    count(*) FILTER (WHERE outcome = 'trained') AS trained, count(reward) AS rewarded,
                    avg(reward) AS mean, min(reward) AS min,
                    quantile_cont(reward, 0.25) AS q1, median(reward) AS median,
                    quantile_cont(reward, 0.75) AS q3, max(reward) AS max
-            FROM rollouts GROUP BY ALL ORDER BY policy_version NULLS FIRST
+            FROM rollouts GROUP BY ALL ORDER BY policy_version NULLS FIRST, environment NULLS LAST
             """
         )
         return _dicts(cur)
