@@ -117,7 +117,10 @@ def test_two_attempts_side_by_side_mark_where_they_diverge(run: Run, ui: UiServe
     page.goto(ui.url + f"compare?a={run.split_rollout}&b={run.script_rollout}")
     first = page.locator("#turns tbody tr").first
     assert first.get_attribute("class") == "turn diverged"
-    assert first.locator(".agreement").inner_text() == "diverged here: prompt differs"
+    a = calls[run.split_rollout][0][0]
+    b = calls[run.script_rollout][0][0]
+    at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    assert first.locator(".agreement").inner_text() == f"diverged here: prompt differs from token {at} on"
     assert page.locator("#turns tbody tr.diverged").count() == 1
     assert (
         page.locator("#turns tbody tr").nth(1).locator(".agreement").inner_text() == "only one made this call"

@@ -17,6 +17,15 @@ def _calls(built: BuiltRollout) -> dict[tuple[Any, int], dict[str, Any]]:
     return {(t["agent_name"], int(t["turn"])): t for t in built.triplets}
 
 
+def _parting(x: Any, y: Any) -> int | None:
+    """The first position where token lists ``x`` and ``y`` differ (the shorter one's length when one
+    is a prefix of the other), None when they are equal."""
+    x, y = list(x), list(y)
+    if x == y:
+        return None
+    return next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
+
+
 def turn_pairs(a: BuiltRollout, b: BuiltRollout) -> list[dict[str, Any]]:
     """One row per (agent, turn) of either rollout: both calls (or None), whether prompt and response
     ids agree, and ``first_divergence`` on the first (agent, turn) where they do not."""
@@ -30,7 +39,11 @@ def turn_pairs(a: BuiltRollout, b: BuiltRollout) -> list[dict[str, Any]]:
         if first:
             diverged.add(key[0])
         part = "same" if same_prompt and same_response else "prompt" if not same_prompt else "response"
+        at = None
+        if ca and cb and part != "same":
+            at = _parting(ca[f"{part}_token_ids"], cb[f"{part}_token_ids"])
         rows.append(
-            {"agent": key[0], "turn": key[1], "a": ca, "b": cb, "differs": part, "first_divergence": first}
-        )
+            {"agent": key[0], "turn": key[1], "a": ca, "b": cb, "differs": part, "at": at,
+             "first_divergence": first}
+        )  # fmt: skip
     return rows
