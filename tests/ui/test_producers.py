@@ -3,7 +3,6 @@ a plain GenAI trace with no rollout id) exactly as the builder's own ``rollouts`
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,21 +16,9 @@ from tinkertrace import semconv as sc
 from tinkertrace.builder.views import open_views
 from tinkertrace.ui.server import UiServer
 
+from .conftest import span
+
 pytestmark = pytest.mark.slow  # a browser
-T0 = 1_700_000_000_000_000_000
-
-
-def span(trace: str, sid: str, name: str, at: float, parent: str | None = None, **cols: Any) -> dict:
-    row: dict[str, Any] = {f.name: None for f in schemas.spans()}
-    row.update(trace_id=trace.rjust(32, "0"), span_id=sid.rjust(16, "0"), name=name, kind="INTERNAL",
-               parent_span_id=parent.rjust(16, "0") if parent else None, start_time=T0 + int(at * 1e9),
-               end_time=T0 + int((at + 1) * 1e9), status_code="UNSET", received_at=T0 + int((at + 2) * 1e9),
-               attributes="{}", resource_attributes="{}", events="[]", links="[]")  # fmt: skip
-    for key in ("attributes", "resource_attributes"):
-        if isinstance(cols.get(key), dict):
-            cols[key] = json.dumps(cols[key])
-    row.update(cols)
-    return row
 
 
 def write_foreign_run(folder: Path) -> None:

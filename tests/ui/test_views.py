@@ -14,14 +14,16 @@ from typing import Any
 
 import duckdb
 import httpx
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from tinkertrace import schemas
 from tinkertrace.training.dataset import prepare
 from tinkertrace.ui.server import UiServer
 
-from .conftest import Run
+from .conftest import Run, span
 
 pytestmark = pytest.mark.slow  # the session's run is traced and trained first
 
@@ -173,3 +175,37 @@ def test_reward_by_version_per_environment(run: Run, tmp_path: Path, page: Any) 
     for (env_shown, n, mean_shown), (env, count, mean) in zip(shown, expected, strict=True):
         assert (env_shown, int(n)) == (env or "–", count)
         assert float(mean_shown) == pytest.approx(mean, rel=1e-3)
+
+
+def _versioned_run(folder: Path) -> None:
+    """Rollouts in our SDK's span form, sampled by policy versions 0 and 3, with known rewards."""
+    plan = {"t-up": [(0, 0.0), (0, 0.0), (3, 1.0), (3, 1.0)], "t-down": [(0, 1.0), (3, 0.0)],
+            "t-flat": [(0, 0.5), (3, 0.5)], "t-once": [(0, 0.2)]}  # fmt: skip
+    rows, n = [], 0
+    for task, attempts in plan.items():
+        for version, reward in attempts:
+            n += 1
+            rid, trace = f"r{n}", f"{n:x}"
+            ids = {"rollout_id": rid, "task_id": task}
+            rows += [
+                span(trace, "1", "rollout", 0, span_type="rollout", **ids,
+                     attributes={"tinkertrace.rollout.status": "succeeded"}),
+                span(trace, "2", "chat", 1, parent="1", span_type="llm", policy_version=version,
+                     prompt_token_ids=[1, 2], response_token_ids=[3], **ids),
+                span(trace, "3", "reward", 2, parent="1", span_type="reward", reward_value=reward, **ids),
+            ]  # fmt: skip
+    part = folder / "date=2026-11-27" / "hour=10"
+    part.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schemas.spans()), part / "run.parquet")
+
+
+def test_tasks_whose_reward_moved_between_versions(tmp_path: Path, page: Any) -> None:
+    _versioned_run(tmp_path / "run" / "spans")
+    with UiServer([tmp_path / "run"], refresh_s=0.2) as server:
+        page.goto(server.url)
+        rows = page.locator("#task-progress tbody tr")
+        shown = [(r.get_attribute("data-task"), r.locator(".change").inner_text()) for r in rows.all()]
+        assert shown == [("t-down", "-1"), ("t-up", "+1"), ("t-flat", "+0")]  # t-once: one version only
+        versions = page.locator("#by-version tbody tr")
+        assert [r.locator("td").first.inner_text() for r in versions.all()] == ["0", "3"]
+        assert [r.locator("td").nth(3).inner_text() for r in versions.all()] == ["0.34", "0.625"]

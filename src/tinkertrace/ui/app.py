@@ -172,6 +172,7 @@ def run_page(request: Request) -> Response:
         sources=state.index.sources.describe(),
         skipped=sorted(state.index.skipped.items()),
         by_version=state.index.by_version(environment_names(run_settings(state.index))),
+        task_progress=state.index.task_progress(),
         not_spans=not_span_files(state.index.sources) if state.index.missing_spans() else [],
     )
 

@@ -195,6 +195,27 @@ class RunIndex:
         )
         return _dicts(cur)
 
+    def task_progress(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The tasks sampled under more than one policy version whose mean reward moved most from their
+        first version to their last (which tasks got better or worse)."""
+        cur = self.cursor().execute(
+            """
+            WITH v AS (
+                SELECT task_id, policy_version, avg(reward) AS mean, count(*) AS n FROM rollouts
+                WHERE task_id IS NOT NULL AND policy_version IS NOT NULL AND reward IS NOT NULL GROUP BY ALL
+            ), t AS (
+                SELECT task_id,
+                       min(policy_version) AS first_version, arg_min(mean, policy_version) AS first_mean,
+                       max(policy_version) AS last_version, arg_max(mean, policy_version) AS last_mean,
+                       sum(n) AS rollouts
+                FROM v GROUP BY task_id HAVING count(*) > 1
+            )
+            SELECT *, last_mean - first_mean AS change FROM t ORDER BY abs(change) DESC, task_id LIMIT ?
+            """,
+            [limit],
+        )
+        return _dicts(cur)
+
     def facets(self) -> dict[str, list[str]]:
         """Values offered in the list's filter menus (statuses, splits; agents when few)."""
         cur = self.cursor()
