@@ -172,7 +172,7 @@ class RunIndex:
             rows = cur.execute(f"SELECT to_json(r)::VARCHAR FROM ({sql}) r", params).fetchall()
             return "".join(row[0] + "\n" for row in rows)
         buffer = io.BytesIO()
-        pacsv.write_csv(cur.execute(sql, params).to_arrow_table(), buffer)
+        pacsv.write_csv(cur.sql(sql, params=params).to_arrow_table(), buffer)
         return buffer.getvalue().decode()
 
     def by_version(self, environments: Sequence[str] = ()) -> list[dict[str, Any]]:
