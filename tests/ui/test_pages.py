@@ -319,3 +319,21 @@ def test_a_run_logged_before_outcomes_jsonl_reads_its_checkpoints(
         assert cells == {"trained (step not recorded)"}
         page.goto(server.url + f"trajectory/{run.split_rollout}")
         assert page.locator("#trained-count").inner_text() == page.locator("#sampled-count").inner_text()
+
+
+def test_a_rollout_page_shows_its_training_outcome_live(run: Run, tmp_path: Path, page: Any) -> None:
+    """The trainer records a step while the rollout page is open: its facts and group follow."""
+    live = tmp_path / "live"
+    shutil_copy(run, live)
+    ledger = live / "train" / "outcomes.jsonl"
+    lines = [o for o in outcomes(run) if o["rollout_id"] != run.split_rollout]
+    ledger.write_text("".join(json.dumps(o) + "\n" for o in lines))
+    with UiServer([live], refresh_s=0.2) as server:
+        page.goto(server.url + f"rollouts/{run.split_rollout}")
+        assert page.locator("#fact-outcome").inner_text() == "not trained"
+        row = pa.table({"rollout_id": [run.split_rollout], "agent_name": [None], "segment": [0]})
+        with ledger.open("a") as fh:
+            fh.writelines(json.dumps(o) + "\n" for o in outcome_rows(row, "trained", step=7, tokens=[10]))
+        page.wait_for_function("document.querySelector('#fact-outcome').textContent === 'trained at step 7'")
+        here = page.locator("#group tr.here td.outcome")
+        assert here.inner_text() == "trained at step 7"

@@ -91,11 +91,16 @@
     if (noSpans && status.files > 0) noSpans.remove();
     const fraction = $("#trained-fraction");
     if (fraction && status.trained_fraction !== null) fraction.textContent = (100 * status.trained_fraction).toFixed(1) + " %";
-    for (const el of document.querySelectorAll("[data-live-reload]")) {  // parts rendered server-side: fetch again
+    const parts = document.querySelectorAll("[data-live-reload]");  // rendered server-side: fetch the page again
+    if (parts.length) {
       const res = await fetch(location.href, { credentials: "same-origin" });
-      if (!res.ok) break;
-      const fresh = new DOMParser().parseFromString(await res.text(), "text/html").getElementById(el.id);
-      if (fresh) el.replaceWith(fresh);
+      if (res.ok) {
+        const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+        for (const el of parts) {
+          const fresh = doc.getElementById(el.id);
+          if (fresh) el.replaceWith(fresh);
+        }
+      }
     }
     const part = $("[data-live-fragment]");
     if (part) {
