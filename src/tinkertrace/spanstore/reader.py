@@ -90,10 +90,18 @@ def open_spans(
         con.execute(f"CREATE OR REPLACE VIEW {identifier(view)} AS {empty_spans_sql()}")
         return report
     file_list = ", ".join(literal(str(p)) for p in report.files)
-    hive_types = ", ".join(f"{literal(k)}: {v}" for k, v in HIVE_TYPES.items())
     con.execute(
-        f"CREATE OR REPLACE VIEW {identifier(view)} AS SELECT * FROM read_parquet([{file_list}], "
-        f"hive_partitioning = true, union_by_name = true, filename = true, "
-        f"hive_types = {{{hive_types}}})"
+        f"CREATE OR REPLACE VIEW {identifier(view)} AS SELECT *, {_partition_columns()} FROM read_parquet("
+        f"[{file_list}], hive_partitioning = false, union_by_name = true, filename = true)"
     )
     return report
+
+
+def _partition_columns() -> str:
+    """SQL: the ``date=``/``hour=`` folder values of each row's file, null for a file outside such
+    folders (DuckDB's own hive reading refuses a folder mixing flat and partitioned files)."""
+    return ", ".join(
+        f"TRY_CAST(NULLIF(regexp_extract(filename, '[/\\\\]{k}=([^/\\\\]+)[/\\\\]', 1), '') AS {t}) "
+        f"AS {identifier(k)}"
+        for k, t in HIVE_TYPES.items()
+    )

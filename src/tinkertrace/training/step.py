@@ -40,6 +40,7 @@ from tinkertrace.training.datums import DatumBatch, build_datums
 from tinkertrace.training.environments import environment_metrics
 from tinkertrace.training.errors import BackendError
 from tinkertrace.training.metrics import MetricsLogger, kl_sample_train
+from tinkertrace.training.outcomes import TRAINED, OutcomeLog, dropped_where, outcome_rows
 
 ADAM_FIELDS = ("beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
 
@@ -107,6 +108,16 @@ def build_batch(data: TrainingData, rows: np.ndarray, config: TrainConfig) -> Da
         loss_fn=config.loss,
         max_tokens=config.max_tokens_per_datum,
     )
+
+
+def step_outcomes(rows: pa.Table, batch: DatumBatch, step: int) -> list[dict[str, Any]]:
+    """Outcome records of a step's rows: trained (with the tokens its Datum kept) or dropped for
+    want of a sampled token."""
+    usable = np.zeros(rows.num_rows, dtype=bool)
+    usable[batch.row_index] = True
+    kept = [d.model_input.length + 1 for d in batch.data]
+    trained = outcome_rows(rows.take(batch.row_index), TRAINED, step=step, tokens=kept)
+    return trained + dropped_where(rows, ~usable, "no_trainable_tokens", step=step)
 
 
 def batch_metrics(data: TrainingData, rows: np.ndarray, batch: DatumBatch) -> dict[str, float]:
@@ -190,6 +201,8 @@ class TrainingSession:
         self.client = open_training_client(service, config, resume_from)
         self.adam = adam_params(config)
         self.logger = open_metrics_logger(config, self.log_dir, start_step)
+        self.outcomes = OutcomeLog(self.log_dir, start_step)
+        self.pending: list[dict[str, Any]] = []  # outcome records written with the next step's metrics
         self.started = time.monotonic()
 
     @property
@@ -203,6 +216,7 @@ class TrainingSession:
         """Train on ``rows`` of ``data`` as step ``step``: the batch and its metrics (``progress``
         first, then the data side, then the loss and KL when the batch had anything to train)."""
         batch = build_batch(data, rows, self.config)
+        self.pending += step_outcomes(data.table.take(rows), batch, step)
         metrics: dict[str, Any] = {
             "progress/batch": step,
             **progress,
@@ -228,6 +242,8 @@ class TrainingSession:
         metrics["time/step"] = now - step_started
         metrics["time/total"] = now - self.started
         self.logger.log(step, metrics)
+        self.outcomes.write(self.pending)
+        self.pending = []
 
     def __enter__(self) -> TrainingSession:
         self.logger.__enter__()
