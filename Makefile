@@ -44,8 +44,14 @@ CREWAI_VENV := .venv-crewai
 CREWAI_STAMP := $(CREWAI_VENV)/.installed
 CREWAI_PINS := "crewai==1.15.30" "crewai-core==1.15.30" "chromadb==1.5.9"
 
-.PHONY: setup demo test lint bench environments agents-env browser cookbook-env ts-agent smollm2 \
-	instrumentations-env crewai-env
+# The OpenReward example's environment server (examples/openreward/server.py) runs in its own environment:
+# the `openreward` package pins sse-starlette==2.3.6 (verifiers needs >=3). The trainer speaks ORS over
+# HTTP and does not import it.
+OPENREWARD_VENV := .venv-openreward
+OPENREWARD_STAMP := $(OPENREWARD_VENV)/.installed
+
+.PHONY: setup demo test check lint environments agents-env browser cookbook-env ts-agent smollm2 \
+	instrumentations-env crewai-env openreward-env
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -123,13 +129,22 @@ $(CREWAI_STAMP): pyproject.toml examples/twenty_questions/requirements.txt
 
 crewai-env: $(CREWAI_STAMP)
 
+$(OPENREWARD_STAMP): examples/openreward/requirements.txt
+	$(PYTHON) -m venv $(OPENREWARD_VENV)
+	$(OPENREWARD_VENV)/bin/pip install --quiet --upgrade "pip>=24"
+	$(OPENREWARD_VENV)/bin/pip install --quiet -r examples/openreward/requirements.txt
+	$(OPENREWARD_VENV)/bin/python -c "import openreward.environments"
+	touch $(OPENREWARD_STAMP)
+
+openreward-env: $(OPENREWARD_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/tinkertrace demo
 
 # Every environment the tests use. `make test` builds them side by side (most of the time goes to downloads
 # and unpacking, not CPU); the two apt-get steps take turns through a lock.
 ENVIRONMENTS := $(STAMP) $(AGENTS_STAMP) $(BROWSER_STAMP) $(COOKBOOK_STAMP) $(TS_AGENT_JS) $(SMOLLM2_STAMP) \
-	$(INSTRUMENTATIONS_STAMP) $(CREWAI_STAMP)
+	$(INSTRUMENTATIONS_STAMP) $(CREWAI_STAMP) $(OPENREWARD_STAMP)
 APT_LOCK := flock /tmp/tinkertrace-apt.lock
 
 environments:
@@ -141,10 +156,14 @@ environments:
 # end-to-end tests wait on servers and subprocesses, so two workers on 2 cores finish well before one.
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 
-test: environments
-	$(BIN)/ruff check .
-	$(BIN)/mypy
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+test: environments lint
+	$(PYTEST)
+
+# The fast lane: lint and the tests not marked slow, in .venv alone (no foreign environments, no browser).
+check: lint
+	$(PYTEST) -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -154,6 +154,8 @@ PAGES = {
     "rollouts sorted by tokens, page 1000": "/rollouts?sort=tokens&order=asc&page=1000&per_page=50",
     "rollouts filtered: failed": "/rollouts?status=failed",
     "rollouts text search": "/rollouts?q=task-4321",
+    "rollouts filtered: training outcome": "/rollouts?outcome=not_trained",
+    "rollouts filtered: policy version": "/rollouts?version=2&sort=reward",
     "rollouts task filter + sort by turns": "/rollouts?task=task-777&sort=turns",
     "JSON /api/rollouts, 200 rows": "/api/rollouts?per_page=200&sort=duration_s",
     "live poll /api/status": "/api/status",

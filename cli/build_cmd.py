@@ -61,6 +61,8 @@ def build_trajectories_cmd(
         console.print(f"[yellow]unmatched reward[/yellow] span {span_id} of rollout {rollout_id}")
     if summary.rewards_unmatched > 10:
         console.print(f"... and {summary.rewards_unmatched - 10} more unmatched rewards")
+    if note := summary.incomplete_note():
+        console.print(note, style="yellow", markup=False)
     console.print(f"wrote {result.triplets_path} and {result.trajectories_path}")
     if note := unflushed_wal_note(spans_dir):  # spans a collector acknowledged, not in Parquet yet
         typer.echo(note, err=True)

@@ -35,6 +35,7 @@ def proxy(
         api_key=run.api_key,
         upstream_api_key=run.upstream_api_key,
         timeout_s=run.timeout,
+        limits=run.limits(),
     )
     Console(stderr=True).print(
         f"[bold]tinkertrace proxy[/]: [green]http://{run.host}:{run.port}/v1[/] → {run.upstream}, "

@@ -43,7 +43,7 @@ def serve(
 
     from tinkertrace.serving.app import create_app
     from tinkertrace.serving.policy import policy_from_service
-    from tinkertrace.training.backends import make_service_client
+    from tinkertrace.training.backends import close_service, make_service_client
     from tinkertrace.training.errors import TrainingError
 
     console = Console(stderr=True)
@@ -68,6 +68,7 @@ def serve(
         batch_window_s=run.batch_window_ms / 1000,
         watch_checkpoints=run.watch_checkpoints,
         tool_parser=run.tool_parser,
+        limits=run.limits(),
     )
     parser = app.state.endpoint.tool_parser
     extras = [
@@ -83,7 +84,11 @@ def serve(
         f"v{holder.version}) at [green]http://{run.host}:{run.port}/v1[/] — {', '.join(extras)}. "
         "Ctrl-C stops."
     )
-    uvicorn.run(app, host=run.host, port=run.port, log_level="warning")
+    try:
+        uvicorn.run(app, host=run.host, port=run.port, log_level="warning")
+    finally:  # in order: the app has shut down (recorder flushed); now the sampler, then the session
+        holder.close()
+        close_service(service)
 
 
 def register(app: typer.Typer) -> None:

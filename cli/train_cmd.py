@@ -27,6 +27,14 @@ def train(
         ),
     ] = False,
     follow_settings: dict[str, Any] = OptionsOf(FollowOptions, "--follow: "),
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="KEY=VALUE laid over the --config file, repeatable; dotted keys reach into tables and into "
+            "environments by name (environments.NAME.group_size=8). Values are YAML scalars.",
+        ),
+    ] = None,
 ) -> None:
     """Train the policy with RL on traced trajectories, on the local engine or hosted Tinker.
 
@@ -34,18 +42,32 @@ def train(
     on sampled tokens only), and runs forward_backward + optim_step. Metrics go to LOG_DIR/metrics.jsonl,
     checkpoints to LOG_DIR/checkpoints.jsonl.
 
-    With an 'environments' list in --config, each environment's rollouts (task ids ENV/...) are built
-    with its own settings and get its weight share of every step; with --follow and environments that
-    name an agent, the agents are run here (collector, endpoint and --workers under LOG_DIR).
+    With an 'environments' list (or mapping) in --config, each environment's rollouts (task ids ENV/...)
+    are built with its own settings and get its weight share of every step; with --follow (or no
+    source) and environments that name an agent or an OpenReward environment, the agents are run here
+    (collector, endpoint and --workers under LOG_DIR).
     """
+    import dataclasses
+
     from rich.console import Console
 
+    from tinkertrace.settings import parse_key_values
+    from tinkertrace.training.backends import resolve_backend
     from tinkertrace.training.errors import TrainingError
     from tinkertrace.training.loop import run_training
 
     console = Console(stderr=True)
     try:
-        train_config = make_config(config, settings)
+        edits = parse_key_values(set_ or [], what="--set", split_commas=False)
+        train_config = make_config(config, settings, edits)
+        backend, why = resolve_backend(train_config.backend)
+        train_config = dataclasses.replace(train_config, backend=backend)
+        console.print(
+            f"tinkertrace train: {why}, model {train_config.model}", highlight=False, soft_wrap=True
+        )
+        if not follow and train_config.source is None and any(env.agent for env in train_config.environments):
+            console.print("no source given: running the environments' agents (follow mode)", highlight=False)
+            follow = True
         if follow:
             _follow(train_config, make_follow_options(config, follow_settings), console, progress)
             return

@@ -27,15 +27,20 @@ def ui(
 
     from tinkertrace.ui.server import serve
 
-    serve(
-        run.folders,
-        host=run.host,
-        port=run.port,
-        token=run.token,
-        refresh_s=run.refresh_seconds,
-        memory_limit=run.memory_limit,
-        console=Console(stderr=True),
-    )
+    console = Console(stderr=True)
+    try:
+        serve(
+            run.folders,
+            host=run.host,
+            port=run.port,
+            token=run.token,
+            refresh_s=run.refresh_seconds,
+            memory_limit=run.memory_limit,
+            console=console,
+        )
+    except OSError as exc:  # the port is taken, the address is not ours: one line, no traceback
+        typer.echo(f"error: {exc.strerror or exc}; choose another --port (0: a free one)", err=True)
+        raise typer.Exit(1) from None
 
 
 def register(app: typer.Typer) -> None:

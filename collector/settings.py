@@ -10,6 +10,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from tinkertrace.netutil import LOOPBACK
 from tinkertrace.settings import setting
 from tinkertrace.spanstore import ZSTD_LEVEL, ZSTD_LEVELS
 from tinkertrace.training.errors import raise_problems
@@ -23,7 +24,7 @@ class CollectorConfig:
     """Where the collector listens, where its files go, and its limits."""
 
     out: Path = setting(help="Folder the span Parquet files go to (hive date=/hour=).", flags=("--out", "-o"))
-    host: str = setting("127.0.0.1", "Address to listen on.")
+    host: str = setting(LOOPBACK, "Address to listen on.")
     http_port: int = setting(4318, "OTLP/HTTP port (POST /v1/traces, /v1/logs).")
     grpc_port: int = setting(4317, "OTLP/gRPC port (TraceService/Export, LogsService/Export).")
     http: bool = setting(True, "Serve OTLP/HTTP.", flags=("--http/--no-http",))

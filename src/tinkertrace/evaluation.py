@@ -68,8 +68,11 @@ def local_endpoint(model: str = BUILTIN_MODEL, *, base_dir: Path | None = None) 
     from tinkertrace.serving.app import create_app
 
     policy = _local_policy(model, base_dir)
-    with BackgroundServer(create_app(policy)) as server:
-        yield server.url + "/v1"
+    try:
+        with BackgroundServer(create_app(policy)) as server:
+            yield server.url + "/v1"
+    finally:
+        policy.close()
 
 
 def _local_policy(model: str, base_dir: Path | None) -> Any:
@@ -118,7 +121,8 @@ def evaluate(settings: EvalSettings, on_result: Callable[[RolloutResult], None] 
     """
     s = settings.validate()
     agent_fn = load_ref(s.agent)
-    task_list = load_tasks(s.tasks, split=s.split, limit=s.max_tasks)
+    ors = {"openreward": s.openreward} if s.openreward else {}
+    task_list = load_tasks(s.tasks, split=s.split, limit=s.max_tasks, **ors)
     if not task_list:
         raise ValueError(f"task source {s.tasks!r} gave no tasks for split {s.split!r}")
     import tinkertrace
@@ -127,7 +131,10 @@ def evaluate(settings: EvalSettings, on_result: Callable[[RolloutResult], None] 
     start = time.perf_counter()
     s.out.parent.mkdir(parents=True, exist_ok=True)
     with s.out.open("w") as sink, _endpoint(s.base_url, s.model) as url:
-        kwargs: dict[str, Any] = {"base_url": url, "model": s.model, "api_key": s.api_key}
+        import yaml
+
+        extra = {key: yaml.safe_load(value) for key, value in s.agent_kwargs.items()}
+        kwargs: dict[str, Any] = {"base_url": url, "model": s.model, "api_key": s.api_key, **ors, **extra}
         if s.temperature is not None:
             kwargs["temperature"] = s.temperature
 

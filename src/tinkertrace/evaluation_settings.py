@@ -23,6 +23,15 @@ class EvalSettings:
     )
     tasks: str = setting(help="The task source, path/to/file.py:function or module:function (takes split=).")
     split: str = setting("test", "Which split of the task source to evaluate.")
+    openreward: str | None = setting(
+        None,
+        "An OpenReward environment (URL, or NAME with $OPENREWARD_URL) for the ORS agent and task source "
+        "(tinkertrace.ors.agent:run_episode --tasks tinkertrace.ors.agent:load_tasks).",
+    )
+    agent_kwargs: dict[str, str] = setting(
+        help="Further agent argument KEY=VALUE, repeatable (values read as YAML scalars: 2, true, text).",
+        default_factory=dict,
+    )
     samples_per_task: int = setting(4, "Rollouts per task (n in pass@k).", flags=("--samples-per-task", "-n"))
     k: str = setting("1", "Comma-separated k values for pass@k, each <= samples per task.")
     base_url: str | None = setting(

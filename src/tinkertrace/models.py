@@ -17,12 +17,14 @@ and chat template, and that folder is reused from then on. Nothing touches the n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +136,20 @@ def model_folder(name: str) -> Path:
     )
 
 
+@contextlib.contextmanager
+def quiet_progress() -> Iterator[None]:
+    """Hide transformers' per-shard progress bars while saving or loading checkpoints."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def convert_gguf(gguf: Path, target: Path) -> Path:
     """Dequantise ``gguf`` into a plain float32 Hugging Face folder at ``target`` (model, tokenizer,
     chat template); written under a temporary name and renamed, so readers never see half a folder."""
@@ -141,8 +157,6 @@ def convert_gguf(gguf: Path, target: Path) -> Path:
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from tinkertrace.engine.model import quiet_progress
 
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))

@@ -7,6 +7,9 @@ import threading
 import time
 from typing import Any
 
+LOOPBACK = "127.0.0.1"
+"""Where every server of tinkertrace listens unless told otherwise."""
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now."""
@@ -39,6 +42,10 @@ def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 30.0) -> 
             time.sleep(0.05)
 
 
+GRACEFUL_SHUTDOWN_S = 5.0
+"""How long a stopping :class:`BackgroundServer` lets requests in flight finish before cancelling them."""
+
+
 class BackgroundServer:
     """Run an ASGI app with uvicorn in a daemon thread: ``with BackgroundServer(app) as srv: srv.url``."""
 
@@ -47,6 +54,7 @@ class BackgroundServer:
 
         self.host = host
         self.port = port or free_port(host)
+        uvicorn_options.setdefault("timeout_graceful_shutdown", GRACEFUL_SHUTDOWN_S)
         config = uvicorn.Config(
             app, host=host, port=self.port, log_level="warning", lifespan="on", **uvicorn_options
         )
@@ -67,8 +75,12 @@ class BackgroundServer:
         return self
 
     def stop(self) -> None:
+        """Ask uvicorn to exit and wait for its thread: requests in flight get
+        :data:`GRACEFUL_SHUTDOWN_S` to finish, then the app's shutdown runs."""
         self._server.should_exit = True
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=GRACEFUL_SHUTDOWN_S + 30)
+        if self._thread.is_alive():
+            raise RuntimeError(f"the server on {self.url} did not stop")
 
     def __enter__(self) -> BackgroundServer:
         return self.start()

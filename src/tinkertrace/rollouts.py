@@ -79,12 +79,15 @@ def _import_file(path: Path) -> Any:
 
 
 def load_tasks(
-    ref: str | Callable[..., Any], split: str | None = None, limit: int | None = None
+    ref: str | Callable[..., Any], split: str | None = None, limit: int | None = None, **options: Any
 ) -> list[dict]:
-    """Tasks from a task-source function (``split=`` passed when it takes one), each with an ``id``."""
+    """Tasks from a task-source function (``split=`` passed when it takes one, ``options`` always),
+    each with an ``id``."""
     source = load_ref(ref) if isinstance(ref, str) else ref
     params = inspect.signature(source).parameters
-    produced = source(split=split) if split is not None and "split" in params else source()
+    produced = (
+        source(split=split, **options) if split is not None and "split" in params else source(**options)
+    )
     tasks = [dict(t) for t in produced]
     for index, task in enumerate(tasks):
         if "id" not in task:

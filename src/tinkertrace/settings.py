@@ -12,6 +12,7 @@ Light on purpose (no third-party import at module level): the SDK and every comm
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import sys
@@ -36,22 +37,19 @@ def setting(
     cli: bool = True,
     argument: bool = False,
     envvar: str | None = None,
+    aliases: tuple[str, ...] = (),
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
     """A dataclass field with its help text: a command-line option unless ``cli=False`` (then it is set
     in a config file or in code only). ``flags`` replace the option's default name (``--field-name``,
     and ``--no-field-name`` for a bool); ``argument`` makes it positional; ``envvar`` names the
-    environment variable that sets it. A field without help is internal: not an option, not a file key."""
+    environment variable that sets it; ``aliases`` are other keys a config file may give it by (another
+    system's names for the same setting). A field without help is internal: not an option, not a file key."""
     metadata = {"help": help, "cli": cli and bool(help), "flags": flags, "argument": argument}
-    metadata["envvar"] = envvar
+    metadata["envvar"], metadata["aliases"] = envvar, aliases
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
-
-
-def documented_fields(settings: type) -> list[dataclasses.Field[Any]]:
-    """The fields declared with help text: a config file's keys."""
-    return [f for f in dataclasses.fields(settings) if f.metadata.get("help")]
 
 
 def is_required(field: dataclasses.Field[Any]) -> bool:
@@ -96,9 +94,12 @@ def coerce(key: str, value: Any, kind: Any) -> Any:
             raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, args))}")
         return value
     if origin is list and dataclasses.is_dataclass(args[0]):  # a list of settings (a file's tables)
+        item_kind: Any = args[0]
+        keyed = getattr(item_kind, "keyed", None)  # a mapping keyed by name, where the class reads one
+        if isinstance(value, dict) and callable(keyed):
+            value = [keyed(str(name), entry) for name, entry in value.items()]
         if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
             raise ConfigError(f"{key}: expected a list of mappings, got {value!r}")
-        item_kind: Any = args[0]
         return [load(item_kind, given=item, what=f"{key}[{i}] setting") for i, item in enumerate(value)]
     if origin is dict:
         if isinstance(value, str | list | tuple) and all(isinstance(v, str) for v in value):
@@ -143,11 +144,12 @@ def _datetime(value: Any) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def parse_key_values(items: list[str], what: str) -> dict[str, str]:
-    """``["a=1", "b=x,c=2"]`` → ``{"a": "1", "b": "x", "c": "2"}`` (repeated or comma-separated pairs)."""
+def parse_key_values(items: list[str], what: str, split_commas: bool = True) -> dict[str, str]:
+    """``["a=1", "b=x,c=2"]`` → ``{"a": "1", "b": "x", "c": "2"}`` (repeated or, with ``split_commas``,
+    comma-separated pairs)."""
     out: dict[str, str] = {}
     for item in items:
-        for part in filter(None, (p.strip() for p in item.split(","))):
+        for part in filter(None, (p.strip() for p in (item.split(",") if split_commas else [item]))):
             name, sep, raw = part.partition("=")
             if not sep or not name.strip() or not raw.strip():
                 raise ConfigError(f"{what}: expected key=value, got {part!r}")
@@ -180,6 +182,44 @@ def read_config_file(path: Path, section: str | None = None, flat: bool = True) 
     return data if flat else {}
 
 
+def aliases(settings: type) -> dict[str, str]:
+    """Each alias of a field of ``settings`` → the field's name."""
+    return {alias: f.name for f in dataclasses.fields(settings) for alias in f.metadata.get("aliases", ())}
+
+
+def apply_edits(data: Mapping[str, Any], edits: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` (a config file's settings) with each ``edits`` key set: dotted keys reach into
+    mappings, and into a list of mappings by an item's ``name`` (``environments.NAME.group_size``).
+    Text values are read as YAML scalars (``64``, ``2e-5``, ``true``, ``null``)."""
+    import yaml
+
+    out = copy.deepcopy(dict(data))
+    for dotted, raw in edits.items():
+        value = yaml.safe_load(raw) if isinstance(raw, str) else raw
+        *path, last = dotted.split(".")
+        node: Any = out
+        for i, part in enumerate(path):
+            if isinstance(node, list):
+                found = [item for item in node if isinstance(item, dict) and item.get("name") == part]
+                if not found:
+                    raise ConfigError(
+                        f"--set {dotted}: no item named {part!r} in {'.'.join(path[:i]) or 'the file'}"
+                    )
+                node = found[0]
+            elif (
+                i == 0 or part in node
+            ):  # a new top-level mapping (loss_config.beta=...), else one that exists
+                node = node.setdefault(part, {})
+            else:
+                raise ConfigError(f"--set {dotted}: no {part!r} in {'.'.join(path[:i])}")
+            if not isinstance(node, dict | list):
+                raise ConfigError(f"--set {dotted}: {'.'.join(path[: i + 1])} is not a mapping")
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {dotted}: {'.'.join(path)} is a list; name one of its items")
+        node[last] = value
+    return out
+
+
 def environment(settings: type, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The fields of ``settings`` whose environment variable is set (and not empty), as raw text."""
     environ = os.environ if environ is None else environ
@@ -201,17 +241,21 @@ def load(
     skip: tuple[str, ...] = (),
     environ: Mapping[str, str] | None = None,
     what: str = "setting",
+    edits: Mapping[str, Any] | None = None,
 ) -> S:
     """A validated ``settings`` instance: defaults, updated by ``file`` (its ``section`` table, else the
-    whole file when ``flat``; its ``skip`` keys belong to other settings), then by the environment, then
-    by ``given`` (None values are ignored). Keys may use dashes.
+    whole file when ``flat``; its ``skip`` keys belong to other settings; ``edits``, dotted keys, laid
+    over it: :func:`apply_edits`), then by the environment, then by ``given`` (None values are
+    ignored). Keys may use dashes, and a field's aliases.
     ConfigError names an unknown key, a bad value, or the class's own validation problems."""
     kinds = field_kinds(settings)
     declared = dataclasses.fields(settings)  # type: ignore[arg-type]  # S is a dataclass
     internal = {f.name for f in declared if not f.metadata.get("help")}
+    renamed = aliases(settings)
     merged: dict[str, Any] = {}
+    from_file = read_config_file(file, section, flat) if file else {}
     layers = [
-        ("config file setting", read_config_file(file, section, flat) if file else {}),
+        ("config file setting", apply_edits(from_file, edits) if edits else from_file),
         ("environment setting", environment(settings, environ)),
         (what, {k: v for k, v in (given or {}).items() if v is not None}),
     ]
@@ -220,8 +264,12 @@ def load(
             key = str(raw_key).replace("-", "_")
             if origin == "config file setting" and key in skip:
                 continue
+            if key in renamed:
+                if renamed[key] in layer:
+                    raise ConfigError(f"{raw_key!r} and {renamed[key]!r} name the same setting: give one")
+                key = renamed[key]
             if key not in kinds or (origin == "config file setting" and key in internal):
-                known = ", ".join(sorted(set(kinds) - internal))
+                known = ", ".join(sorted((set(kinds) - internal) | set(renamed)))
                 raise ConfigError(f"unknown {origin} {raw_key!r}; known: {known}")
             value = coerce(key, value, kinds[key])
             merged[key] = {**merged[key], **value} if isinstance(value, dict) and key in merged else value

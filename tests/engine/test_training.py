@@ -11,8 +11,8 @@ import torch
 from tinker import types
 
 from tinkertrace.engine import CheckpointError, ModelNotFoundError, ServiceClient, TrainingClient
+from tinkertrace.engine.batching import microbatches
 from tinkertrace.engine.model import load_base_model
-from tinkertrace.engine.training import microbatches
 from tinkertrace.tokenizer import BUILTIN_MODEL
 
 NANO = f"{BUILTIN_MODEL}:nano"

@@ -19,6 +19,7 @@ from tinkertrace.testing.waiting import wait_until
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.metrics import read_metrics
+from tinkertrace.training.outcomes import read_outcomes
 
 from .conftest import MODEL, make_rollouts
 
@@ -77,6 +78,14 @@ def test_stale_rollouts_are_dropped_and_counted(stack: OnlineStack, tmp_path: Pa
     assert any("stale" in note for note in result.notes)
     (record,) = read_checkpoints(tmp_path / "stale")
     assert record["policy_version"] == 1 and len(record["trained_rollout_ids"]) == 4
+    # outcomes.jsonl: the trained rows at step 0, the stale ones dropped at step 1, one version behind
+    outcomes = read_outcomes(tmp_path / "stale")
+    trained = {o["rollout_id"] for o in outcomes if o["outcome"] == "trained"}
+    assert trained == set(record["trained_rollout_ids"])
+    assert {o["step"] for o in outcomes if o["outcome"] == "trained"} == {0}
+    stale = [o for o in outcomes if o["outcome"] == "dropped"]
+    assert len({o["rollout_id"] for o in stale}) == result.rollouts_dropped_stale
+    assert {(o["reason"], o["step"], o["versions_behind"]) for o in stale} == {("stale", 1, 1)}
 
 
 def test_rows_of_consumed_rollouts_are_never_buffered_again(tmp_path: Path) -> None:

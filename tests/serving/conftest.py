@@ -106,3 +106,48 @@ def scripted_server(
     sampler = ScriptedTinkerSampler(["hello world. more text", "second reply"])
     policy = PolicyHolder(sampler, tokenizer, "scripted-model")
     return start_server(policy), sampler, policy
+
+
+class Recording:
+    """A recording endpoint under test: ``serve`` itself, or a ``proxy`` in front of a plain ``serve``;
+    ``url`` is where agents call, ``spans`` the folder its recorder writes."""
+
+    def __init__(self, kind: str, url: str, recorder: Any, spans: Any) -> None:
+        self.kind, self.url, self.recorder, self.spans = kind, url, recorder, spans
+
+    def query(self, sql: str) -> list[tuple]:
+        """``sql`` over the spans recorded so far (flushed first)."""
+        import duckdb
+
+        from tinkertrace.spanstore.reader import open_spans
+
+        assert self.recorder.flush(30)
+        con = duckdb.connect()
+        open_spans(con, self.spans)
+        return con.execute(sql).fetchall()
+
+
+@pytest.fixture
+def recording_endpoint(
+    tokenizer: Any, start_server: Callable[..., BackgroundServer], tmp_path: Any
+) -> Iterator[Callable[..., Recording]]:
+    """``recording_endpoint("serve" | "proxy", replies=[...], **app_options)``: a recording endpoint on
+    a free port (options go to the app that records: ``create_app`` or ``create_proxy_app``)."""
+    from tinkertrace.serving.proxy import create_proxy_app
+    from tinkertrace.serving.recording import CallRecorder
+
+    def start(kind: str, replies: list[str] | None = None, **options: Any) -> Recording:
+        spans = tmp_path / f"spans-{kind}-{len(list(tmp_path.iterdir()))}"
+        recorder = CallRecorder(spans_dir=spans, schedule_delay_s=0.05)
+        policy = PolicyHolder(ScriptedTinkerSampler(replies or ["a reply"]), tokenizer, "scripted-model")
+        if kind == "serve":
+            return Recording(kind, start_server(policy, recorder=recorder, **options).url, recorder, spans)
+        upstream = start_server(policy)
+        proxy = BackgroundServer(create_proxy_app(upstream.url + "/v1", recorder=recorder, **options)).start()
+        request_stop.append(proxy)
+        return Recording(kind, proxy.url, recorder, spans)
+
+    request_stop: list[BackgroundServer] = []
+    yield start
+    for server in request_stop:
+        server.stop()

@@ -24,13 +24,13 @@ from tinkertrace import semconv
 from tinkertrace.collector.wal import WriteAheadLog, segment_ids
 from tinkertrace.netutil import BackgroundServer
 from tinkertrace.sdk.export import encode_batch
-from tinkertrace.sdk.llm_call import LlmCall
 from tinkertrace.sdk.runtime import private_runtime
 from tinkertrace.serving.call_records import call_record, restored_span
 from tinkertrace.serving.journal import ROLLOUTS, SPANS, Journal, JournalStats
 from tinkertrace.serving.journal_targets import ParquetTarget
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.serving.recording import CallRecorder
+from tinkertrace.serving.served_calls import ServedCall
 from tinkertrace.spanstore.reader import open_spans
 
 MODEL = "scripted-model"
@@ -162,7 +162,7 @@ def test_a_call_record_rebuilds_the_span_the_live_call_builds(tmp_path: Path) ->
         "usage": {"prompt_tokens": 3, "completion_tokens": 2},
     }
     for status, response in ((200, orjson.dumps(answer)), (400, b'{"error": {"message": "too long"}}')):
-        call = LlmCall(
+        call = ServedCall(  # as the endpoint makes it
             rt, "chat", httpx.URL("http://127.0.0.1:9/v1/chat/completions"), body, orjson.dumps(body), None
         )
         call.span.context_attributes[semconv.ROLLOUT_ID] = "r-1"

@@ -155,7 +155,7 @@ def test_admission_works_through_the_proxy_in_front_of_the_endpoint(
 def test_proxy_command_records_and_flushes_at_shutdown(openai_server, tmp_path: Path) -> None:
     port, spans = free_port(), tmp_path / "cli-spans"
     cmd = [sys.executable, "-m", "tinkertrace.cli.main", "proxy", "--upstream", openai_server.base_url]
-    cmd += ["--port", str(port), "--spans-dir", str(spans), "--api-key", "pk"]
+    cmd += ["--port", str(port), "--spans-dir", str(spans), "--api-key", "pk", "--max-request-mb", "0.01"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_port(port, timeout=60)
@@ -170,6 +170,8 @@ def test_proxy_command_records_and_flushes_at_shutdown(openai_server, tmp_path: 
             f"http://127.0.0.1:{port}/v1/rollouts/r-cli/finish", headers={"Authorization": "Bearer pk"}
         )
         assert finish.json()["llm_calls"] == 1
+        too_big = httpx.post(f"{base}/chat/completions", content=b"x" * 20_000, headers={"x-api-key": "pk"})
+        assert too_big.status_code == 413 and "0.01 MiB" in too_big.json()["error"]["message"]
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)

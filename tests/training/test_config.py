@@ -14,7 +14,7 @@ from tinkertrace.training.errors import ConfigError
 def test_defaults_are_valid() -> None:
     config = make_config()
     assert config == TrainConfig()
-    assert config.advantage == "group" and config.backend == "local"
+    assert config.advantage == "group" and config.backend == "auto"  # tinker with TINKER_API_KEY, else local
 
 
 def test_yaml_file_then_overrides(tmp_path: Path) -> None:

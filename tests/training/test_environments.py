@@ -19,8 +19,8 @@ import pytest
 
 import tinkertrace
 from tinkertrace.builder import build_trajectories
-from tinkertrace.online.environments import GroupStager, select_by_weight
 from tinkertrace.online.follow import FollowResult, FollowTrainer
+from tinkertrace.online.group_staging import GroupStager, select_by_weight
 from tinkertrace.online.settings import FollowOptions, make_follow_options
 from tinkertrace.online.tail import TailPoll
 from tinkertrace.training.config import Environment, make_config

@@ -18,6 +18,7 @@ from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig, make_config
 from tinkertrace.training.errors import BackendError, ConfigError
 from tinkertrace.training.metrics import read_metrics
+from tinkertrace.training.outcomes import read_outcomes
 
 MODEL = "tinkertrace/tiny-chat:nano"
 PROBE = types.ModelInput.from_ints(list(b"Q1? yes"))
@@ -83,6 +84,18 @@ def test_local_run_logs_metrics_records_checkpoints_and_changes_weights(
     first_epoch = set(checkpoints[0]["trained_rollout_ids"])
     assert first_epoch == set(checkpoints[1]["trained_rollout_ids"]) == trained_rollouts(config.log_dir)
     assert len(first_epoch) == 17 and not any(r.startswith("rc-") for r in first_epoch)
+
+    # outcomes.jsonl: every trained row with its step (the metrics' numbering), the constant group's
+    # rows dropped with their reason before any step
+    outcomes = read_outcomes(config.log_dir)
+    trained = [o for o in outcomes if o["outcome"] == "trained"]
+    assert {o["rollout_id"] for o in trained} == first_epoch
+    assert sorted({o["step"] for o in trained}) == [r["step"] for r in records]
+    per_step = {s: sum(o["tokens"] - 1 for o in trained if o["step"] == s) for s in range(4)}
+    assert all(per_step[r["step"]] == r["data/num_tokens"] for r in records)  # the Datums' inputs
+    dropped = [o for o in outcomes if o["outcome"] == "dropped"]
+    assert dropped and all(o["rollout_id"].startswith("rc-") for o in dropped)
+    assert {(o["reason"], o["step"]) for o in dropped} == {("constant_reward", None)}
 
     service = ServiceClient(base_dir=tmp_path / "engine")
     before = _logprobs(service, base_model=MODEL)

@@ -4,6 +4,7 @@ the ui serving that folder, and Debian's chromium driven by Playwright."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import openai
 import pytest
 
 import tinkertrace
+from tinkertrace import schemas
 from tinkertrace.builtin import BUILTIN_MODEL
 from tinkertrace.testing.openai_server import RunningServer
 from tinkertrace.training.config import make_config
@@ -180,3 +182,20 @@ def page(browser: Any) -> Iterator[Any]:
     yield page
     context.close()
     assert not errors, f"JavaScript errors: {errors}"
+
+
+T0 = 1_700_000_000_000_000_000
+
+
+def span(trace: str, sid: str, name: str, at: float, parent: str | None = None, **cols: Any) -> dict:
+    """One row of the spans schema: ids padded, times in seconds after T0, JSON columns from dicts."""
+    row: dict[str, Any] = {f.name: None for f in schemas.spans()}
+    row.update(trace_id=trace.rjust(32, "0"), span_id=sid.rjust(16, "0"), name=name, kind="INTERNAL",
+               parent_span_id=parent.rjust(16, "0") if parent else None, start_time=T0 + int(at * 1e9),
+               end_time=T0 + int((at + 1) * 1e9), status_code="UNSET", received_at=T0 + int((at + 2) * 1e9),
+               attributes="{}", resource_attributes="{}", events="[]", links="[]")  # fmt: skip
+    for key in ("attributes", "resource_attributes"):
+        if isinstance(cols.get(key), dict):
+            cols[key] = json.dumps(cols[key])
+    row.update(cols)
+    return row

@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import httpx
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import tinkertrace
 from tinkertrace.training.metrics import read_metrics
+from tinkertrace.training.outcomes import outcome_rows, read_outcomes
 from tinkertrace.ui.server import UiServer
 
 from .conftest import SCRIPT_TEXT, Run, record_rollouts
@@ -27,6 +30,21 @@ def built(run: Run, name: str) -> list[dict[str, Any]]:
         .drop_columns([c for c in ("end_time",) if name == "trajectories"])
         .to_pylist()
     )
+
+
+def outcomes(run: Run) -> list[dict[str, Any]]:
+    return read_outcomes(run.log_dir)
+
+
+def trained_tokens(run: Run, rows: list[dict[str, Any]]) -> int:
+    """Tokens of these trajectory rows that went into a trained Datum (outcomes.jsonl: the tokens kept)."""
+    kept = {(o["rollout_id"], o["agent_name"], o["segment"]): o["tokens"]
+            for o in outcomes(run) if o["outcome"] == "trained"}  # fmt: skip
+    total = 0
+    for r in rows:
+        n = kept.get((r["rollout_id"], r["agent_name"], r["segment"]), 0)
+        total += sum(r["action_mask"][1:n])
+    return total
 
 
 def rollouts_made(run: Run) -> int:
@@ -108,10 +126,17 @@ def test_walk_run_to_rollout_to_trajectory(run: Run, ui: UiServer, page: Any) ->
     rows = sorted((r for r in built(run, "trajectories") if r["rollout_id"] == run.split_rollout),
                   key=lambda r: r["segment"])  # fmt: skip
     assert page.locator("#token-count").inner_text() == str(sum(len(r["tokens"]) for r in rows))
-    assert page.locator("#trained-count").inner_text() == str(sum(sum(r["action_mask"]) for r in rows))
+    assert page.locator("#sampled-count").inner_text() == str(sum(sum(r["action_mask"]) for r in rows))
+    assert page.locator("#trained-count").inner_text() == str(trained_tokens(run, rows))
     assert page.locator(".segment").count() == len(rows) == 2
     assert page.locator(".split-reason").inner_text() == f"split: {rows[1]['split_reason']}"
     assert rows[1]["split_reason"] == "template_change"
+    # where the new segment's sequence parts from the previous one (the system prompt changed)
+    parted = next(
+        i for i, (x, y) in enumerate(zip(rows[0]["tokens"], rows[1]["tokens"], strict=False)) if x != y
+    )
+    assert page.locator(".parted-at").inner_text() == f"· parts from the previous segment at token {parted}"
+    assert page.locator(".segment").nth(1).locator(".tok.parts").get_attribute("data-i") == str(parted)
     # tokens carry their mask and logprob; clicking one shows its numbers
     sampled = page.locator(".segment").first.locator(".tok.trained").first
     i = int(sampled.get_attribute("data-i"))
@@ -195,3 +220,120 @@ def shutil_copy(run: Run, to: Path) -> None:
     shutil.copytree(run.spans, to / "spans")
     shutil.copytree(run.log_dir, to / "train")
     tinkertrace.flush()
+
+
+def test_training_outcome_of_each_rollout_is_the_trainers_record(run: Run, ui: UiServer, page: Any) -> None:
+    """Trained at step N (the plots' numbering) or dropped with the reason, as outcomes.jsonl says;
+    a dropped rollout's sampled tokens are not shown as trained."""
+    records = outcomes(run)
+    trained: dict[str, list[int]] = {}
+    for o in records:
+        if o["outcome"] == "trained":
+            trained.setdefault(o["rollout_id"], []).append(o["step"])
+    dropped = {o["rollout_id"]: o["reason"] for o in records if o["outcome"] == "dropped"}
+    assert dropped and set(dropped) & set(trained) == set()
+    assert run.script_rollout in dropped  # a group of one: its reward is constant
+
+    page.goto(ui.url + "rollouts?outcome=dropped&per_page=100")
+    assert page.locator("#total").inner_text() == str(len(dropped))
+    for row in page.locator("#rollout-table tbody tr").all():
+        rid = row.get_attribute("data-rollout")
+        assert row.locator("td.outcome").inner_text() == "dropped before training: constant-reward group"
+        assert dropped[rid] == "constant_reward"
+    page.goto(ui.url + "rollouts?outcome=trained&per_page=100")
+    assert page.locator("#total").inner_text() == str(len(trained))
+    shown = {r.get_attribute("data-rollout"): r.locator("td.outcome").inner_text()
+             for r in page.locator("#rollout-table tbody tr").all()}  # fmt: skip
+    assert shown == {rid: f"trained at step {min(steps)}" for rid, steps in trained.items()}
+    steps = {r["step"] for r in read_metrics(run.log_dir)}
+    assert {s for v in trained.values() for s in v} <= steps  # the numbering of the plots
+
+    page.goto(ui.url + f"rollouts/{run.script_rollout}")
+    assert page.locator("#fact-outcome").inner_text() == "dropped before training: constant-reward group"
+    page.goto(ui.url + f"trajectory/{run.script_rollout}")
+    assert int(page.locator("#sampled-count").inner_text()) > 0
+    assert page.locator("#trained-count").inner_text() == "0"
+    assert page.locator(".tokens .tok.trained").count() == 0
+    assert "dropped: constant_reward" in page.locator(".seg-fate").first.inner_text()
+
+
+def test_each_outcome_filter_and_a_stale_drop(run: Run, tmp_path: Path, page: Any) -> None:
+    """A follow run's record of a stale drop (written with the trainer's own writer) reads as
+    'dropped at step N: stale by k versions'; every outcome filter partitions the list."""
+    live = tmp_path / "stale"
+    shutil_copy(run, live)
+    victim = next(o for o in outcomes(run) if o["outcome"] == "trained")["rollout_id"]
+    lines = [o for o in outcomes(run) if o["rollout_id"] != victim]
+    row = pa.table({"rollout_id": [victim], "agent_name": [None], "segment": [0]})
+    lines += outcome_rows(row, "dropped", step=3, reason="stale", versions_behind=[2])
+    (live / "train" / "outcomes.jsonl").write_text("".join(json.dumps(o) + "\n" for o in lines))
+    with UiServer([live], refresh_s=0.2) as server:
+        page.goto(server.url + "rollouts?outcome=stale")
+        assert page.locator("#total").inner_text() == "1"
+        assert page.locator("td.outcome").inner_text() == "dropped at step 3: stale by 2 versions"
+        totals = {}
+        for outcome in ("trained", "stale", "constant_reward", "incomplete", "failed", "not_trained"):
+            page.goto(server.url + f"rollouts?outcome={outcome}")
+            totals[outcome] = int(page.locator("#total").inner_text())
+        assert sum(totals.values()) == rollouts_made(run)
+        page.goto(server.url + "rollouts?outcome=dropped")
+        assert int(page.locator("#total").inner_text()) == totals["stale"] + totals["constant_reward"]
+
+
+def test_plots_keep_each_metric_family_on_its_own_axis(run: Run, ui: UiServer, page: Any) -> None:
+    """KL apart from entropy, the step's time apart from the run's, the learning rate apart from the
+    batch index; every logged metric plotted once; legend numbers readable."""
+    series = httpx.get(ui.url + "api/metrics").json()
+    panel_of = {name: p["title"] for p in series["panels"] for name in p["names"]}
+    logged = {k for r in read_metrics(run.log_dir) for k, v in r.items()
+              if k != "step" and isinstance(v, int | float)}  # fmt: skip
+    assert set(panel_of) == logged and sum(len(p["names"]) for p in series["panels"]) == len(logged)
+    for a, b in (("optim/kl_sample_train_v1", "optim/entropy"), ("time/step", "time/total"),
+                 ("optim/lr", "progress/batch"), ("progress/done_frac", "progress/batch")):  # fmt: skip
+        assert panel_of[a] != panel_of[b], (a, b)
+    page.goto(ui.url)
+    kl = page.locator('.plot[data-title="KL, sampler vs trainer"]')
+    kl.wait_for()
+    assert kl.get_attribute("data-unit") == "nats"
+    box = kl.locator(".u-over").bounding_box()
+    page.mouse.move(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2)  # the last step
+    shown = kl.locator(".u-legend .u-series").nth(1).locator(".u-value").inner_text()
+    last = read_metrics(run.log_dir)[-1]["optim/kl_sample_train_v1"]
+    assert re.fullmatch(r"-?\d[\d.]*(e[-+]\d+)?", shown) and len(shown.replace("-", "")) <= 9, shown
+    assert float(shown) == pytest.approx(last, rel=1e-3)
+
+
+def test_a_run_logged_before_outcomes_jsonl_reads_its_checkpoints(
+    run: Run, tmp_path: Path, page: Any
+) -> None:
+    """Without outcomes.jsonl the trained rollouts come from checkpoints.jsonl (no step recorded there)."""
+    old = tmp_path / "old"
+    shutil_copy(run, old)
+    (old / "train" / "outcomes.jsonl").unlink()
+    trained = {r for line in (run.log_dir / "checkpoints.jsonl").read_text().splitlines()
+               for r in json.loads(line)["trained_rollout_ids"]}  # fmt: skip
+    with UiServer([old], refresh_s=0.2) as server:
+        page.goto(server.url + "rollouts?outcome=trained&per_page=100")
+        assert page.locator("#total").inner_text() == str(len(trained))
+        cells = set(page.locator("#rollout-table td.outcome").all_inner_texts())
+        assert cells == {"trained (step not recorded)"}
+        page.goto(server.url + f"trajectory/{run.split_rollout}")
+        assert page.locator("#trained-count").inner_text() == page.locator("#sampled-count").inner_text()
+
+
+def test_a_rollout_page_shows_its_training_outcome_live(run: Run, tmp_path: Path, page: Any) -> None:
+    """The trainer records a step while the rollout page is open: its facts and group follow."""
+    live = tmp_path / "live"
+    shutil_copy(run, live)
+    ledger = live / "train" / "outcomes.jsonl"
+    lines = [o for o in outcomes(run) if o["rollout_id"] != run.split_rollout]
+    ledger.write_text("".join(json.dumps(o) + "\n" for o in lines))
+    with UiServer([live], refresh_s=0.2) as server:
+        page.goto(server.url + f"rollouts/{run.split_rollout}")
+        assert page.locator("#fact-outcome").inner_text() == "not trained"
+        row = pa.table({"rollout_id": [run.split_rollout], "agent_name": [None], "segment": [0]})
+        with ledger.open("a") as fh:
+            fh.writelines(json.dumps(o) + "\n" for o in outcome_rows(row, "trained", step=7, tokens=[10]))
+        page.wait_for_function("document.querySelector('#fact-outcome').textContent === 'trained at step 7'")
+        here = page.locator("#group tr.here td.outcome")
+        assert here.inner_text() == "trained at step 7"

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from tinkertrace.builder.views import open_views
 from tinkertrace.spanstore.reader import ReadReport
+from tinkertrace.spanstore.sql import literal
 
 QueryFormat = Literal["table", "csv", "json", "parquet"]
 _COPY_OPTIONS = {"csv": "FORMAT csv, HEADER true", "json": "FORMAT json", "parquet": "FORMAT parquet"}
@@ -46,7 +47,7 @@ def export(con: duckdb.DuckDBPyConnection, sql: str, fmt: QueryFormat, output: P
         raise QueryError("--format parquet needs --output FILE")
     with tempfile.TemporaryDirectory(prefix="tinkertrace-query-") as tmp:
         target = output if output is not None else Path(tmp) / f"result.{fmt}"
-        quoted = "'" + str(target).replace("'", "''") + "'"
+        quoted = literal(target)
         try:
             con.execute(f"COPY ({sql.strip().rstrip(';')}) TO {quoted} ({_COPY_OPTIONS[fmt]})")
         except duckdb.Error as exc:

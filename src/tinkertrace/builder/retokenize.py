@@ -21,10 +21,10 @@ import pyarrow as pa
 
 from tinkertrace import semconv as sc
 from tinkertrace.builder.adapters import ADAPTERS
-from tinkertrace.builder.adapters.base import quoted
 from tinkertrace.builder.adapters.genai import MESSAGE_EVENT_NAMES, MESSAGE_EVENTS
 from tinkertrace.builder.summary import NO_TOKENIZER_REASON
 from tinkertrace.builder.views import Relation
+from tinkertrace.spanstore.sql import literal_list
 
 TABLE = "_retokenized"
 # why a call without token ids could not be rebuilt (BuildSummary.llm_calls_not_rebuilt)
@@ -53,7 +53,7 @@ def text_only_calls_sql(typed: Relation, logs: Relation) -> str:
         SELECT trace_id, span_id,
                json_object('{MESSAGE_EVENTS}', to_json(list({{'name': event_name, 'body': body}}
                    ORDER BY COALESCE(time, observed_time), observed_time, received_at))) AS events
-        FROM {logs} WHERE span_id IS NOT NULL AND event_name IN ({quoted(MESSAGE_EVENT_NAMES)})
+        FROM {logs} WHERE span_id IS NOT NULL AND event_name IN ({literal_list(MESSAGE_EVENT_NAMES)})
         GROUP BY ALL
     )
     SELECT c.trace_id, c.span_id, c.producer,

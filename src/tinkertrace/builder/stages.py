@@ -19,6 +19,7 @@ from tinkertrace.builder.options import BuildOptions
 from tinkertrace.builder.summary import BuildSummary
 from tinkertrace.builder.views import Relation, Sources
 from tinkertrace.schemas.columns import TOKEN_COLUMNS
+from tinkertrace.spanstore.sql import attr
 
 SPANS, ROLLOUTS, SCOPES, PARENTS = "_spans", "_rollouts", "_scopes", "_parents"
 CALLS, REWARDS, CHOSEN = "_calls", "_rewards", "_chosen"
@@ -104,16 +105,12 @@ def _add_event_rewards(con: duckdb.DuckDBPyConnection, table: Relation, sources:
                event_time AS start_time, event_time AS end_time, '{sc.TYPE_REWARD}' AS span_type,
                rollout_id, task_id, attempt, split, agent_name, received_at, from_agentlightning,
                implicit_rollout, producer,
-               COALESCE({_event_attr(sc.GENAI_EVALUATION_NAME)}, '{sc.PRIMARY_REWARD}') AS reward_name,
-               TRY_CAST({_event_attr(sc.GENAI_EVALUATION_SCORE)} AS DOUBLE) AS reward_value,
-               {_event_attr(sc.GENAI_RESPONSE_ID)} AS response_id, attributes,
+               COALESCE({attr(sc.GENAI_EVALUATION_NAME)}, '{sc.PRIMARY_REWARD}') AS reward_name,
+               TRY_CAST({attr(sc.GENAI_EVALUATION_SCORE)} AS DOUBLE) AS reward_value,
+               {attr(sc.GENAI_RESPONSE_ID)} AS response_id, attributes,
                NULL AS agent_span_name, false AS trainable, false AS server_side
-        FROM scored WHERE {_event_attr(sc.GENAI_EVALUATION_SCORE)} IS NOT NULL""")
+        FROM scored WHERE {attr(sc.GENAI_EVALUATION_SCORE)} IS NOT NULL""")
     drop(con, "_carriers")
-
-
-def _event_attr(name: str) -> str:
-    return f"json_extract_string(attributes, '$.\"{name}\"')"
 
 
 def rollouts(
@@ -134,12 +131,12 @@ def rollouts(
         con.execute("""SELECT incomplete_reason, count(*) FROM _candidates
                        WHERE incomplete_reason IS NOT NULL GROUP BY ALL ORDER BY 1""").fetchall()
     )
-    summary.incomplete_rollout_ids = [
-        r[0]
-        for r in con.execute(
-            "SELECT rollout_id FROM _candidates WHERE incomplete_reason IS NOT NULL ORDER BY 1"
-        ).fetchall()
-    ]
+    incomplete = con.execute(
+        "SELECT rollout_id, reward_spans > 0 FROM _candidates WHERE incomplete_reason IS NOT NULL ORDER BY 1"
+    ).fetchall()
+    summary.incomplete_rollout_ids = [r[0] for r in incomplete]
+    summary.incomplete_rollouts_rewarded = sum(1 for r in incomplete if r[1])
+    summary.incomplete_included = options.include_incomplete
     pool = "true" if options.include_incomplete else "incomplete_reason IS NULL"
     where = [pool]
     params: dict[str, object] = {}

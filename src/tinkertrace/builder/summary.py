@@ -41,6 +41,8 @@ class BuildSummary:
     unmatched_rewards: list[tuple[str, str]] = field(default_factory=list)  # (rollout_id, span_id)
     rollout_ids: list[str] = field(default_factory=list)  # built rollouts, sorted
     incomplete_rollout_ids: list[str] = field(default_factory=list)  # left out as incomplete, sorted
+    incomplete_rollouts_rewarded: int = 0  # of those, how many carried reward spans
+    incomplete_included: bool = False  # --include-incomplete: they were built, not left out
     buckets: int = 1  # slices the token data was joined and sorted in (memory bound)
     spans_by_producer: dict[str, int] = field(default_factory=dict)  # tinkertrace, openinference, ...
     llm_spans_by_producer: dict[str, int] = field(default_factory=dict)  # LLM spans recognised, by producer
@@ -85,6 +87,18 @@ class BuildSummary:
             hints.append(f"{self.llm_calls_without_tokens} LLM calls have no token ids")
         return hints
 
+    def incomplete_note(self) -> str | None:
+        """What a build that left rollouts out as incomplete says about them (None when it left none)."""
+        if self.incomplete_included or not self.incomplete_rollout_ids:
+            return None
+        count = len(self.incomplete_rollout_ids)
+        shown = ", ".join(self.incomplete_rollout_ids[:10]) + (", ..." if count > 10 else "")
+        return (
+            f"{count} rollouts left out as incomplete ({shown}), {self.incomplete_rollouts_rewarded} of them "
+            "with rewards: a rollout recorded by an endpoint is complete once it is finished "
+            "(POST /v1/rollouts/{id}/finish); --include-incomplete builds them as they are"
+        )
+
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) pairs for printing."""
 
@@ -100,7 +114,13 @@ class BuildSummary:
             ("rollouts built", str(self.rollouts_built)),
             ("rollouts built that failed", str(self.rollouts_failed)),
             ("rollouts left out by status", str(self.rollouts_status_filtered)),
-            ("rollouts incomplete (left out)", by_reason(self.rollouts_incomplete)),
+            (
+                "rollouts incomplete (built)"
+                if self.incomplete_included
+                else "rollouts incomplete (left out)",
+                by_reason(self.rollouts_incomplete),
+            ),
+            ("rollouts incomplete with rewards", str(self.incomplete_rollouts_rewarded)),
             ("rollouts filtered out", str(self.rollouts_filtered)),
             ("rollouts already built (excluded)", str(self.rollouts_excluded)),
             ("LLM spans", str(self.llm_spans)),

@@ -30,10 +30,11 @@ import pyarrow.parquet as pq
 from tinkertrace import schemas
 from tinkertrace import semconv as sc
 from tinkertrace.builder.adapters import ADAPTERS, OURS, agentlightning
-from tinkertrace.builder.adapters.base import MAPPABLE_COLUMNS, attr
+from tinkertrace.builder.adapters.base import MAPPABLE_COLUMNS
 from tinkertrace.schemas.columns import TOKEN_COLUMNS
 from tinkertrace.spanstore.logs import LOGS_FOLDER
 from tinkertrace.spanstore.reader import ReadReport, list_span_files, open_spans
+from tinkertrace.spanstore.sql import attr, attr_json, literal_list
 
 Relation = str
 """The name of a DuckDB view or table one build stage created and hands to the next."""
@@ -52,7 +53,7 @@ def _attr(name: str) -> str:
 
 
 def _attr_json(name: str) -> str:
-    return f"json_extract({_A}, '$.\"{name}\"')"
+    return attr_json(name, _A)
 
 
 def _producer_sql() -> str:
@@ -436,7 +437,7 @@ def open_logs(con: duckdb.DuckDBPyConnection, spans_dir: Path) -> list[tuple[Pat
         except (OSError, pa.ArrowException) as exc:
             skipped.append((path, f"unreadable log file: {exc}"))
     if readable:
-        listing = ", ".join("'" + str(f).replace("'", "''") + "'" for f in readable)
+        listing = literal_list(readable)
         con.execute(f"CREATE OR REPLACE VIEW {LOGS_VIEW} AS SELECT * FROM read_parquet([{listing}])")
     else:
         con.register("_no_logs", schemas.logs().empty_table())
@@ -456,7 +457,7 @@ def open_raw(
     wanted = {Path(f).resolve() for f in files}
     kept = [f for f in report.files if f.resolve() in wanted]
     skipped = [(f, why) for f, why in report.skipped if f.resolve() in wanted]
-    listing = ", ".join("'" + str(f).replace("'", "''") + "'" for f in kept) or "NULL"
+    listing = literal_list(kept) or "NULL"
     # A literal IN list lets DuckDB skip the other files at scan time.
     con.execute(
         f"CREATE OR REPLACE VIEW {RAW_VIEW} AS SELECT * FROM {RAW_VIEW}_all WHERE filename IN ({listing})"

@@ -10,6 +10,12 @@ results follow the same rules as sampling it alone (:func:`tinkertrace.engine.de
 is the one-request reference the tests compare with). The thread runs while there is work and
 stops after :data:`IDLE_EXIT_S` without any, so a sampler that is no longer used holds no thread.
 
+The thread is a daemon (a process never waits on a sampler to exit), and so must be stopped before the
+interpreter finalizes: a daemon thread still inside torch then is unwound through C++ frames that
+cannot unwind, and the process aborts ("terminate called without an active exception", SIGABRT,
+exit 134). :func:`close_all` stops every live batcher, failing what it was decoding; it runs at exit
+(``atexit`` handlers run before finalization), after the owners' own ``close`` calls.
+
 Why not transformers' own continuous batching (``generate_batch`` / ``init_continuous_batching``):
 in transformers 5.23 it takes one generation config for all requests (one ``num_return_sequences``,
 no per-request seed), and reports log-probabilities after its logits processors, while Tinker's
@@ -19,8 +25,10 @@ distribution before top-k/top-p truncation.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -38,6 +46,10 @@ IDLE_EXIT_S = 2.0
 """Seconds the decoding thread waits for new work before it exits (it restarts on the next submit)."""
 
 _Item = tuple[DecodeRequest, "Future[list[types.SampledSequence]]"]
+
+
+class SamplerClosedError(RuntimeError):
+    """The sampler was closed while this request was waiting or being decoded."""
 
 
 @dataclass
@@ -94,9 +106,11 @@ class ContinuousBatcher:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._cancelled = False  # close(cancel=True): fail the requests in flight, stop at the next step
         self.prefills = 0  # prefill passes (each admits every request waiting at that moment)
         self.steps = 0  # decoding steps run (forward passes of the running batch)
         self.rows_stepped = 0  # sum over steps of the live rows: rows_stepped / steps is the batch fill
+        _LIVE.add(self)
 
     def submit(self, request: DecodeRequest) -> Future[list[types.SampledSequence]]:
         """Queue ``request``; the future gets its sampled sequences (or the error it raised)."""
@@ -110,13 +124,15 @@ class ContinuousBatcher:
                 self._thread.start()
         return future
 
-    def close(self) -> None:
-        """Finish the requests already submitted, then stop the thread."""
+    def close(self, cancel: bool = False) -> None:
+        """Stop the thread: after finishing the requests already submitted, or with ``cancel`` after the
+        current forward pass, failing every unfinished request with :class:`SamplerClosedError`."""
         with self._lock:
             self._closed = True
+            self._cancelled |= cancel
             thread = self._thread
             self._inbox.put(None)
-        if thread is not None:
+        if thread is not None and thread is not threading.current_thread():
             thread.join()
 
     # --- the decoding thread ------------------------------------------------------------------------
@@ -124,6 +140,9 @@ class ContinuousBatcher:
         batch: _Batch | None = None
         closing = False
         while True:
+            if self._cancelled:
+                self._fail_unfinished(batch)
+                return
             idle = batch is None and not self._waiting
             closing |= self._drain(wait_s=None if closing or not idle else IDLE_EXIT_S)
             if batch is None and not self._waiting:
@@ -142,6 +161,18 @@ class ContinuousBatcher:
                     if not running.future.done():
                         running.future.set_exception(exc)
                 batch = None
+
+    def _fail_unfinished(self, batch: _Batch | None) -> None:
+        """Fail every request still running or waiting (the sampler is closing with cancel)."""
+        with self._lock:
+            self._thread = None
+            self._drain(wait_s=None)
+        error = SamplerClosedError("the sampler was closed before this request finished")
+        running = [r.future for r, _ in batch.owners] if batch is not None else []
+        for future in running + [future for _, future in self._waiting]:
+            if not future.done():
+                future.set_exception(error)
+        self._waiting.clear()
 
     def _drain(self, wait_s: float | None) -> bool:
         """Move submitted requests to the waiting list (waiting up to ``wait_s`` for the first one);
@@ -269,6 +300,17 @@ class ContinuousBatcher:
                     batch.live[index] = False
                     if running.done_rows.all() and not running.future.done():
                         running.future.set_result(_finish(running))
+
+
+_LIVE: weakref.WeakSet[ContinuousBatcher] = weakref.WeakSet()
+"""Every batcher not yet garbage-collected, for :func:`close_all`."""
+
+
+@atexit.register
+def close_all() -> None:
+    """Stop every live batcher's thread, failing the requests it was decoding (see the module's text)."""
+    for batcher in list(_LIVE):
+        batcher.close(cancel=True)
 
 
 def _finish(running: _Running) -> list[types.SampledSequence]:

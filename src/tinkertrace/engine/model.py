@@ -10,18 +10,15 @@ a local Hugging Face model folder.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
-from transformers.utils import logging as hf_logging
 
-from tinkertrace.models import ModelNotFoundError, model_folder
+from tinkertrace.models import ModelNotFoundError, model_folder, quiet_progress
 from tinkertrace.tokenizer import BUILTIN_MODEL, BUILTIN_VOCAB_SIZE
 
 BASE_INIT_SEED = 1234
@@ -92,18 +89,6 @@ def builtin_config(size: str) -> LlamaConfig:
         eos_token_id=258,
         pad_token_id=259,
     )
-
-
-@contextlib.contextmanager
-def quiet_progress() -> Iterator[None]:
-    """Hide transformers' per-shard progress bars while saving or loading small checkpoints."""
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def pick_device(device: str | None = None) -> torch.device:

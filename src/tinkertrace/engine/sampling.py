@@ -242,9 +242,9 @@ class SamplingClient:
         """The frozen snapshot this client samples from."""
         return self._model
 
-    def close(self) -> None:
-        """Finish queued requests and stop the worker threads."""
-        self.decoder.close()
+    def close(self, cancel: bool = False) -> None:
+        """Stop the worker threads: after finishing queued requests, or with ``cancel`` failing them."""
+        self.decoder.close(cancel=cancel)
         self._worker.shutdown(wait=True)
 
 

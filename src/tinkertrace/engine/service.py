@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
 from tinker import types
+from tinker.lib.public_interfaces.api_future import APIFuture
 
-from tinkertrace.engine.futures import ClientFuture
+from tinkertrace.engine.futures import ClientFuture, completed
 from tinkertrace.engine.model import (
     BUILTIN_SIZES,
     DEFAULT_BUILTIN_SIZE,
@@ -44,6 +46,7 @@ class ServiceClient:
         **sdk_kwargs: Any,
     ) -> None:
         self.store = CheckpointStore(base_dir)
+        self._samplers: weakref.WeakSet[SamplingClient] = weakref.WeakSet()  # closed by close()
         self.device = pick_device(device)
         if cpu_threads is None and os.environ.get("TINKERTRACE_CPU_THREADS"):
             cpu_threads = int(os.environ["TINKERTRACE_CPU_THREADS"])
@@ -152,10 +155,13 @@ class ServiceClient:
         if model_path is None and base_model is None:
             raise ValueError("Either model_path or base_model must be provided")
         if model_path is not None:
-            return ClientFuture(load_sampling_client(self.store, model_path, self.device))
-        assert base_model is not None
-        model = freeze(load_base_model(base_model, self.device))
-        return ClientFuture(SamplingClient(model, load_tokenizer(base_model), base_model))
+            sampler = load_sampling_client(self.store, model_path, self.device)
+        else:
+            assert base_model is not None
+            model = freeze(load_base_model(base_model, self.device))
+            sampler = SamplingClient(model, load_tokenizer(base_model), base_model)
+        self._samplers.add(sampler)
+        return ClientFuture(sampler)
 
     def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
         """The built-in model sizes (any local Hugging Face folder works too)."""
@@ -172,14 +178,19 @@ class ServiceClient:
             ]
         )
 
-    def close(self) -> None:
-        """Nothing to release; present for SDK compatibility."""
+    def close(self, status: str = "success", detail: str | None = None) -> APIFuture[None]:
+        """Stop the sampling clients this service made (failing requests still decoding), like
+        ``tinker.ServiceClient.close(status)`` ends a session; a done future. Training clients finish
+        their queued calls on their own (non-daemon) threads."""
+        for sampler in list(self._samplers):
+            sampler.close(cancel=True)
+        return completed(None)
 
     def __enter__(self) -> ServiceClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.close("success" if exc[0] is None else "errored")
 
 
 def _check_optimizer(optimizer: types.OptimizerConfig | None) -> None:

@@ -215,3 +215,23 @@ def _remove(folder: Path) -> None:
     doomed = folder.with_name(f".deleted-{folder.name}-{uuid.uuid4().hex[:8]}")
     folder.rename(doomed)
     shutil.rmtree(doomed, ignore_errors=True)
+
+
+def age_encrypter(recipients: list[str]) -> Callable[[Path], None]:
+    """A function that replaces a file with its age encryption to ``recipients`` (``age1...`` keys or
+    SSH public keys), named ``<file>.age``; ValueError naming a recipient that does not parse."""
+    import pyrage
+
+    parsed = []
+    for text in recipients:
+        kind = pyrage.ssh if text.startswith("ssh-") else pyrage.x25519
+        try:
+            parsed.append(kind.Recipient.from_str(text))
+        except Exception as exc:  # pyrage raises its own error types
+            raise ValueError(f"age_encryption_recipients: cannot parse {text!r}: {exc}") from None
+
+    def encrypt(file: Path) -> None:
+        pyrage.encrypt_file(str(file), str(file.with_name(file.name + ".age")), parsed)
+        file.unlink()
+
+    return encrypt

@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import APIFuture
 from transformers import PreTrainedTokenizerBase
 
+from tinkertrace.engine.batching import MICROBATCH_TOKENS, collate, microbatches
 from tinkertrace.engine.futures import ClientFuture, OrderedWorker
 from tinkertrace.engine.losses import LossSpec, get_loss
 from tinkertrace.engine.model import (
@@ -25,102 +25,23 @@ from tinkertrace.engine.model import (
     build_trainable,
     inference_copy,
     load_trainable_state,
-    quiet_progress,
     save_trainable_state,
 )
-from tinkertrace.engine.sampling import SamplingClient, load_sampling_client, prompt_tokens
+from tinkertrace.engine.sampling import SamplingClient, load_sampling_client
 from tinkertrace.engine.storage import (
     EXTERNAL_WEIGHTS,
     SAMPLER_WEIGHTS,
     WEIGHTS,
     CheckpointStore,
     Kind,
+    age_encrypter,
     new_run_id,
 )
+from tinkertrace.models import quiet_progress
 from tinkertrace.tokenizer import load_tokenizer
 
 OPTIMIZER_FILE = "optimizer.pt"
-MICROBATCH_TOKENS = 32768
 LossConfig = Mapping[str, float | str] | None
-"""Padded tokens per forward pass; larger batches run as several passes (gradients add up)."""
-
-
-@dataclass
-class Batch:
-    """Datums padded to one [B, T] batch; ``valid`` marks real (unpadded) positions."""
-
-    input_ids: torch.Tensor
-    valid: torch.Tensor
-    lengths: list[int]
-    inputs: dict[str, torch.Tensor]
-
-
-def collate(
-    data: Sequence[types.Datum], spec: LossSpec, loss_name: str, vocab_size: int, device: torch.device
-) -> Batch:
-    """Check each Datum against the loss's inputs and pad them into one batch (ValueError names the datum)."""
-    if not data:
-        raise ValueError("data is empty: forward/forward_backward need at least one Datum")
-    allowed = set(spec.required) | set(spec.optional)
-    rows: list[tuple[list[int], dict[str, np.ndarray]]] = []
-    for i, datum in enumerate(data):
-        if not isinstance(datum, types.Datum):
-            raise ValueError(f"data[{i}] is a {type(datum).__name__}, expected tinker.types.Datum")
-        tokens = prompt_tokens(datum.model_input)
-        keys = set(datum.loss_fn_inputs)
-        if missing := sorted(set(spec.required) - keys):
-            raise ValueError(f"data[{i}]: loss {loss_name!r} needs loss_fn_inputs {missing}")
-        if extra := sorted(keys - allowed):
-            raise ValueError(f"data[{i}]: loss {loss_name!r} does not take loss_fn_inputs {extra}")
-        arrays = {k: datum.loss_fn_inputs[k].to_numpy() for k in keys}
-        for key, arr in arrays.items():
-            if arr.shape != (len(tokens),):
-                raise ValueError(
-                    f"data[{i}]: loss_fn_inputs[{key!r}] has shape {list(arr.shape)}, "
-                    f"expected [{len(tokens)}] (one value per model_input token)"
-                )
-            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-                raise ValueError(f"data[{i}]: loss_fn_inputs[{key!r}] contains NaN or infinity")
-        targets = arrays["target_tokens"]
-        if targets.min() < 0 or targets.max() >= vocab_size:
-            raise ValueError(f"data[{i}]: target_tokens outside the vocabulary [0, {vocab_size})")
-        if min(tokens) < 0 or max(tokens) >= vocab_size:
-            raise ValueError(f"data[{i}]: model_input tokens outside the vocabulary [0, {vocab_size})")
-        rows.append((tokens, arrays))
-
-    lengths = [len(t) for t, _ in rows]
-    batch, width = len(rows), max(lengths)
-    ids = np.zeros((batch, width), dtype=np.int64)
-    valid = np.zeros((batch, width), dtype=bool)
-    inputs = {
-        k: np.zeros((batch, width), dtype=np.int64 if k == "target_tokens" else np.float32)
-        for k in rows[0][1]
-    }
-    for r, (tokens, arrays) in enumerate(rows):
-        ids[r, : len(tokens)] = tokens
-        valid[r, : len(tokens)] = True
-        for key, arr in arrays.items():
-            inputs[key][r, : len(tokens)] = arr
-    return Batch(
-        input_ids=torch.from_numpy(ids).to(device),
-        valid=torch.from_numpy(valid).to(device),
-        lengths=lengths,
-        inputs={k: torch.from_numpy(v).to(device) for k, v in inputs.items()},
-    )
-
-
-def microbatches(lengths: Sequence[int], budget: int = MICROBATCH_TOKENS) -> list[slice]:
-    """Consecutive slices whose padded size (rows x longest row) stays within ``budget``."""
-    out: list[slice] = []
-    start, longest = 0, 0
-    for i, n in enumerate(lengths):
-        longest_with = max(longest, n)
-        if i > start and longest_with * (i - start + 1) > budget:
-            out.append(slice(start, i))
-            start, longest_with = i, n
-        longest = longest_with
-    out.append(slice(start, len(lengths)))
-    return out
 
 
 class TrainingClient:
@@ -446,23 +367,3 @@ class TrainingClient:
     def close(self) -> None:
         """Finish queued calls and stop the worker thread."""
         self._worker.shutdown(wait=True)
-
-
-def age_encrypter(recipients: list[str]) -> Callable[[Path], None]:
-    """A function that replaces a file with its age encryption to ``recipients`` (``age1...`` keys or
-    SSH public keys), named ``<file>.age``; ValueError naming a recipient that does not parse."""
-    import pyrage
-
-    parsed = []
-    for text in recipients:
-        kind = pyrage.ssh if text.startswith("ssh-") else pyrage.x25519
-        try:
-            parsed.append(kind.Recipient.from_str(text))
-        except Exception as exc:  # pyrage raises its own error types
-            raise ValueError(f"age_encryption_recipients: cannot parse {text!r}: {exc}") from None
-
-    def encrypt(file: Path) -> None:
-        pyrage.encrypt_file(str(file), str(file.with_name(file.name + ".age")), parsed)
-        file.unlink()
-
-    return encrypt

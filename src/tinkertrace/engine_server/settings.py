@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinkertrace.serving.settings import LOOPBACK
+from tinkertrace.netutil import LOOPBACK
 from tinkertrace.settings import setting
 from tinkertrace.training.errors import raise_problems
 

@@ -33,6 +33,11 @@ class UnknownResourceError(LookupError):
     """A session, model, sampler or request id the server does not know (HTTP 404)."""
 
 
+class SessionFinishedError(ValueError):
+    """A model or sampler made for a session that has finished meanwhile (closed, or expired without
+    heartbeats while the model was being built): it would never be released."""
+
+
 @dataclass
 class PendingResult:
     """The result of one asynchronous request, and how its retrieval must encode it."""
@@ -147,7 +152,12 @@ class ServerState:
 
     def add_model(self, model: TrainingModel) -> None:
         with self._lock:
+            self._check_open(model.session_id)
             self.models[model.model_id] = model
+
+    def _check_open(self, session_id: str) -> None:
+        if self.session(session_id).get("finished"):
+            raise SessionFinishedError(f"session {session_id} has finished: start a new session")
 
     def model(self, model_id: str) -> TrainingModel:
         try:
@@ -161,6 +171,7 @@ class ServerState:
 
     def add_sampler(self, sampler: Sampler) -> None:
         with self._lock:
+            self._check_open(sampler.sampler_id.split(":", 1)[0])
             self.samplers[sampler.sampler_id] = sampler
 
     def sampler(self, sampler_id: str) -> Sampler:

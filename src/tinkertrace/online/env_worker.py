@@ -30,11 +30,24 @@ SPEC_ENV = "TINKERTRACE_ENVIRONMENTS"
 
 
 def agent_arguments(env: dict[str, Any], base_url: str, model: str) -> dict[str, Any]:
-    """The keyword arguments an environment's agent gets: endpoint, model, sampling settings, its own."""
+    """The keyword arguments an environment's agent gets: endpoint, model, sampling settings (and an
+    OpenReward environment's reference and turn limit), its own."""
     kwargs = {"base_url": base_url, "model": model, "temperature": env["temperature"]}
     if env.get("max_tokens") is not None:
         kwargs["max_tokens"] = env["max_tokens"]
+    if env.get("openreward"):
+        kwargs |= {"openreward": env["openreward"], "max_turns": env["max_turns"]}
     return {**kwargs, **env["agent_kwargs"]}
+
+
+def environment_tasks(env: dict[str, Any], seed: int) -> list[dict]:
+    """An environment's tasks: its split (from the server, for an OpenReward environment), shuffled
+    (seeded) when asked, the first ``num_samples`` kept."""
+    options = {"openreward": env["openreward"]} if env.get("openreward") else {}
+    tasks = load_tasks(env["tasks"], split=env["split"], **options)
+    if env.get("shuffle", True):
+        random.Random(f"{seed}/{env['name']}/{env['split']}").shuffle(tasks)
+    return tasks[: env.get("num_samples")]
 
 
 def log_line(out: TextIO, tags: dict[str, Any], result: RolloutResult) -> None:
@@ -51,7 +64,7 @@ def run_worker(
     """Rounds of rollout groups until ``stop`` is set or the parent process is gone; rounds run."""
     envs = [env for env in spec["environments"] if env.get("agent")]
     agents = {env["name"]: load_ref(env["agent"]) for env in envs}
-    tasks = {env["name"]: load_tasks(env["tasks"], split=env["split"]) for env in envs}
+    tasks = {env["name"]: environment_tasks(env, spec["seed"]) for env in envs}
     rng = random.Random(f"{spec['seed']}/{spec['run']}/worker-{worker}")
     turns = WeightedTurns([env["weight"] for env in envs])
     turns.skip(worker)

@@ -35,15 +35,16 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from tinkertrace.online.environments import GroupStager, rollouts_per_step, select_by_weight
+from tinkertrace.online.group_staging import GroupStager, rollouts_per_step, select_by_weight
 from tinkertrace.online.publish import Publisher, admin_publisher, consumed_ids
 from tinkertrace.online.settings import FollowOptions
 from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig
-from tinkertrace.training.dataset import TrainingData, group_keys
+from tinkertrace.training.dataset import DataReport, TrainingData, group_keys
 from tinkertrace.training.environments import WeightedTurns, group_environments
 from tinkertrace.training.errors import ConfigError, DataError
+from tinkertrace.training.outcomes import DROPPED, outcome_rows
 from tinkertrace.training.progress import StepProgress
 from tinkertrace.training.step import TrainingSession, prepare_data, status_line
 
@@ -105,6 +106,7 @@ class FollowTrainer:
         self._dropped_since_save: list[str] = []  # dropped, to be recorded with the next checkpoint
         self._last_publish_s = float("nan")  # seconds the last publication took (logged with the next step)
         self._stale_now: list[str] = []  # dropped as stale by the latest poll
+        self._drop_records: list[dict[str, Any]] = []  # outcome records of those drops (outcomes.jsonl)
         envs = self.config.environments
         self.stager = GroupStager(envs, Path(config.source), self.options.group_timeout_s) if envs else None
         self.turns = WeightedTurns([env.weight for env in envs]) if envs else None
@@ -133,9 +135,15 @@ class FollowTrainer:
         if o.max_staleness is None or o.staleness_mode != "drop" or self.buffer.num_rows == 0:
             return []
         version = pc.fill_null(self.buffer["policy_version"], step)
-        stale = pc.greater(pc.subtract(pa.scalar(step, pa.int64()), version), o.max_staleness)
+        age = pc.subtract(pa.scalar(step, pa.int64()), version)
+        stale = pc.greater(age, o.max_staleness)
         ids = pc.unique(pc.filter(self.buffer["rollout_id"], stale)).to_pylist()
         if ids:
+            behind = pc.filter(age, stale).to_pylist()
+            rows = self.buffer.filter(stale)
+            self._drop_records += outcome_rows(
+                rows, DROPPED, step=step, reason="stale", versions_behind=behind
+            )
             self.buffer = self.buffer.filter(pc.invert(stale))
         return ids
 
@@ -260,16 +268,24 @@ class FollowTrainer:
             while not stop.is_set() and not self._done(result):
                 if self._collect(feed.take(), result):
                     idle_since = time.monotonic()
+                self._write_drops(session)
                 picked = self._select()
                 if picked is None:
                     if self._idle_too_long(idle_since, result):
                         return
                     feed.wait(o.poll_s)
                 elif self._step(session, *picked, result):
+                    self._write_drops(session)
                     idle_since = time.monotonic()
                     bar.update(completed=result.steps, status=_status(result.last_metrics))
                     if self.on_step is not None:
                         self.on_step(result.steps, result.last_metrics)
+
+    def _write_drops(self, session: TrainingSession) -> None:
+        """Record the rows dropped since the last call in ``outcomes.jsonl`` now: a stale drop after
+        the run's last step has no checkpoint to go with, and must not go unrecorded."""
+        session.outcomes.write(self._drop_records)
+        self._drop_records = []
 
     def _done(self, result: FollowResult) -> bool:
         return self.options.max_steps is not None and result.steps >= self.options.max_steps
@@ -303,14 +319,15 @@ class FollowTrainer:
         """Train on ``table`` (the rollouts ``ids``), checkpoint, publish; False when nothing in it
         could be trained (all its groups had a constant reward)."""
         started, step = time.monotonic(), result.steps
-        metrics = self._train(session, table, step, result)
-        if metrics is None:
+        trained = self._train(session, table, step, result)
+        if trained is None:
             return False
+        metrics, kept = trained
         record = {
             "epoch": 0,
             "mode": FOLLOW_MODE,
             "policy_version": step + 1,
-            "trained_rollout_ids": sorted(ids),
+            "trained_rollout_ids": sorted(kept),  # not its constant-reward groups: those are dropped
             "dropped_rollout_ids": sorted(self._dropped_since_save),
             "seed": self.config.seed,
             "groups_per_batch": self.config.groups_per_batch,
@@ -333,8 +350,9 @@ class FollowTrainer:
 
     def _train(
         self, session: TrainingSession, table: pa.Table, step: int, result: FollowResult
-    ) -> dict[str, Any] | None:
-        """One step on ``table``: its metrics, or None when nothing in it could be trained."""
+    ) -> tuple[dict[str, Any], set[str]] | None:
+        """One step on ``table``: its metrics and the rollouts it kept, or None when nothing in it
+        could be trained."""
         started_at = time.time()
         prepared = self._prepare(table, step, result)
         if prepared is None:
@@ -361,7 +379,7 @@ class FollowTrainer:
                 "follow/buffered_rows": self.buffer.num_rows,
             }
         )
-        return metrics
+        return metrics, kept
 
     def _prepare(
         self, table: pa.Table, step: int, result: FollowResult
@@ -370,10 +388,12 @@ class FollowTrainer:
         downweighted), the rollouts kept, and each row's age in versions; None if nothing is left."""
         o = self.options
         ids = set(pc.unique(table["rollout_id"]).to_pylist())
+        report = DataReport()
         try:
-            data: TrainingData | None = prepare_data(table, self.config)
+            data: TrainingData | None = prepare_data(table, self.config, report)
         except DataError:  # every group had a constant reward
             data = None
+        self._drop_records += [{**r, "step": step} for r in report.dropped]
         kept = set(pc.unique(data.table["rollout_id"]).to_pylist()) if data is not None else set()
         result.rollouts_dropped_constant += len(ids - kept)
         self._dropped_since_save.extend(sorted(ids - kept))

@@ -157,11 +157,14 @@ class OnlineStack:
         return [row for path in paths for row in read_jsonl(path, skip_bad=True)]
 
     def stop(self) -> None:
-        """Stop workers, then the endpoint, then the collector (SIGTERM: it flushes its files)."""
+        """Stop workers, then the endpoint and its sampler, then the collector (SIGTERM: it flushes its
+        files)."""
         self.stop_workers()
         if self._server is not None:
             self._server.stop()
             self._server = None
+        if self.holder is not None:
+            self.holder.close()  # no decoding thread may outlive the process (see engine.continuous)
         if self._collector is not None and self._collector.poll() is None:
             self._collector.send_signal(signal.SIGTERM)
             try:

@@ -8,7 +8,7 @@ hook) + ``llm_call`` + ``response_parse`` + ``responses_api`` + ``tokens`` (what
 ``otlp`` + ``spool`` (OTLP export that keeps what it cannot send).
 """
 
-from tinkertrace.sdk import capture  # noqa: F401  (it registers the LLM-call capture with the runtime)
+from tinkertrace.sdk import capture_hooks  # noqa: F401  (it registers the LLM-call capture with the runtime)
 from tinkertrace.sdk.agents import agent_span as agent_span
 from tinkertrace.sdk.context import current_rollout as current_rollout
 from tinkertrace.sdk.context import in_context as in_context

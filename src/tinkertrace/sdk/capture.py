@@ -1,33 +1,34 @@
 """Automatic capture of OpenAI-compatible LLM calls made through ``httpx`` and ``httpx2``.
 
-``install()`` wraps ``Client._send_single_request`` and ``AsyncClient._send_single_request`` of both
-libraries (the one point every request passes, whatever the transport: the OpenAI client 3.x uses
-``httpx2``, LiteLLM and others ``httpx``, some with their own transports). Inside a rollout, a POST
-to a path ending in ``/chat/completions``, ``/completions`` or ``/responses``:
+The capture sits in httpx's own layering, at the transport: ``handle_request(request) -> response``
+(:mod:`.capture_transport`). :mod:`.capture_hooks` wraps the two default transports of both libraries
+(``HTTPTransport.handle_request``, ``AsyncHTTPTransport.handle_async_request``: the OpenAI client
+3.x uses ``httpx2``, LiteLLM and others ``httpx``), and :func:`~.capture_transport.traced_transport`
+wraps any other transport a client brings (``httpx.Client(transport=traced_transport(mine))``). Clients
+with a transport of their own that nobody wrapped are reached by a fallback on a private method of the
+client, fenced in :mod:`.capture_fallback` and used only for the library versions it was tested on.
+
+Inside a rollout, a POST to a path ending in ``/chat/completions``, ``/completions`` or ``/responses``:
 
 * gets ``return_token_ids: true`` and ``logprobs`` (chat: ``true``; completions: ``1``; responses:
   ``include: ["message.output_text.logprobs"]``) added when absent (``request_token_ids=False``
-  turns this off). The agent then receives those extra response fields too; OpenAI client objects
-  keep them as extra attributes. A 400 to the extended request is answered by sending the original
-  body again; only if that is taken is that endpoint left unextended (see :mod:`.refusals`).
+  turns this off): the request is rebuilt with the public ``Request`` constructor. The agent then
+  receives those extra response fields too; OpenAI client objects keep them as extra attributes. A 400
+  to the extended request is answered by sending the original body again; only if that is taken is
+  that endpoint left unextended (see :mod:`.refusals`).
 * becomes a GenAI CLIENT span whose response body is teed: the agent reads every byte (every SSE
   chunk) unchanged, and the span ends when the body is exhausted or closed.
 
 What is recorded of a call is :class:`~tinkertrace.sdk.llm_call.LlmCall`'s; this module is the HTTP
-side. It registers itself with the runtime on import (``init()`` installs it when ``capture_http``).
+side, whatever layer calls it (:func:`send`, :func:`send_async`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
-import importlib.abc
-import importlib.util
 import logging
-import sys
 from collections.abc import Callable, Iterator
-from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
@@ -41,13 +42,17 @@ from tinkertrace.sdk.llm_call import LlmCall, call_kind
 log = logging.getLogger("tinkertrace")
 
 LIBRARIES = ("httpx", "httpx2")
-_originals: dict[tuple[type, str], Callable[..., Any]] = {}
+CAPTURED = "tinkertrace.captured"
+"""Request extension set on a request being captured: an inner layer (a wrapped transport inside a
+wrapped one, the default transport under the fallback) passes it on untouched."""
 
 
-def _set_body(lib: ModuleType, request: Any, content: bytes) -> None:
-    request._content = content
-    request.stream = lib.ByteStream(content)
-    request.headers["Content-Length"] = str(len(content))
+def with_body(lib: ModuleType, request: Any, content: bytes) -> Any:
+    """``request`` with ``content`` as its body (public ``Request`` constructor), marked captured."""
+    headers = request.headers.copy()
+    headers["Content-Length"] = str(len(content))
+    extensions = {**request.extensions, CAPTURED: True}
+    return lib.Request(request.method, request.url, headers=headers, content=content, extensions=extensions)
 
 
 def _classify(request: Any) -> str | None:
@@ -58,9 +63,10 @@ def _classify(request: Any) -> str | None:
 
 
 def _send_identity(request: Any, rollout: Any) -> None:
-    """The task, attempt, split and agent beside the rollout id, for a server that records the call
-    (values that are not printable ASCII are left out: they cannot travel as header values)."""
+    """The rollout id, and the task, attempt, split and agent beside it, for a server that records the
+    call (values that are not printable ASCII are left out: they cannot travel as header values)."""
     agent = AGENT.get()
+    request.headers[semconv.HEADER_ROLLOUT_ID] = rollout.rollout_id
     identity = {
         semconv.HEADER_TASK_ID: rollout.task_id,
         semconv.HEADER_ATTEMPT: str(rollout.attempt),
@@ -72,33 +78,30 @@ def _send_identity(request: Any, rollout: Any) -> None:
             request.headers[header] = value
 
 
-def begin(lib: ModuleType, request: Any) -> LlmCall | None:
-    """An :class:`LlmCall` for an LLM request inside a rollout, else None. Never raises."""
+def begin(lib: ModuleType, request: Any) -> tuple[LlmCall | None, Any]:
+    """For an LLM request inside a rollout: its :class:`LlmCall` and the request to send in its place
+    (the body extended, the rollout's headers added, marked captured); else ``(None, request)``.
+    Never raises."""
     rollout = ROLLOUT.get()
-    if rollout is None:  # most requests of a process: nothing to classify
-        return None
+    if rollout is None or request.extensions.get(CAPTURED):  # most requests: nothing to classify
+        return None, request
     kind = _classify(request)
-    if kind is None:
-        return None
-    rt = runtime.current()
+    rt = runtime.current() if kind is not None else None
     if rt is None:
-        return None
+        return None, request
     try:
         raw = request.content
         body = orjson.loads(raw)
         if not isinstance(body, dict):
-            return None
-        call = LlmCall(rt, kind, request.url, body, raw, rollout)
-        extended = call.extended_body()
-        if extended is not None:
-            _set_body(lib, request, extended)
-        request.headers[semconv.HEADER_ROLLOUT_ID] = rollout.rollout_id
-        _send_identity(request, rollout)
+            return None, request
+        call = LlmCall(rt, kind, request.url, body, raw, rollout)  # type: ignore[arg-type]
+        sent = with_body(lib, request, call.extended_body() or raw)
+        _send_identity(sent, rollout)
         rollout.call_opened(call)
-        return call
+        return call, sent
     except Exception as exc:  # an unreadable request is passed on untraced
         log.debug("tinkertrace: not capturing %s: %s", request.url, exc)
-        return None
+        return None, request
 
 
 class _Outcome:
@@ -119,7 +122,10 @@ class _Outcome:
             self.call.fail(exc)
 
 
+@functools.cache
 def _tee_types(lib: ModuleType) -> tuple[type, type]:
+    """``lib``'s (sync, async) byte streams that feed a call as the agent reads them (made once)."""
+
     class SyncTee(lib.SyncByteStream):  # type: ignore[name-defined]
         def __init__(self, inner: Any, call: LlmCall) -> None:
             self._inner, self._call = inner, call
@@ -167,111 +173,30 @@ def _failing(call: LlmCall) -> Iterator[None]:
         raise
 
 
-def _wrap_sync(lib: ModuleType, original: Callable[..., Any], tee: type) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def _send_single_request(self: Any, request: Any) -> Any:
-        call = begin(lib, request)
-        if call is None:
-            return original(self, request)
-        with _failing(call):
-            response = original(self, request)
-            if call.retry_without_injection(response):  # resend the agent's own body
-                response.close()
-                _set_body(lib, request, call.drop_injection())
-                call.judge_refusal((response := original(self, request)).status_code)
-        return call.attach(response, tee)
-
-    return _send_single_request
+def send(lib: ModuleType, send_one: Callable[[Any], Any], request: Any) -> Any:
+    """Send ``request`` with ``send_one`` (one request, one response: a transport's
+    ``handle_request``), capturing it when it is an LLM call of a rollout."""
+    call, request = begin(lib, request)
+    if call is None:
+        return send_one(request)
+    with _failing(call):
+        response = send_one(request)
+        if call.retry_without_injection(response):  # resend the agent's own body
+            response.close()
+            request = with_body(lib, request, call.drop_injection())
+            call.judge_refusal((response := send_one(request)).status_code)
+    return call.attach(response, _tee_types(lib)[0])
 
 
-def _wrap_async(lib: ModuleType, original: Callable[..., Any], tee: type) -> Callable[..., Any]:
-    @functools.wraps(original)
-    async def _send_single_request(self: Any, request: Any) -> Any:
-        call = begin(lib, request)
-        if call is None:
-            return await original(self, request)
-        with _failing(call):
-            response = await original(self, request)
-            if call.retry_without_injection(response):
-                await response.aclose()
-                _set_body(lib, request, call.drop_injection())
-                call.judge_refusal((response := await original(self, request)).status_code)
-        return call.attach(response, tee)
-
-    return _send_single_request
-
-
-def install() -> list[str]:
-    """Patch each library of :data:`LIBRARIES` that is already imported, and the others when the agent
-    first imports them (an import hook, on the agent's own thread), so tracing imports no HTTP library
-    itself (``import httpx`` was most of ``init()``'s time; the OTLP exporter uses ``http.client``).
-    Returns the names patched now."""
-    patched = [name for name in LIBRARIES if name in sys.modules]
-    for name in patched:
-        _patch(sys.modules[name])
-    _HOOK.names = {name for name in LIBRARIES if name not in sys.modules}
-    if _HOOK.names and _HOOK not in sys.meta_path:
-        sys.meta_path.insert(0, _HOOK)
-    return patched
-
-
-def _patch(lib: ModuleType) -> None:
-    """Wrap ``lib.Client`` and ``lib.AsyncClient``'s ``_send_single_request`` (once)."""
-    sync_tee, async_tee = _tee_types(lib)
-    for cls, wrap, tee in ((lib.Client, _wrap_sync, sync_tee), (lib.AsyncClient, _wrap_async, async_tee)):
-        key = (cls, "_send_single_request")
-        if key not in _originals:
-            _originals[key] = cls._send_single_request
-            cls._send_single_request = wrap(lib, _originals[key], tee)
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds a watched library as the other finders do, and patches it once it has been executed."""
-
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
-        if fullname not in self.names:
-            return None
-        self.names.discard(fullname)  # the lookup below then passes over this finder
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _PatchingLoader(spec.loader)
-        return spec
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    """A library's own loader, which then patches the module it executed."""
-
-    def __init__(self, loader: importlib.abc.Loader) -> None:
-        self.loader = loader
-
-    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self.loader.exec_module(module)
-        _patch(module)
-
-    def __getattr__(self, name: str) -> Any:  # resource readers and the like: the library's loader's
-        return getattr(self.loader, name)
-
-
-_HOOK = _PatchOnImport()
-
-
-def uninstall() -> None:
-    """Restore the original methods and stop watching imports."""
-    _HOOK.names = set()
-    with contextlib.suppress(ValueError):
-        sys.meta_path.remove(_HOOK)
-    for (cls, attr), original in list(_originals.items()):
-        setattr(cls, attr, original)
-        del _originals[(cls, attr)]
-
-
-runtime.register_instrumentation(
-    runtime.Instrumentation(enabled=lambda config: config.capture_http, install=install, uninstall=uninstall)
-)
+async def send_async(lib: ModuleType, send_one: Callable[[Any], Any], request: Any) -> Any:
+    """:func:`send` for an async transport's ``handle_async_request``."""
+    call, request = begin(lib, request)
+    if call is None:
+        return await send_one(request)
+    with _failing(call):
+        response = await send_one(request)
+        if call.retry_without_injection(response):
+            await response.aclose()
+            request = with_body(lib, request, call.drop_injection())
+            call.judge_refusal((response := await send_one(request)).status_code)
+    return call.attach(response, _tee_types(lib)[1])

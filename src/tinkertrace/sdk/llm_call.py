@@ -276,20 +276,22 @@ class LlmCall:
         if not self._done or not self.status or self.status >= 400:
             return attrs  # failed or refused: nothing to parse
         try:
-            body = self._body()
-            streaming = "text/event-stream" in self.headers.get("content-type", "")
-            if self.kind == "responses":
-                record = responses_api.parse_sse(body) if streaming else responses_api.parse_json(body)
-            elif self.kind == "messages":
-                parse = anthropic_messages.parse_sse if streaming else anthropic_messages.parse_json
-                record = parse(body)
-            else:
-                record = parse_sse(body) if streaming else parse_json(body)
+            record = self.response_record()
             attrs.update(self._response_attributes(record))
             attrs.update(token_attributes(self.rt, self.kind, self.body, record))
         except Exception as exc:
             attrs[semconv.LLM_CAPTURE_ERROR] = f"{type(exc).__name__}: {exc}"
         return attrs
+
+    def response_record(self) -> ResponseRecord:
+        """The response bytes read so far, parsed by the call's API (raises when unreadable)."""
+        body = self._body()
+        streaming = "text/event-stream" in self.headers.get("content-type", "")
+        if self.kind == "responses":
+            return responses_api.parse_sse(body) if streaming else responses_api.parse_json(body)
+        if self.kind == "messages":
+            return anthropic_messages.parse_sse(body) if streaming else anthropic_messages.parse_json(body)
+        return parse_sse(body) if streaming else parse_json(body)
 
     def _response_attributes(self, record: ResponseRecord) -> dict[str, Any]:
         attrs: dict[str, Any] = {}

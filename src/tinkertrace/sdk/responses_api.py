@@ -21,12 +21,46 @@ from tinkertrace.sdk.response_parse import ChoiceRecord, ResponseRecord
 FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 
 
-def text_of(content: Any) -> str:
-    """The text of a content value: a string or a list of ``input_text``/``output_text`` parts."""
+TEXT_PART_TYPES = ("input_text", "output_text", "text")
+INPUT_ROLES = ("user", "system", "developer", "assistant")
+
+
+class InputError(ValueError):
+    """What strict reading refuses in a Responses ``input``: ``kind`` is ``"type"`` (``detail`` says what
+    was expected, ``value`` is what came), ``"value"`` (``detail`` says why; ``code`` is OpenAI's) or
+    ``"missing"``; ``param`` is the path, e.g. ``input[2].content``."""
+
+    def __init__(
+        self, kind: str, param: str, detail: str = "", value: Any = None, code: str = "invalid_value"
+    ) -> None:
+        super().__init__(f"{param}: {detail or kind}")
+        self.kind, self.param, self.detail, self.value, self.code = kind, param, detail, value, code
+
+
+def _part_text(part: Any, param: str, strict: bool) -> str:
+    if isinstance(part, dict):
+        kind = part.get("type")
+        if kind in TEXT_PART_TYPES and isinstance(part.get("text"), str):
+            return part["text"]
+        if kind == "refusal" and isinstance(part.get("refusal"), str):
+            return part["refusal"]
+        if strict:
+            detail = f"content part type {kind!r} is not supported by this server; only text parts are."
+            raise InputError("value", f"{param}.type", detail, code="unsupported")
+    elif strict:
+        raise InputError("type", param, "an object", part)
+    return ""
+
+
+def text_of(content: Any, param: str = "content", *, strict: bool = False) -> str:
+    """The text of a content value: a string or a list of ``input_text``/``output_text`` parts (other
+    parts: refused when ``strict``, else read as empty)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        return "".join(_part_text(part, f"{param}[{i}]", strict) for i, part in enumerate(content))
+    if strict:
+        raise InputError("type", param, "a string or an array of content parts", content)
     return ""
 
 
@@ -39,32 +73,72 @@ def _function_call(item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Chat messages of a Responses request: ``instructions`` as the system message, then ``input``
-    (a string, or message / ``function_call`` / ``function_call_output`` items)."""
+def _require_strings(item: dict[str, Any], keys: tuple[str, ...], param: str) -> None:
+    for key in keys:
+        value = item.get(key)
+        if value is None:
+            raise InputError("missing", f"{param}.{key}")
+        if not isinstance(value, str):
+            raise InputError("type", f"{param}.{key}", "a string", value)
+
+
+def input_items(value: Any, *, strict: bool = False) -> list[dict[str, Any]]:
+    """A Responses ``input`` as chat messages: a string is one user message; items are messages,
+    function calls (joined onto the assistant message before them, as a chat template renders a reply
+    with calls) and function call outputs (``tool`` messages); reasoning items are skipped.
+
+    ``strict`` (the endpoint): anything else, or a malformed item, raises :class:`InputError`, and an
+    input with no message is refused. Lenient (the SDK, recording what an agent sent): what cannot be
+    read is left out."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if strict and not isinstance(value, list):
+        raise InputError("type", "input", "a string or an array of input items", value)
     messages: list[dict[str, Any]] = []
-    if isinstance(body.get("instructions"), str):
-        messages.append({"role": "system", "content": body["instructions"]})
-    items = body.get("input")
-    if isinstance(items, str):
-        return [*messages, {"role": "user", "content": items}]
-    for item in items if isinstance(items, list) else []:
+    for i, item in enumerate(value if isinstance(value, list) else []):
+        param = f"input[{i}]"
         if not isinstance(item, dict):
+            if strict:
+                raise InputError("type", param, "an object", item)
             continue
         kind = item.get("type", "message")
         if kind == "message":
-            messages.append({"role": item.get("role", "user"), "content": text_of(item.get("content"))})
+            role = item.get("role", None if strict else "user")
+            if strict and role not in INPUT_ROLES:
+                raise InputError("value", f"{param}.role", f"{role!r} is not one of {list(INPUT_ROLES)}.")
+            messages.append(
+                {"role": role, "content": text_of(item.get("content"), f"{param}.content", strict=strict)}
+            )
         elif kind == "function_call":
-            call = _function_call(item)
-            if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
-                messages[-1]["tool_calls"].append(call)
+            if strict:
+                _require_strings(item, ("call_id", "name", "arguments"), param)
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(_function_call(item))
             else:
-                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                messages.append({"role": "assistant", "content": "", "tool_calls": [_function_call(item)]})
         elif kind == "function_call_output":
-            output = item.get("output")
-            content = output if isinstance(output, str) else text_of(output)
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": content})
+            if strict:
+                _require_strings(item, ("call_id",), param)
+            output = text_of(item.get("output"), f"{param}.output", strict=strict)
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
+        elif strict and kind != "reasoning":
+            detail = (
+                f"input item type {kind!r} is not supported by this server; use message, function_call "
+                "or function_call_output items."
+            )
+            raise InputError("value", f"{param}.type", detail, code="unsupported")
+    if strict and not messages:
+        raise InputError("value", "input", "expected at least one message or function call output.")
     return messages
+
+
+def input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Chat messages of a Responses request, read leniently: ``instructions`` as the system message,
+    then ``input`` (:func:`input_items`)."""
+    instructions = body.get("instructions")
+    system = [{"role": "system", "content": instructions}] if isinstance(instructions, str) else []
+    return system + input_items(body.get("input"))
 
 
 def chat_tools(tools: Any) -> list[dict[str, Any]] | None:

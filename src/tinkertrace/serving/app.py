@@ -33,7 +33,8 @@ from tinkertrace.serving.batching import SampleBatcher
 from tinkertrace.serving.checkpoint_watch import CheckpointWatcher
 from tinkertrace.serving.conversations import ConversationStore, assistant_message
 from tinkertrace.serving.generation import Generator
-from tinkertrace.serving.guard import Handler, check_token, guarded
+from tinkertrace.serving.guard import Handler, check_token, guarded, http_error
+from tinkertrace.serving.limits import BodyLimit, RequestLimits
 from tinkertrace.serving.openai_wire import completions as wire
 from tinkertrace.serving.openai_wire.completions import Choice
 from tinkertrace.serving.openai_wire.errors import ApiError, read_json, require_object
@@ -43,7 +44,7 @@ from tinkertrace.serving.openai_wire.responses_stream import stream_events
 from tinkertrace.serving.openai_wire.sse import sse_response
 from tinkertrace.serving.policy import Policy, PolicyHolder, StalePolicyError
 from tinkertrace.serving.recording import CallRecorder, rollout_routes
-from tinkertrace.serving.rollout_routing import RolloutPrefix
+from tinkertrace.serving.rollout_routing import RolloutPrefix, header_text
 from tinkertrace.serving.tool_parsers import make_tool_parser
 from tinkertrace.serving.tool_use import plan_tools
 
@@ -72,6 +73,7 @@ class SamplingEndpoint:
         self.watcher: CheckpointWatcher | None = None
         self.conversations = ConversationStore()
         self.recorder = recorder
+        self.limits = RequestLimits()
 
     # --- plumbing ----------------------------------------------------------------------------------
     def _authenticate(self, request: Request, admin: bool) -> None:
@@ -83,9 +85,9 @@ class SamplingEndpoint:
                     type="permission_error",
                     code="admin_disabled",
                 )
-            check_token(request, self.admin_token, "an admin token")
+            check_token(request, self.admin_token, "admin token")
         elif self.api_key is not None:
-            check_token(request, self.api_key, "an API key")
+            check_token(request, self.api_key, "API key")
 
     def guarded(self, handler: Handler, *, admin: bool = False, recorded: bool = False) -> Handler:
         """Wrap a handler: authenticate, answer every failure in OpenAI's error format, and (``recorded``,
@@ -105,7 +107,7 @@ class SamplingEndpoint:
 
     async def _admit(self, request: Request) -> None:
         """Hold the first call of a new rollout until the trainer's demand has room for it."""
-        rollout_id = request.headers.get(semconv.HEADER_ROLLOUT_ID)
+        rollout_id = header_text(request.headers, semconv.HEADER_ROLLOUT_ID)
         await self.policy.admission.admit(rollout_id)
 
     # --- OpenAI routes -------------------------------------------------------------------------------
@@ -210,6 +212,7 @@ class SamplingEndpoint:
             "status": "ok",
             semconv.RESPONSE_POLICY_VERSION: self.policy.version,
             "admission": self.policy.admission.stats(),
+            "requests_refused": self.limits.refused,
         }
         if self.recorder is not None:
             body["recording"] = self.recorder.stats()
@@ -283,16 +286,6 @@ class SamplingEndpoint:
         return JSONResponse(gate.stats())
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    message = {
-        404: f"Unknown request URL: {request.method} {request.url.path}.",
-        405: f"Method {request.method} is not allowed for {request.url.path}.",
-    }.get(exc.status_code, str(exc.detail))
-    code = {404: "unknown_url", 405: "method_not_allowed"}.get(exc.status_code)
-    return ApiError(exc.status_code, message, code=code).response()
-
-
 def create_app(
     policy: PolicyHolder,
     api_key: str | None = None,
@@ -304,6 +297,7 @@ def create_app(
     watch_poll_s: float = 0.5,
     tool_parser: str = "auto",
     recorder: CallRecorder | None = None,
+    limits: RequestLimits | None = None,
 ) -> Starlette:
     """The OpenAI-compatible ASGI app serving ``policy``.
 
@@ -315,7 +309,9 @@ def create_app(
     ``tool_parser``: how tool calls are read from replies (see :mod:`tinkertrace.serving.tool_parsers`).
     ``recorder``: records every call answered, and the rollout routes' rewards and ends, as spans
     (:mod:`tinkertrace.serving.recording`); flushed and closed when the app shuts down.
+    ``limits``: the request body size and time limits on every route (default 4 MiB, 60 s).
     """
+    limits = limits or RequestLimits()
     endpoint = SamplingEndpoint(
         policy,
         api_key=api_key,
@@ -358,8 +354,9 @@ def create_app(
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={HTTPException: _http_error},
-        middleware=[Middleware(RolloutPrefix)],
+        exception_handlers={HTTPException: http_error},
+        middleware=[Middleware(BodyLimit, limits=limits), Middleware(RolloutPrefix)],
     )
     app.state.endpoint = endpoint
+    endpoint.limits = limits
     return app

@@ -4,7 +4,8 @@ Building an LLM span's content (the response parsed, token ids packed, messages 
 0.5–1.2 ms of CPU per call on a loaded 2-core machine; logging the call's own bytes costs a few
 microseconds. So the journal logs :func:`call_record` before the answer leaves and the span is built
 after: live, from the call still in memory; after a crash, from the record (:func:`restored_span`).
-Both run the same :meth:`~tinkertrace.sdk.llm_call.LlmCall.span_content`, so a replayed span is the
+Both run the same :meth:`~tinkertrace.sdk.llm_call.LlmCall.span_content` (of a
+:class:`~tinkertrace.serving.served_calls.ServedCall`), so a replayed span is the
 span the live path would have written.
 
 A record is ``<u32 header length><u32 request length>`` + the header (JSON: ids, times, status,
@@ -26,6 +27,7 @@ from tinkertrace import semconv
 from tinkertrace.sdk.llm_call import LlmCall
 from tinkertrace.sdk.runtime import Runtime
 from tinkertrace.sdk.spans import DeferredSpan
+from tinkertrace.serving.served_calls import ServedCall
 
 _HEAD = struct.Struct("<II")
 _READ_HEADERS = ("content-type", "content-encoding", semconv.HEADER_POLICY_VERSION)  # what parsing reads
@@ -63,7 +65,7 @@ def restored_span(rt: Runtime, data: bytes) -> DeferredSpan:
     head_size, request_size = _HEAD.unpack_from(data)
     head = orjson.loads(data[_HEAD.size : _HEAD.size + head_size])
     raw = data[_HEAD.size + head_size : _HEAD.size + head_size + request_size]
-    call = LlmCall(rt, head["kind"], httpx.URL(head["url"]), orjson.loads(raw), raw, None)
+    call = ServedCall(rt, head["kind"], httpx.URL(head["url"]), orjson.loads(raw), raw, None)
     call.injected, call.status, call.headers = head["injected"], head["status"], head["headers"]
     call.restore_ended(data[_HEAD.size + head_size + request_size :], head["closed_early"])
     call.error_attributes = head["errors"]

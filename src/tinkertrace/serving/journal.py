@@ -201,10 +201,11 @@ class Journal(SpanProcessor):
         """Log a rollout's open state (``id`` and what it needs to be ended after a restart)."""
         self._put(_Item("rollout", {**record, "llm_calls": 0, "rewards": 0, "agent_spans": 0}))
 
-    def rollout_closed(self, rollout_id: str, status: str | None) -> None:
-        """Log a rollout's end: finished with ``status``, or forgotten (``None``: its spans are its
-        caller's, as with a rollout driven by the SDK)."""
-        self._put(_Item("rollout", {"id": rollout_id, "status": status}))
+    def rollout_closed(self, record: RolloutRecord) -> None:
+        """Log a rollout's end (``id``, ``status``, anything else its reader needs): finished with
+        ``status``, or forgotten (``None``: its spans are its caller's, as with a rollout driven by the
+        SDK)."""
+        self._put(_Item("rollout", record))
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """End the current segment now and wait until its spans reached every target (Parquet files

@@ -113,6 +113,14 @@ class PolicyHolder:
             client = self._loader(model_path)
             return self.swap(client, version, model_path)
 
+    def close(self) -> None:
+        """Stop the served client's threads when it has any (the local engine's sampler: requests it is
+        still decoding fail); call once nothing is served any more. Clients swapped out earlier stop
+        their decoding thread on their own once idle."""
+        close = getattr(self._policy.sampling_client, "close", None)
+        if callable(close):
+            close(cancel=True)
+
 
 def model_tokenizer(model: str, sampling_client: Any) -> Any:
     """``model``'s tokenizer: built in, or a local model's own; for a name only the service knows

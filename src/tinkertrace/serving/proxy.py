@@ -10,7 +10,9 @@ reaches the agent byte for byte as the upstream sent it, streams included (the f
 the agent's behalf stay in it, as with the SDK). Rollout identity (URL prefix, ``x-tinkertrace-*``
 headers, ``traceparent``) works as on the endpoint and is passed on to the upstream, so an upstream
 ``tinkertrace serve`` admits new rollouts by it (staleness). Rewards and rollout ends:
-``POST /v1/rollouts/{id}/reward`` and ``/finish``, as on the endpoint.
+``POST /v1/rollouts/{id}/reward`` and ``/finish``, as on the endpoint. Headers are passed on as the
+bytes the agent sent (an id in UTF-8 reaches the upstream as sent); the proxy's own errors (its key,
+its body limits, an unknown path, an upstream that does not answer) are JSON in the route's API's shape.
 """
 
 from __future__ import annotations
@@ -21,19 +23,28 @@ from typing import Any
 
 import httpx
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tinkertrace.sdk.llm_call import LlmCall
-from tinkertrace.serving.guard import check_token, guarded
+from tinkertrace.serving.guard import check_token, guarded, http_error
+from tinkertrace.serving.limits import BodyLimit, RequestLimits
 from tinkertrace.serving.openai_wire.errors import ApiError
 from tinkertrace.serving.recording import CallRecorder, rollout_routes
 from tinkertrace.serving.rollout_routing import RolloutPrefix
 
 # headers not passed on: hop-by-hop ones, and those httpx / the ASGI server set themselves
-_REQUEST_DROPPED = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "upgrade"}
+_REQUEST_DROPPED = {
+    b"host",
+    b"content-length",
+    b"connection",
+    b"keep-alive",
+    b"transfer-encoding",
+    b"upgrade",
+}
 _READABLE = {"gzip", "deflate", "identity"}
 _RESPONSE_DROPPED = {"content-length", "connection", "keep-alive", "transfer-encoding", "date", "server"}
 
@@ -56,22 +67,25 @@ class CaptureProxy:
         self.upstream_api_key = upstream_api_key
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
         self.forwarded = 0
+        self.limits = RequestLimits()
 
     def authenticate(self, request: Request) -> None:
         if self.api_key is not None:
-            check_token(request, self.api_key, "an API key")
+            check_token(request, self.api_key, "API key")
 
-    def _headers(self, request: Request) -> dict[str, str]:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _REQUEST_DROPPED}
-        if "accept-encoding" in headers:  # only encodings the recorder can read (gzip, deflate)
-            accepted = [
-                e for e in headers["accept-encoding"].split(",") if e.split(";")[0].strip() in _READABLE
-            ]
-            headers["accept-encoding"] = ",".join(accepted) or "identity"
+    def _headers(self, request: Request) -> list[tuple[bytes, bytes]]:
+        """The agent's headers as it sent them (bytes), less hop-by-hop ones, keys adjusted."""
+        dropped = set(_REQUEST_DROPPED)
+        if self.upstream_api_key is not None or self.api_key is not None:  # not the upstream's key
+            dropped |= {b"authorization", b"x-api-key"}
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in dropped]
+        for i, (key, value) in enumerate(headers):
+            if key.lower() == b"accept-encoding":  # only encodings the recorder can read (gzip, deflate)
+                offered = value.decode("latin-1").split(",")
+                accepted = [e for e in offered if e.split(";")[0].strip() in _READABLE]
+                headers[i] = (key, (",".join(accepted) or "identity").encode())
         if self.upstream_api_key is not None:
-            headers["authorization"] = f"Bearer {self.upstream_api_key}"
-        elif self.api_key is not None:  # the proxy's own key is not the upstream's
-            headers.pop("authorization", None)
+            headers.append((b"authorization", f"Bearer {self.upstream_api_key}".encode()))
         return headers
 
     async def _send(self, request: Request, body: bytes) -> httpx.Response:
@@ -98,7 +112,12 @@ class CaptureProxy:
         return StreamingResponse(_relayed(upstream), status_code=upstream.status_code, headers=headers)
 
     async def health(self, request: Request) -> Response:
-        body: dict[str, Any] = {"status": "ok", "upstream": self.upstream, "forwarded": self.forwarded}
+        body: dict[str, Any] = {
+            "status": "ok",
+            "upstream": self.upstream,
+            "forwarded": self.forwarded,
+            "requests_refused": self.limits.refused,
+        }
         if self.recorder is not None:
             body["recording"] = self.recorder.stats()
         return JSONResponse(body)
@@ -120,10 +139,13 @@ def create_proxy_app(
     api_key: str | None = None,
     upstream_api_key: str | None = None,
     timeout_s: float = 600.0,
+    limits: RequestLimits | None = None,
 ) -> Starlette:
     """The capture proxy's ASGI app (see the module docstring). ``api_key``: required from agents
-    (Bearer) on every route but ``/health`` when set; ``upstream_api_key``: sent to the upstream
-    (default: the agent's own Authorization header, when the proxy has no key of its own)."""
+    (Bearer or x-api-key) on every route but ``/health`` when set; ``upstream_api_key``: sent to the
+    upstream (default: the agent's own Authorization header, when the proxy has no key of its own);
+    ``limits``: the request body size and time limits on every route (default 4 MiB, 60 s)."""
+    limits = limits or RequestLimits()
     proxy = CaptureProxy(
         upstream, recorder=recorder, api_key=api_key, upstream_api_key=upstream_api_key, timeout_s=timeout_s
     )
@@ -145,6 +167,12 @@ def create_proxy_app(
         Route("/v1/{path:path}", g(proxy.forward, recorded=True), methods=["GET", "POST", "DELETE"]),
         Route("/health", proxy.health, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(RolloutPrefix)])
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_error},
+        middleware=[Middleware(BodyLimit, limits=limits), Middleware(RolloutPrefix)],
+    )
     app.state.proxy = proxy
+    proxy.limits = limits
     return app

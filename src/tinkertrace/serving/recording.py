@@ -19,6 +19,10 @@ of LLM and reward spans, as ``@traced_rollout`` does. A rollout without a call o
 ``rollout_idle_s`` is finished by the endpoint with status ``timed_out``. A rollout driven by the SDK
 in the agent (its first call carried a ``traceparent``; the SDK writes its own rollout span) is never
 finished here: its open state is forgotten after ``rollout_idle_s``.
+
+A reward naming a ``response_id`` must name an answer of that rollout (:mod:`.served_calls`); a call
+under a finished rollout id is a 409 unless it names a higher attempt, which reopens the rollout,
+recorded as ``{id}/attempt/{n}``.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ from tinkertrace.serving.journal import Durable, Journal, JournalStats, JournalU
 from tinkertrace.serving.journal_targets import default_journal_dir, targets_for
 from tinkertrace.serving.openai_wire.errors import ApiError, read_json, require_object
 from tinkertrace.serving.rollout_routing import CallIdentity
-from tinkertrace.serving.served_rollouts import ServedRollout
+from tinkertrace.serving.served_calls import ServedCall
+from tinkertrace.serving.served_rollouts import FinishedRollout, ServedRollout
 from tinkertrace.serving.settings import DEFAULT_ROLLOUT_IDLE_S
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -121,16 +126,17 @@ class CallRecorder:
         self.durable = durable
         self.rollout_idle_s = rollout_idle_s
         self._rollouts: dict[str, ServedRollout] = {}
-        self._finished: dict[str, str] = {}  # rollout id -> status, newest last (bounded)
+        self._finished: dict[str, FinishedRollout] = {}  # by rollout id, newest last (bounded)
         self._lock = threading.Lock()
         self.calls_recorded = 0
         self.rollouts_timed_out = 0
         self._closed = threading.Event()
         for record in self.journal.recover(self.rt).values():  # what the previous run left open or finished
+            key = str(record.get("key") or record["id"])
             if "status" in record:
-                self._finished[record["id"]] = record["status"]
+                self._finished[key] = FinishedRollout(record["status"], record.get("attempt", 0))
             else:
-                self._rollouts[record["id"]] = ServedRollout.from_record(record)
+                self._rollouts[key] = ServedRollout.from_record(record)
         self.journal.start()
         every_s = max(0.05, min(5.0, rollout_idle_s / 4))
         threading.Thread(target=self._expire, args=(every_s,), name="tinkertrace-expire", daemon=True).start()
@@ -161,9 +167,11 @@ class CallRecorder:
         parent = caller_span(request.headers)
         rollout = self._rollout_for(identity, parent) if identity.rollout_id else None
         with _inside(rollout, parent):
-            call = LlmCall(
+            call = ServedCall(
                 self.rt, kind, httpx.URL(str(request.url)), body, raw, rollout.state if rollout else None
             )
+        if rollout is not None:
+            rollout.answers.track(call)
         call.span.context_attributes[semconv.LLM_CAPTURE_SIDE] = semconv.CAPTURE_SERVER
         extended = call.extended_body()  # ask for ids and logprobs as the SDK does (listed on the span)
         if extended is not None:
@@ -194,18 +202,38 @@ class CallRecorder:
         return response
 
     # --- rollouts ------------------------------------------------------------------------------------
+    def _stored_id(self, identity: CallIdentity) -> str:
+        """The rollout id a new rollout of ``identity`` is recorded under (call with the lock held): its
+        own, or ``{id}/attempt/{n}`` when a higher attempt reopens a finished one (no id sent can
+        contain '/', so it is never another's); a 409 for a call under a finished rollout."""
+        assert identity.rollout_id is not None
+        ended = self._finished.get(identity.rollout_id)
+        if ended is None:
+            return identity.rollout_id
+        if identity.attempt <= ended.attempt:
+            raise ApiError(
+                409,
+                f"Rollout '{identity.rollout_id}' has already finished ({ended.status}, attempt "
+                f"{ended.attempt}): a call after its end is not added to it. To try it again, reopen it "
+                f"with a new attempt (URL /rollouts/{identity.rollout_id}/attempt/{ended.attempt + 1}"
+                f"/v1 or header x-tinkertrace-attempt: {ended.attempt + 1}), or name a new rollout id.",
+                code="rollout_finished",
+            )
+        return f"{identity.rollout_id}/attempt/{identity.attempt}"
+
     def _rollout_for(self, identity: CallIdentity, parent: SpanContext | None) -> ServedRollout:
-        """The open rollout of ``identity.rollout_id``, opened (logged in the journal) on first sight."""
+        """The open rollout of ``identity.rollout_id``, opened (logged in the journal) on first sight
+        (see :meth:`_stored_id` for a rollout id that has finished)."""
         assert identity.rollout_id is not None
         with self._lock:
             rollout = self._rollouts.get(identity.rollout_id)
             if rollout is not None:
                 rollout.last_seen = time.monotonic()
                 return rollout
+            stored_id = self._stored_id(identity)
             with _inside(None, parent):
-                rollout = ServedRollout.open(self.rt, identity)
+                rollout = ServedRollout.open(self.rt, identity, stored_id)
             self._rollouts[identity.rollout_id] = rollout
-            self._finished.pop(identity.rollout_id, None)
             self.journal.rollout_opened(rollout.record())  # logged before the call's span (queue order)
             return rollout
 
@@ -217,15 +245,14 @@ class CallRecorder:
             with self._lock:
                 idle = [r for r in self._rollouts.values() if now - r.last_seen > self.rollout_idle_s]
             for rollout in idle:
-                rollout_id = rollout.state.rollout_id
                 if rollout.caller_driven:
                     with self._lock:
-                        if self._rollouts.get(rollout_id) is rollout:
-                            del self._rollouts[rollout_id]
-                            self.journal.rollout_closed(rollout_id, None)
+                        if self._rollouts.get(rollout.key) is rollout:
+                            del self._rollouts[rollout.key]
+                            self.journal.rollout_closed(rollout.closed_record(None))
                     continue
                 try:
-                    self._end_rollout(rollout_id, semconv.STATUS_TIMED_OUT)
+                    self._end_rollout(rollout.key, semconv.STATUS_TIMED_OUT)
                     self.rollouts_timed_out += 1
                 except ApiError:  # finished meanwhile
                     continue
@@ -234,18 +261,19 @@ class CallRecorder:
         """The status a rollout was finished with (kept across restarts, for the newest 100,000
         finished rollouts), or None if it is open or unknown."""
         with self._lock:
-            return self._finished.get(rollout_id)
+            ended = self._finished.get(rollout_id)
+        return ended.status if ended is not None else None
 
     def _open_rollout(self, rollout_id: str) -> ServedRollout:
         with self._lock:
             rollout = self._rollouts.get(rollout_id)
-            status = self._finished.get(rollout_id)
+            ended = self._finished.get(rollout_id)
         if rollout is not None:
             rollout.last_seen = time.monotonic()
             return rollout
-        if status is not None:
+        if ended is not None:
             raise ApiError(
-                409, f"Rollout '{rollout_id}' has already finished ({status}).", code="rollout_finished"
+                409, f"Rollout '{rollout_id}' has already finished ({ended.status}).", code="rollout_finished"
             )
         raise ApiError(
             404,
@@ -271,6 +299,14 @@ class CallRecorder:
         except ValueError as exc:
             raise ApiError(400, f"Invalid 'value': {exc}.", param="value") from exc
         rollout = self._open_rollout(rollout_id)
+        if response_id is not None and response_id not in rollout.answers:
+            raise ApiError(
+                404,
+                f"Rollout '{rollout_id}' served no answer with id '{response_id}': a reward's 'response_id' "
+                "names the id of one of this rollout's answers. Nothing was recorded.",
+                param="response_id",
+                code="response_not_found",
+            )
         with _inside(rollout, None):
             start_span(self.rt, semconv.REWARD_SPAN_NAME, semconv.TYPE_REWARD, attributes).end()
         return {"rollout_id": rollout_id, "rewards": rollout.state.rewards}
@@ -292,20 +328,23 @@ class CallRecorder:
         with self._lock:
             if self._rollouts.pop(rollout_id, None) is None:  # another finish won the race
                 raise ApiError(409, f"Rollout '{rollout_id}' has already finished.", code="rollout_finished")
-            self._finished[rollout_id] = status
+            self._finished[rollout_id] = FinishedRollout(status, rollout.state.attempt)
             while len(self._finished) > 100_000:
                 del self._finished[next(iter(self._finished))]
         for call in rollout.state.take_open_calls():  # a stream still open ends with its rollout
             call.end_with_rollout()
         state = rollout.state
         self.rt.processor.on_end(rollout.end_span(self.rt, status))
-        self.journal.rollout_closed(rollout_id, status)
-        return {
+        self.journal.rollout_closed(rollout.closed_record(status))
+        ended = {
             "rollout_id": rollout_id,
             "status": status,
             "llm_calls": state.llm_calls,
             "rewards": state.rewards,
         }
+        if state.rollout_id != rollout_id:  # a reopened attempt
+            ended["recorded_as"] = state.rollout_id
+        return ended
 
     def stats(self) -> dict[str, Any]:
         """What ``/health`` shows: calls recorded, rollouts open, and the SDK's export counts."""

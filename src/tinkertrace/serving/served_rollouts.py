@@ -25,37 +25,51 @@ from tinkertrace.sdk.context import RolloutState
 from tinkertrace.sdk.runtime import Runtime
 from tinkertrace.sdk.spans import child_span_context
 from tinkertrace.serving.rollout_routing import CallIdentity
+from tinkertrace.serving.served_calls import ServedAnswers
 
 
 def _context(trace_id: int, span_id: int) -> SpanContext:
     return SpanContext(trace_id, span_id, False, TraceFlags(TraceFlags.SAMPLED))
 
 
+@dataclass(frozen=True)
+class FinishedRollout:
+    """How a rollout ended: its status and attempt (a call naming a higher attempt reopens it)."""
+
+    status: str
+    attempt: int
+
+
 @dataclass
 class ServedRollout:
     """A rollout seen by the endpoint: the SDK's rollout state (counts; ``state.span`` stands for its
-    root span as the parent of its calls) and what its root span needs at the end."""
+    root span as the parent of its calls; ``state.rollout_id`` the id it is recorded under) and what
+    its root span needs at the end. ``key``: the rollout id the agent names it by."""
 
+    key: str
     state: RolloutState
     agent_name: str | None
     parent: SpanContext | None
     start_ns: int
     caller_driven: bool
     last_seen: float = field(default_factory=time.monotonic)
+    answers: ServedAnswers = field(default_factory=ServedAnswers)  # response ids a reward may name
 
     @classmethod
-    def open(cls, rt: Runtime, identity: CallIdentity) -> ServedRollout:
-        """A new rollout of ``identity`` (its id set), its root span under the current span (if any)."""
+    def open(cls, rt: Runtime, identity: CallIdentity, stored_id: str) -> ServedRollout:
+        """A new rollout of ``identity`` (its id set), recorded as ``stored_id``, its root span under the
+        current span (if any)."""
         assert identity.rollout_id is not None
         parent, own = child_span_context(rt)
         state = RolloutState(
-            identity.rollout_id,
+            stored_id,
             identity.task_id or identity.rollout_id,
             identity.attempt,
             identity.split,
             trace.NonRecordingSpan(own),
         )
-        return cls(state, identity.agent_name, parent, time.time_ns(), caller_driven=parent is not None)
+        caller_driven = parent is not None
+        return cls(identity.rollout_id, state, identity.agent_name, parent, time.time_ns(), caller_driven)
 
     @property
     def context(self) -> SpanContext:
@@ -66,6 +80,7 @@ class ServedRollout:
         state = self.state
         return {
             "id": state.rollout_id,
+            "key": self.key,
             "task_id": state.task_id,
             "attempt": state.attempt,
             "split": state.split,
@@ -93,12 +108,17 @@ class ServedRollout:
             agent_spans=record.get("agent_spans", 0),
         )
         return cls(
+            record.get("key", record["id"]),
             state,
             record.get("agent"),
             _context(trace_id, int(parent, 16)) if parent else None,
             record["start_ns"],
             caller_driven=record.get("caller_driven", False),
         )
+
+    def closed_record(self, status: str | None) -> dict[str, Any]:
+        """The journal's record of its end: finished with ``status``, or forgotten (``None``)."""
+        return {"id": self.state.rollout_id, "key": self.key, "status": status, "attempt": self.state.attempt}
 
     def end_span(self, rt: Runtime, status: str) -> ReadableSpan:
         """The finished root span, with ``status`` and the counts (for ``rt.processor.on_end``)."""

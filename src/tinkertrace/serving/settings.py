@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from tinkertrace.builtin import BUILTIN_MODEL
+from tinkertrace.netutil import LOOPBACK
 from tinkertrace.settings import check_choices, setting
 from tinkertrace.training.backends import Backend
 from tinkertrace.training.errors import raise_problems
 
-LOOPBACK = "127.0.0.1"
 ToolParserName = Literal["auto", "hermes", "qwen", "none"]  # the choices of serving.tool_parsers
 API_KEY_ENV = "TINKERTRACE_API_KEY"
 DEFAULT_ROLLOUT_IDLE_S = 3600.0  # a rollout without a call or reward this long is closed as timed_out
@@ -63,7 +63,33 @@ class RecordingSettings:
 
 
 @dataclass(kw_only=True)
-class ServeSettings(RecordingSettings):
+class RequestLimitSettings:
+    """How much a request may send, and how slowly: the limits serve and proxy share (every route)."""
+
+    max_request_mb: float = setting(
+        4.0,
+        "Largest request body accepted, in MiB: a larger one gets a 413 before it is read on (never "
+        "tokenised, forwarded or recorded).",
+    )
+    request_timeout: float = setting(
+        60.0, "Seconds a client may take to send its request body: a slower one gets a 408."
+    )
+
+    def limit_checks(self) -> list[tuple[bool, str]]:
+        return [
+            (self.max_request_mb > 0, "max_request_mb must be positive"),
+            (self.request_timeout > 0, "request_timeout must be positive"),
+        ]
+
+    def limits(self) -> Any:
+        """The :class:`~tinkertrace.serving.limits.RequestLimits` these settings say."""
+        from tinkertrace.serving.limits import MIB, RequestLimits
+
+        return RequestLimits(max_bytes=int(self.max_request_mb * MIB), timeout_s=self.request_timeout)
+
+
+@dataclass(kw_only=True)
+class ServeSettings(RequestLimitSettings, RecordingSettings):
     """The sampling endpoint: which policy, where it listens, how it answers."""
 
     backend: Backend = setting(
@@ -113,6 +139,7 @@ class ServeSettings(RecordingSettings):
             (0 <= self.port <= 65535, "port must be in 0..65535"),
             (self.max_tokens >= 1, "max_tokens must be at least 1"),
             (self.batch_window_ms >= 0, "batch_window_ms must be 0 or more"),
+            *self.limit_checks(),
             *check_choices(self),
         ]
         raise_problems(checks, "invalid serve settings")
@@ -120,7 +147,7 @@ class ServeSettings(RecordingSettings):
 
 
 @dataclass(kw_only=True)
-class ProxySettings(RecordingSettings):
+class ProxySettings(RequestLimitSettings, RecordingSettings):
     """The recording proxy in front of another OpenAI-compatible server."""
 
     upstream: str = setting(
@@ -152,6 +179,7 @@ class ProxySettings(RecordingSettings):
             ),
             (0 <= self.port <= 65535, "port must be in 0..65535"),
             (self.timeout > 0, "timeout must be positive"),
+            *self.limit_checks(),
         ]
         raise_problems(checks, "invalid proxy settings")
         return self

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from tinkertrace.schemas import spans as spans_schema
 from tinkertrace.spanstore.compact import superseded_inputs
+from tinkertrace.spanstore.sql import identifier, literal
 from tinkertrace.spanstore.writer import TEMP_PREFIX
 
 # Extra columns the view adds to the spans schema: hive partition keys and the source file.
@@ -41,14 +42,6 @@ class ReadReport:
     skipped: list[tuple[Path, str]] = field(default_factory=list)
 
 
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def list_span_files(root: str | os.PathLike[str]) -> list[Path]:
     """Every committed ``*.parquet`` under ``root`` (temporary and hidden files excluded), sorted."""
     base = Path(root)
@@ -74,8 +67,8 @@ def check_file(path: Path) -> str | None:
 
 def empty_spans_sql() -> str:
     """A SELECT with the spans schema (plus partition/filename columns) and no rows."""
-    columns = [f"CAST(NULL AS {_DUCKDB_TYPES[f.type]}) AS {_ident(f.name)}" for f in spans_schema()]
-    columns += [f"CAST(NULL AS {t}) AS {_ident(n)}" for n, t in EXTRA_COLUMNS.items()]
+    columns = [f"CAST(NULL AS {_DUCKDB_TYPES[f.type]}) AS {identifier(f.name)}" for f in spans_schema()]
+    columns += [f"CAST(NULL AS {t}) AS {identifier(n)}" for n, t in EXTRA_COLUMNS.items()]
     return f"SELECT {', '.join(columns)} WHERE false"
 
 
@@ -94,13 +87,21 @@ def open_spans(
         else:
             report.skipped.append((path, problem))
     if not report.files:
-        con.execute(f"CREATE OR REPLACE VIEW {_ident(view)} AS {empty_spans_sql()}")
+        con.execute(f"CREATE OR REPLACE VIEW {identifier(view)} AS {empty_spans_sql()}")
         return report
-    file_list = ", ".join(_quote(str(p)) for p in report.files)
-    hive_types = ", ".join(f"{_quote(k)}: {v}" for k, v in HIVE_TYPES.items())
+    file_list = ", ".join(literal(str(p)) for p in report.files)
     con.execute(
-        f"CREATE OR REPLACE VIEW {_ident(view)} AS SELECT * FROM read_parquet([{file_list}], "
-        f"hive_partitioning = true, union_by_name = true, filename = true, "
-        f"hive_types = {{{hive_types}}})"
+        f"CREATE OR REPLACE VIEW {identifier(view)} AS SELECT *, {_partition_columns()} FROM read_parquet("
+        f"[{file_list}], hive_partitioning = false, union_by_name = true, filename = true)"
     )
     return report
+
+
+def _partition_columns() -> str:
+    """SQL: the ``date=``/``hour=`` folder values of each row's file, null for a file outside such
+    folders (DuckDB's own hive reading refuses a folder mixing flat and partitioned files)."""
+    return ", ".join(
+        f"TRY_CAST(NULLIF(regexp_extract(filename, '[/\\\\]{k}=([^/\\\\]+)[/\\\\]', 1), '') AS {t}) "
+        f"AS {identifier(k)}"
+        for k, t in HIVE_TYPES.items()
+    )

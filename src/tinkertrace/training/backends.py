@@ -7,15 +7,26 @@ code for either. Problems the user can fix (no API key, service unreachable) rai
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
 
 from tinkertrace.training.errors import BackendError
 
-Backend = Literal["local", "tinker"]
-BACKENDS: tuple[str, ...] = ("local", "tinker")
+Backend = Literal["auto", "local", "tinker"]
+BACKENDS: tuple[str, ...] = ("auto", "local", "tinker")
 HEALTH_PATH = "/api/v1/healthz"
+
+
+def resolve_backend(backend: Backend) -> tuple[Backend, str]:
+    """The backend a run uses and why: ``auto`` is hosted Tinker when ``$TINKER_API_KEY`` is set,
+    else the local engine (as the OpenReward trainer's config file does)."""
+    if backend != "auto":
+        return backend, f"backend {backend} (asked for)"
+    if os.environ.get("TINKER_API_KEY"):
+        return "tinker", "backend tinker (auto: TINKER_API_KEY is set)"
+    return "local", "backend local engine (auto: no TINKER_API_KEY)"
 
 
 def tinker_base_url() -> str:
@@ -54,6 +65,7 @@ def make_service_client(
     ``"local"``: ``tinkertrace.engine.ServiceClient(base_dir=engine_dir)`` (default folder
     ``$TINKERTRACE_HOME/engine``).
     """
+    backend = resolve_backend(backend)[0]  # type: ignore[arg-type]  # an unknown name falls through below
     if backend == "local":
         from tinkertrace.engine import ServiceClient
 
@@ -74,3 +86,13 @@ def make_service_client(
         except tinker.TinkerError as exc:
             raise BackendError(f"could not start a Tinker session: {exc}") from None
     raise BackendError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def close_service(service: Any, status: str = "success") -> None:
+    """End ``service``'s session and stop its threads: hosted Tinker's heartbeats (a session left open
+    heartbeats until the process ends), the local engine's decoding threads. A failure to reach the
+    service while closing is logged, not raised: the run's own outcome is what the caller reports."""
+    try:
+        service.close(status).result(timeout=30)
+    except Exception as exc:  # the SDK's network errors, a timeout
+        logging.getLogger(__name__).warning("closing the %s session failed: %s", type(service).__name__, exc)

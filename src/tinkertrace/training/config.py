@@ -19,9 +19,10 @@ from typing import Any, Literal
 
 from tinkertrace.builder.options import GroupBy
 from tinkertrace.builtin import BUILTIN_MODEL
-from tinkertrace.settings import check_choices, load, setting
+from tinkertrace.ors import ORS_AGENT, ORS_TASKS
+from tinkertrace.settings import check_choices, coerce, load, setting
 from tinkertrace.training.backends import Backend
-from tinkertrace.training.errors import raise_problems
+from tinkertrace.training.errors import ConfigError, raise_problems
 
 Loss = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
 AdvantageMode = Literal["group", "std", "none"]
@@ -41,8 +42,21 @@ class Environment:
         None, "The agent: 'path/to/file.py:function' (relative to the config file) or 'module:function'."
     )
     tasks: str | None = setting(None, "The task source, a function returning task dicts with an 'id'.")
+    openreward: str | None = setting(
+        None,
+        "An OpenReward (ORS) environment: a URL (http://HOST:PORT/NAME), a NAME on $OPENREWARD_URL's server, "
+        "or a hosted Owner/Name; its tasks come from the server and the built-in ORS agent plays it.",
+    )
+    max_turns: int = setting(8, "OpenReward environments: most policy calls per episode (then truncated).")
     split: str = setting("train", "The task split the agents draw from.")
-    group_size: int = setting(4, "Rollouts per task: one GRPO group.")
+    shuffle: bool = setting(True, "Shuffle the split's tasks (seeded) before num_samples takes the first.")
+    num_samples: int | None = setting(None, "Use this many of the split's tasks (default: all).")
+    splits: dict[str, Any] = setting(
+        help="The split as a mapping {SPLIT: {shuffle, num_samples}} (one split): sets split, shuffle, "
+        "num_samples.",
+        default_factory=dict,
+    )
+    group_size: int = setting(4, "Rollouts per task: one GRPO group.", aliases=("num_rollouts",))
     weight: float = setting(1.0, "The environment's share of each step's groups (relative to the others).")
     temperature: float = setting(1.0, "Sampling temperature passed to the agent.")
     max_tokens: int | None = setting(None, "Longest reply, tokens, passed to the agent (default: its own).")
@@ -69,9 +83,45 @@ class Environment:
         False, "A one-call trajectory keeps its own call's reward (parallel solvers), not the agent's sum."
     )
 
+    def __post_init__(self) -> None:
+        """Read ``splits`` into split, shuffle and num_samples; an OpenReward environment gets the
+        built-in ORS agent and task source."""
+        if self.splits:
+            if len(self.splits) != 1:
+                raise ConfigError(
+                    f"{self.name}: splits names {len(self.splits)} splits; give the one to train on"
+                )
+            ((self.split, options),) = self.splits.items()
+            options = dict(options or {})
+            unknown = sorted(set(options) - {"shuffle", "num_samples"})
+            if unknown:
+                raise ConfigError(
+                    f"{self.name}: unknown split setting(s) {', '.join(unknown)}; known: num_samples, shuffle"
+                )
+            self.shuffle = coerce("shuffle", options.get("shuffle", self.shuffle), bool)
+            samples = options.get("num_samples", self.num_samples)
+            self.num_samples = None if samples is None else coerce("num_samples", samples, int)
+        if self.openreward and self.agent is None and self.tasks is None:
+            self.agent, self.tasks = ORS_AGENT, ORS_TASKS
+
+    @classmethod
+    def keyed(cls, key: str, entry: Any) -> dict[str, Any]:
+        """An entry of an ``environments`` mapping (that system's form, keyed by environment): an
+        OpenReward environment named by its key, unless the entry names its own agent or tasks."""
+        entry = dict(entry or {})
+        if {"agent", "tasks", "openreward"} & set(entry):
+            return {"name": key, **entry}
+        name = key.rstrip("/").rsplit("/", 1)[-1] if "://" in key else key.replace("/", ".")
+        return {"name": name, "openreward": key, **entry}
+
     def validate(self) -> Environment:
         """Check names and ranges; returns self."""
         checks = [
+            (self.max_turns >= 1, f"{self.name}: max_turns must be at least 1"),
+            (
+                self.num_samples is None or self.num_samples >= 1,
+                f"{self.name}: num_samples must be at least 1",
+            ),
             (
                 bool(self.name) and "/" not in self.name,
                 f"environment name {self.name!r} must be non-empty, no '/'",
@@ -109,23 +159,29 @@ class TrainConfig:
         argument=True,
     )
     backend: Backend = setting(
-        "local", "'local' (the engine on this machine) or 'tinker' (hosted; needs TINKER_API_KEY)."
+        "auto",
+        "'local' (the engine on this machine), 'tinker' (hosted; needs TINKER_API_KEY), or 'auto': tinker "
+        "when TINKER_API_KEY is set, else local.",
     )
     model: str = setting(
         BUILTIN_MODEL,
-        "Base model: 'tinkertrace/tiny-chat[:nano|small|base]' (built in), 'smollm2-135m-instruct' (the "
+        aliases=("model_name",),
+        help="Base model: 'tinkertrace/tiny-chat[:nano|small|base]' (built in), 'smollm2-135m-instruct' (the "
         "smollm2 extra), a .gguf file, a local Hugging Face folder, "
         "or a Tinker model name such as Qwen/Qwen3-8B.",
     )
     epochs: int = setting(1, "Passes over the data.")
     groups_per_batch: int = setting(
-        8, "Groups (tasks) per optimiser step; all of a group's rollouts go together."
+        8,
+        "Groups (tasks) per optimiser step; all of a group's rollouts go together.",
+        aliases=("batch_size",),
     )
     learning_rate: float = setting(1e-4, "Adam learning rate.")
     lora_rank: int = setting(16, "LoRA rank; 0 trains all weights (local engine only).")
     loss: Loss = setting(
         "importance_sampling",
         "Loss: importance_sampling, ppo, cispo, dro, or cross_entropy (imitates the sampled tokens).",
+        aliases=("loss_fn",),
     )
     loss_config: dict[str, float] = setting(
         help="Loss setting key=value, repeatable: e.g. clip_low_threshold=0.8 clip_high_threshold=1.2 "
@@ -146,10 +202,17 @@ class TrainConfig:
         4096, "Longest model input per sequence; longer ones keep their first tokens."
     )
     log_dir: Path = setting(
-        Path("runs/train"), "Folder for metrics.jsonl, checkpoints.jsonl and config.json."
+        Path("runs/train"),
+        "Folder for metrics.jsonl, checkpoints.jsonl and config.json.",
+        aliases=("log_path",),
     )
     save_every: int = setting(10, "Save a checkpoint every N steps (0 = only at the end).")
     resume: bool = setting(False, "Continue from the last checkpoint in --log-dir.", flags=("--resume",))
+    resume_from: str | None = setting(
+        None,
+        "Start from this saved training state (a state path such as tinker://RUN/weights/NAME, with its "
+        "optimizer) when --log-dir holds no checkpoint yet.",
+    )
     seed: int = setting(0, "Seed of the data order and the LoRA init.")
     shuffle: bool = setting(True, "Shuffle the groups each epoch (seeded).", cli=False)
     beta1: float = setting(0.9, "AdamW beta1.", cli=False)
@@ -163,9 +226,16 @@ class TrainConfig:
         None, "Local engine checkpoint folder (default $TINKERTRACE_HOME/engine)."
     )
     wandb_project: str | None = setting(
-        None, "Also log to this Weights & Biases project (needs the wandb package; or $WANDB_PROJECT)."
+        None,
+        "Also log to this Weights & Biases project (needs the wandb package; or $WANDB_PROJECT).",
+        aliases=("wandb_project_name",),
     )
     wandb_run_name: str | None = setting(None, "The Weights & Biases run name.", cli=False)
+    openreward_run_name: str | None = setting(
+        None,
+        "Upload finished OpenReward rollouts to this OpenReward run (needs $OPENREWARD_API_KEY).",
+        cli=False,
+    )
     environments: list[Environment] = setting(
         help="Multi-environment training: a list of environments (name, agent, tasks, group_size, weight, "
         "sampling and reward settings; see docs/training.md).",
@@ -203,10 +273,15 @@ def _unique_names(environments: list[Environment]) -> list[tuple[bool, str]]:
 OTHER_SECTIONS = ("follow",)  # config-file tables that other settings read (online.settings.FollowOptions)
 
 
-def make_config(file: Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults, updated by ``file`` (flat, or its ``train`` table), then by ``overrides`` (None: unset).
-    Environments' ``file.py:function`` references are relative to the file."""
-    config = load(TrainConfig, file, overrides, section="train", skip=OTHER_SECTIONS, what="option")
+def make_config(
+    file: Path | None = None, overrides: dict[str, Any] | None = None, edits: dict[str, Any] | None = None
+) -> TrainConfig:
+    """Defaults, updated by ``file`` (flat, or its ``train`` table) with ``edits`` (``--set``, dotted
+    keys) laid over it, then by ``overrides`` (None: unset). Environments' ``file.py:function``
+    references are relative to the file."""
+    config = load(
+        TrainConfig, file, overrides, section="train", skip=OTHER_SECTIONS, what="option", edits=edits
+    )
     if file is not None:
         for env in config.environments:
             env.agent, env.tasks = (_relative_to(Path(file).parent, ref) for ref in (env.agent, env.tasks))

@@ -12,6 +12,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +22,7 @@ import pyarrow.parquet as pq
 from tinkertrace import schemas
 from tinkertrace.training.advantages import compute_advantages, constant_reward_groups
 from tinkertrace.training.errors import DataError
+from tinkertrace.training.outcomes import dropped_where
 
 REQUIRED_COLUMNS = (
     "rollout_id",
@@ -48,6 +50,7 @@ class DataReport:
     groups_constant_removed: int = 0
     trajectories: int = 0
     rows: int = 0
+    dropped: list[dict[str, Any]] = field(default_factory=list)  # outcome records of the rows left out
 
     def notes(self) -> list[str]:
         """One line per thing that was dropped."""
@@ -178,6 +181,8 @@ def prepare(
     )
     report.rows_bad_reward = int(np.count_nonzero(bad_reward))
     report.rows_bad_lengths = int(np.count_nonzero(~same & ~bad_reward))
+    report.dropped += dropped_where(table, bad_reward, "bad_reward")
+    report.dropped += dropped_where(table, ~same & ~bad_reward, "bad_lengths")
     table = table.filter(pa.array(~bad_reward & same))
     if table.num_rows == 0:
         raise DataError(
@@ -199,6 +204,7 @@ def prepare(
     if remove_constant_reward_groups:
         constant = constant_reward_groups(index.group_of_trajectory, index.reward_of_trajectory)
         report.groups_constant_removed = int(np.count_nonzero(constant))
+        report.dropped += dropped_where(table, constant[index.group_of_row], "constant_reward")
         if constant.all():
             raise DataError(
                 f"all {report.groups} groups have a constant reward, so no trajectory has an advantage: "

@@ -173,6 +173,7 @@ def run_training(
         log_dir=Path(config.log_dir), start_step=start, steps=start, total_steps=plan.total, notes=notes
     )
     session = TrainingSession(config, start_step=start, resume_from=resume_from)
+    session.outcomes.write(data.report.dropped)  # left out while preparing, before any step
     result.notes.extend(session.notes)
     run = _BatchRun(session, plan, result)
     with session, _progress(progress, console, plan, start) as bar:

@@ -32,7 +32,7 @@ import tinker
 from tinker import types
 
 from tinkertrace.training.advantages import group_outcome_fractions
-from tinkertrace.training.backends import make_service_client
+from tinkertrace.training.backends import close_service, make_service_client
 from tinkertrace.training.checkpoints import append_checkpoint
 from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.dataset import DataReport, TrainingData, prepare
@@ -40,6 +40,7 @@ from tinkertrace.training.datums import DatumBatch, build_datums
 from tinkertrace.training.environments import environment_metrics
 from tinkertrace.training.errors import BackendError
 from tinkertrace.training.metrics import MetricsLogger, kl_sample_train
+from tinkertrace.training.outcomes import TRAINED, OutcomeLog, dropped_where, outcome_rows
 
 ADAM_FIELDS = ("beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
 
@@ -53,7 +54,10 @@ def adam_params(config: TrainConfig) -> types.AdamParams:
 
 def open_training_client(service: Any, config: TrainConfig, resume_from: dict[str, Any] | None = None) -> Any:
     """A new LoRA training client of ``config.model`` (rank ``config.lora_rank``, seeded), or, with
-    ``resume_from`` (a checkpoint record), the saved state with its optimizer."""
+    ``resume_from`` (a checkpoint record; else ``config.resume_from``, a state path), the saved state
+    with its optimizer."""
+    if resume_from is None and config.resume_from:
+        resume_from = {"state_path": config.resume_from}
     try:
         if resume_from is not None:
             return service.create_training_client_from_state_with_optimizer(
@@ -104,6 +108,16 @@ def build_batch(data: TrainingData, rows: np.ndarray, config: TrainConfig) -> Da
         loss_fn=config.loss,
         max_tokens=config.max_tokens_per_datum,
     )
+
+
+def step_outcomes(rows: pa.Table, batch: DatumBatch, step: int) -> list[dict[str, Any]]:
+    """Outcome records of a step's rows: trained (with the tokens its Datum kept) or dropped for
+    want of a sampled token."""
+    usable = np.zeros(rows.num_rows, dtype=bool)
+    usable[batch.row_index] = True
+    kept = [d.model_input.length + 1 for d in batch.data]
+    trained = outcome_rows(rows.take(batch.row_index), TRAINED, step=step, tokens=kept)
+    return trained + dropped_where(rows, ~usable, "no_trainable_tokens", step=step)
 
 
 def batch_metrics(data: TrainingData, rows: np.ndarray, batch: DatumBatch) -> dict[str, float]:
@@ -180,10 +194,15 @@ class TrainingSession:
         (self.log_dir / "config.json").write_text(
             json.dumps({**config.to_dict(), **(extra_config or {})}, indent=2)
         )
-        service = service or make_service_client(config.backend, engine_dir=config.engine_dir)
+        self._own_service = (
+            None if service else make_service_client(config.backend, engine_dir=config.engine_dir)
+        )
+        service = service or self._own_service
         self.client = open_training_client(service, config, resume_from)
         self.adam = adam_params(config)
         self.logger = open_metrics_logger(config, self.log_dir, start_step)
+        self.outcomes = OutcomeLog(self.log_dir, start_step)
+        self.pending: list[dict[str, Any]] = []  # outcome records written with the next step's metrics
         self.started = time.monotonic()
 
     @property
@@ -197,6 +216,7 @@ class TrainingSession:
         """Train on ``rows`` of ``data`` as step ``step``: the batch and its metrics (``progress``
         first, then the data side, then the loss and KL when the batch had anything to train)."""
         batch = build_batch(data, rows, self.config)
+        self.pending += step_outcomes(data.table.take(rows), batch, step)
         metrics: dict[str, Any] = {
             "progress/batch": step,
             **progress,
@@ -222,6 +242,8 @@ class TrainingSession:
         metrics["time/step"] = now - step_started
         metrics["time/total"] = now - self.started
         self.logger.log(step, metrics)
+        self.outcomes.write(self.pending)
+        self.pending = []
 
     def __enter__(self) -> TrainingSession:
         self.logger.__enter__()
@@ -229,6 +251,8 @@ class TrainingSession:
 
     def __exit__(self, *exc: object) -> None:
         self.logger.close()
+        if self._own_service is not None:  # a service this session made: end it (its heartbeats, threads)
+            close_service(self._own_service, "success" if exc[0] is None else "errored")
 
 
 def status_line(metrics: dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ Starlette runs them on its thread pool, so a page that builds a rollout never st
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 from collections.abc import MutableMapping
@@ -39,9 +40,12 @@ from tinkertrace.ui.built import (
     run_settings,
     token_view,
 )
-from tinkertrace.ui.index import PAGE_SIZES, SORTABLE, RolloutQuery, RunIndex
+from tinkertrace.ui.compare import turn_pairs
+from tinkertrace.ui.index import RunIndex
+from tinkertrace.ui.listing import PAGE_SIZES, SORTABLE, RolloutPage, RolloutQuery
+from tinkertrace.ui.outcomes import OUTCOMES, outcome_text, row_fates
 from tinkertrace.ui.run_metrics import metric_series
-from tinkertrace.ui.sources import read_json
+from tinkertrace.ui.sources import not_span_files, read_json
 from tinkertrace.ui.timeline import messages_of, reward_landings, span_tree
 
 HERE = Path(__file__).parent
@@ -65,6 +69,9 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["num"] = _num
+    env.filters["outcome"] = outcome_text
+    env.filters["readable"] = _readable
+    env.globals["outcomes"] = OUTCOMES
     env.filters["tojson_attr"] = lambda v: json.dumps(v)  # for data-* attributes (then escaped)
     return env
 
@@ -74,6 +81,25 @@ def _num(value: Any, digits: int = 3) -> str:
         return "–"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
+    return str(value)
+
+
+def environment_names(settings: dict[str, Any]) -> list[str]:
+    """The environments a training config names (``environments: [{name: …}, …]``), else none."""
+    envs = settings.get("environments")
+    return (
+        [str(e["name"]) for e in envs if isinstance(e, dict) and e.get("name")]
+        if isinstance(envs, list)
+        else []
+    )
+
+
+def _readable(value: Any) -> str:
+    """A settings or summary value as text: floats to 4 significant digits, None as a dash."""
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}"
     return str(value)
 
 
@@ -123,8 +149,9 @@ def _state(request: Request) -> UiState:
 def _page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
     state: UiState = request.app.state.ui
     html = state.templates.get_template(template).render(
-        request=request, version=state.index.version, nav=template.split(".")[0], **context
-    )
+        request=request, version=state.index.version, nav=template.split(".")[0],
+        missing_spans=state.index.missing_spans(), **context,
+    )  # fmt: skip
     return HTMLResponse(html, status_code=status_code)
 
 
@@ -143,6 +170,10 @@ def run_page(request: Request) -> Response:
         settings=run_settings(state.index),
         summary=summaries[0] if summaries else {},
         sources=state.index.sources.describe(),
+        skipped=sorted(state.index.skipped.items()),
+        by_version=state.index.by_version(environment_names(run_settings(state.index))),
+        task_progress=state.index.task_progress(),
+        not_spans=not_span_files(state.index.sources) if state.index.missing_spans() else [],
     )
 
 
@@ -155,22 +186,42 @@ def api_metrics(request: Request) -> Response:
 
 
 # --- rollouts --------------------------------------------------------------------------------------
-def _flag(value: str | None) -> bool | None:
-    return None if value in (None, "") else value in ("1", "true", "yes")
+# Every parameter the rollout list understands; any other is refused (a typo must not pass unseen).
+LIST_PARAMS = (
+    "sort", "order", "page", "per_page", "status", "split", "task", "agent", "q", "incomplete", "trained",
+    "outcome", "version", "partial", "token",
+)  # fmt: skip
+MAX_PAGE = 10**9
+
+
+def _flag(params: Any, name: str) -> bool | None:
+    value = params.get(name)
+    if value in (None, ""):
+        return None
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def parse_query(params: Any) -> RolloutQuery:
     """A :class:`RolloutQuery` from URL parameters; ValueError naming the bad one."""
+    unknown = sorted(set(params.keys()) - set(LIST_PARAMS))
+    if unknown:
+        raise ValueError(f"unknown parameter {unknown[0]!r}; known: {', '.join(LIST_PARAMS[:-2])}")
 
     def integer(name: str, default: int) -> int:
         raw = params.get(name) or str(default)
-        if not raw.isdigit():
-            raise ValueError(f"{name} must be a positive whole number, got {raw!r}")
+        if not raw.isdigit() or int(raw) > MAX_PAGE:
+            low = 0 if name == "version" else 1
+            raise ValueError(f"{name} must be a whole number from {low} to {MAX_PAGE}, got {raw!r}")
         return int(raw)
 
+    order = params.get("order") or "desc"
+    if order not in ("asc", "desc"):
+        raise ValueError(f"order must be asc or desc, got {order!r}")
     return RolloutQuery(
         sort=params.get("sort") or "start_ms",
-        desc=params.get("order", "desc") != "asc",
+        desc=order == "desc",
         page=integer("page", 1),
         per_page=integer("per_page", 50),
         status=params.get("status") or None,
@@ -178,9 +229,20 @@ def parse_query(params: Any) -> RolloutQuery:
         task=params.get("task") or None,
         agent=params.get("agent") or None,
         text=params.get("q") or None,
-        incomplete=_flag(params.get("incomplete")),
-        trained=_flag(params.get("trained")),
+        incomplete=_flag(params, "incomplete"),
+        trained=_flag(params, "trained"),
+        outcome=params.get("outcome") or None,
+        version=integer("version", 0) if params.get("version") else None,
     )
+
+
+def _list_page(request: Request) -> tuple[RolloutQuery, RolloutPage]:
+    """The rollout list page the URL asks for; ValueError naming a bad parameter or a page past the end."""
+    query = parse_query(request.query_params)
+    page = _state(request).index.list_rollouts(query)
+    if query.page > page.pages:
+        raise ValueError(f"page {query.page} is past the last page ({page.pages}) of this list")
+    return query, page
 
 
 def _link(request: Request, **changes: Any) -> str:
@@ -198,10 +260,9 @@ def _link(request: Request, **changes: Any) -> str:
 def rollouts_page(request: Request) -> Response:
     state = _state(request)
     try:
-        query = parse_query(request.query_params)
+        _, page = _list_page(request)
     except ValueError as exc:
         return _bad_request(request, str(exc))
-    page = state.index.list_rollouts(query)
     template = "rollouts_table.html" if request.query_params.get("partial") else "rollouts.html"
     return _page(
         request,
@@ -215,13 +276,28 @@ def rollouts_page(request: Request) -> Response:
     )
 
 
-def api_rollouts(request: Request) -> Response:
-    state = _state(request)
+EXPORT_TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson"}
+
+
+def export_rollouts(request: Request) -> Response:
+    """``/export/rollouts.csv`` or ``.jsonl``: every rollout the list's filters match, in its order."""
+    fmt = request.path_params["fmt"]
+    if fmt not in EXPORT_TYPES:
+        return JSONResponse({"error": f"export as csv or jsonl, not {fmt!r}"}, status_code=404)
     try:
         query = parse_query(request.query_params)
     except ValueError as exc:
         return JSONResponse({"error": str(exc)}, status_code=400)
-    page = state.index.list_rollouts(query)
+    body = _state(request).index.export(query, fmt)
+    disposition = f'attachment; filename="rollouts.{fmt}"'
+    return Response(body, media_type=EXPORT_TYPES[fmt], headers={"content-disposition": disposition})
+
+
+def api_rollouts(request: Request) -> Response:
+    try:
+        query, page = _list_page(request)
+    except ValueError as exc:
+        return JSONResponse({"error": str(exc)}, status_code=400)
     body = {"total": page.total, "page": query.page, "pages": page.pages, "rows": page.rows}
     return Response(json.dumps(body, default=str), media_type="application/json")
 
@@ -258,27 +334,57 @@ def rollout_page(request: Request) -> Response:
         messages=messages_of(spans, details),
         rewards=reward_landings(spans, built),
         agents=agents_of(built),
+        group=index.group_rows(row["task_id"], rollout_id),
         types=sc,
     )
 
 
-def trajectory_page(request: Request) -> Response:
+def compare_page(request: Request) -> Response:
+    """``/compare?a=<rollout>&b=<rollout>``: two rollouts' calls side by side, divergence marked."""
+    ids = [request.query_params.get(k) or "" for k in ("a", "b")]
+    if not all(ids):
+        return _bad_request(request, "compare needs two rollouts: ?a=<rollout id>&b=<rollout id>")
+    index = _state(request).index
+    sides, builds, policy = [], [], DEFAULT_POLICY
+    for rid in ids:
+        row, built, policy = _built(request, rid)
+        messages = messages_of(index.spans_of(rid), index.span_details(rid, index.files_of([rid])))
+        sides.append({"rollout": row, "built": built, "messages": messages})
+        builds.append(built)
+    return _page(request, "compare.html", sides=sides, turns=turn_pairs(*builds), policy=policy)
+
+
+def _trajectory(request: Request) -> dict[str, Any]:
+    """The trajectory the URL asks for: its rollout row, build, policy, agents, agent and token view."""
     rollout_id = request.path_params["rollout_id"]
     row, built, policy = _built(request, rollout_id)
     agents = agents_of(built)
     wanted = request.query_params.get("agent")
     agent = next((a for a in agents if (a or "") == (wanted or "")), agents[0] if agents else None)
-    view = token_view(built, agent) if agents else None
-    return _page(
-        request,
-        "trajectory.html",
-        rollout=row,
-        built=built,
-        policy=policy,
-        agents=agents,
-        agent=agent,
-        view=view,
-    )
+    fates = row_fates(_state(request).index.cursor(), rollout_id)
+    view = token_view(built, agent, fates) if agents else None
+    return {"rollout": row, "built": built, "policy": policy, "agents": agents, "agent": agent, "view": view}
+
+
+def trajectory_page(request: Request) -> Response:
+    return _page(request, "trajectory.html", **_trajectory(request))
+
+
+def api_trajectory(request: Request) -> Response:
+    """A trajectory as JSON: every segment token by token (what the trajectory page shows)."""
+    t = _trajectory(request)
+    rollout_id = t["rollout"]["rollout_id"]
+    body = {"rollout_id": rollout_id, "policy": t["policy"], "agent": t["agent"], "trajectory": t["view"]}
+    return Response(
+        json.dumps(body, default=_jsonable), media_type="application/json",
+        headers={"content-disposition": f'inline; filename="trajectory-{rollout_id}.json"'},
+    )  # fmt: skip
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return str(value)
 
 
 # --- build report ----------------------------------------------------------------------------------
@@ -317,11 +423,14 @@ def create_app(index: RunIndex, *, token: str | None = None) -> Starlette:
         Route("/rollouts", rollouts_page),
         Route("/rollouts/{rollout_id:path}", rollout_page),
         Route("/trajectory/{rollout_id:path}", trajectory_page),
+        Route("/compare", compare_page),
         Route("/build", build_page),
         Route("/favicon.ico", lambda request: Response(status_code=204)),
         Route("/api/status", api_status),
         Route("/api/metrics", api_metrics),
         Route("/api/rollouts", api_rollouts),
+        Route("/api/trajectory/{rollout_id:path}", api_trajectory),
+        Route("/export/rollouts.{fmt}", export_rollouts),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -41,6 +42,7 @@ class BuiltRollout:
     triplets: list[dict[str, Any]]
     trajectories: list[dict[str, Any]]  # with an "advantage" per row (None when not computable)
     advantage_note: str
+    group_advantages: dict[str, list[float]] = field(default_factory=dict)  # rollout -> its rows' advantages
     unmatched_reward_spans: set[str] = field(default_factory=set)
     incomplete: bool = False  # the builder left the rollout out as incomplete
 
@@ -57,8 +59,8 @@ def _rows(table: pa.Table) -> list[dict[str, Any]]:
     return table.drop_columns([c for c in ("end_time",) if c in table.column_names]).to_pylist()
 
 
-def _advantages(group: pa.Table, rollout_id: str, settings: dict[str, Any]) -> tuple[dict[Any, float], str]:
-    """(agent, segment) -> advantage of ``rollout_id``'s rows, as the trainer computes it over the group."""
+def _advantages(group: pa.Table, settings: dict[str, Any]) -> tuple[dict[Any, float], str]:
+    """(rollout, agent, segment) -> advantage of each row of the group, as the trainer computes it."""
     mode = str(settings.get("advantage", "group"))
     group_by = str(settings.get("group_by", "task"))
     try:
@@ -72,11 +74,7 @@ def _advantages(group: pa.Table, rollout_id: str, settings: dict[str, Any]) -> t
         table["segment"].to_pylist(),
         strict=True,
     )
-    values = {
-        (agent, seg): float(a)
-        for (rid, agent, seg), a in zip(keys, data.advantage_of_row, strict=True)
-        if rid == rollout_id
-    }
+    values = {key: float(a) for key, a in zip(keys, data.advantage_of_row, strict=True)}
     size = len(set(group["rollout_id"].to_pylist()))
     note = f"advantage '{mode}' within the group of {size} rollouts (group key: {group_by})"
     if len(set(group["reward"].to_pylist())) <= 1 and settings.get("remove_constant_reward_groups", True):
@@ -154,13 +152,18 @@ class RolloutBuilds:
             mine.sort_by([("agent_name", "ascending"), ("segment", "ascending")]) if mine.num_rows else mine
         )
         rows = _rows(mine)
+        values: dict[Any, float] = {}
         note = "no trajectory"
-        if rows:
-            values, note = _advantages(group, rollout_id, run_settings(self.index))
-            for row in rows:
-                row["advantage"] = values.get((row["agent_name"], row["segment"]))
+        if group.num_rows:
+            values, note = _advantages(group, run_settings(self.index))
+        for row in rows:
+            row["advantage"] = values.get((rollout_id, row["agent_name"], row["segment"]))
+        per_rollout: dict[str, list[float]] = {}
+        for (rid, _, _), value in values.items():
+            if value not in per_rollout.setdefault(rid, []):
+                per_rollout[rid].append(value)
         trips = _rows(triplets) if triplets.num_columns else []
-        return BuiltRollout(rollout_id, policy, source, trips, rows, note, unmatched, incomplete)
+        return BuiltRollout(rollout_id, policy, source, trips, rows, note, per_rollout, unmatched, incomplete)
 
 
 @functools.lru_cache(maxsize=8)
@@ -192,24 +195,48 @@ class TokenView:
     """A trajectory (one agent of one rollout, all its segments) token by token."""
 
     agent: str | None
-    segments: list[dict[str, Any]]  # per segment: split_reason, reward, advantage, tokens (list of dicts)
+    segments: list[dict[str, Any]]  # per segment: split_reason, reward, advantage, fate, tokens (dicts)
     total_tokens: int
-    trained_tokens: int
+    trained_tokens: int  # went into a Datum that a step trained
+    sampled_tokens: int  # action mask 1
     retokenized_tokens: int
     text_note: str
 
 
-def token_view(built: BuiltRollout, agent: str | None) -> TokenView:
-    """Per-token rows of ``agent``'s trajectory: text, id, trained mask, sampler logprob, advantage on
-    trained tokens, the turn it came from and whether that call's ids were re-tokenised."""
+def _fate_text(fate: dict[str, Any] | None) -> str:
+    if fate is None:
+        return "not trained"
+    if fate["steps"]:
+        steps = ", ".join("?" if s is None else str(s) for s in fate["steps"])
+        return f"trained at step {steps}"
+    when = f" at step {fate['drop_step']}" if fate["drop_step"] is not None else ""
+    return f"dropped: {fate['reason']}{when}"
+
+
+def _trained_positions(fate: dict[str, Any] | None, n: int) -> range:
+    """Positions whose token a step trained (when sampled): a Datum targets tokens 1 .. kept - 1."""
+    if fate is None or not fate["steps"]:
+        return range(0)
+    return range(1, min(n, fate["tokens"] if fate["tokens"] is not None else n))
+
+
+def token_view(
+    built: BuiltRollout, agent: str | None, fates: dict[tuple[Any, Any], dict[str, Any]] | None = None
+) -> TokenView:
+    """Per-token rows of ``agent``'s trajectory: text, id, sampled (mask 1) and trained (in a Datum a
+    step trained, from the trainer's ``outcomes.jsonl``: ``fates`` by (agent, segment)), sampler
+    logprob, advantage on sampled tokens, the turn it came from and whether its call was re-tokenised."""
+    fates = fates or {}
     rows = [r for r in built.trajectories if r["agent_name"] == agent]
     calls = [t for t in built.triplets if t["agent_name"] == agent]
     model = next((t["model"] for t in calls if t.get("model")), None)
     turn_of = _turn_positions(rows, calls)
-    segments, total, trained, retok = [], 0, 0, 0
+    segments, total, trained, sampled, retok = [], 0, 0, 0, 0
     text_note = ""
     for row, turn_positions in zip(rows, turn_of, strict=True):
         texts, text_note = token_texts(model, row["tokens"])
+        fate = fates.get((row["agent_name"], row["segment"]), fates.get((None, None)))
+        in_datum = _trained_positions(fate, len(row["tokens"]))
         tokens = []
         for i, (tid, lp, mask) in enumerate(
             zip(row["tokens"], row["logprobs"], row["action_mask"], strict=True)
@@ -221,23 +248,43 @@ def token_view(built: BuiltRollout, agent: str | None) -> TokenView:
                     "i": i,
                     "id": tid,
                     "text": texts[i] if texts else None,
-                    "trained": bool(mask),
+                    "sampled": bool(mask),
+                    "trained": bool(mask) and i in in_datum,
                     "logprob": float(lp) if mask else None,
                     "advantage": row.get("advantage") if mask and row.get("advantage") is not None else None,
                     "turn": call["turn"] if call else None,
+                    "span": call["span_id"] if call else None,
                     "retokenized": source == "retokenized",
+                    "parts": False,
                 }
             )
         total += len(tokens)
         trained += sum(t["trained"] for t in tokens)
+        sampled += sum(t["sampled"] for t in tokens)
         retok += sum(t["retokenized"] for t in tokens)
         segments.append(
             {
                 **{k: v for k, v in row.items() if k not in ("tokens", "logprobs", "action_mask")},
+                "fate": _fate_text(fate),
                 "tokens": tokens,
             }
         )
-    return TokenView(agent, segments, total, trained, retok, text_note)
+    _mark_partings(rows, segments)
+    return TokenView(agent, segments, total, trained, sampled, retok, text_note)
+
+
+def _mark_partings(rows: list[dict[str, Any]], segments: list[dict[str, Any]]) -> None:
+    """On each segment after the first, the token where its sequence parts from the previous
+    segment's (what the split is about: a changed template or history): ``parted_at`` and the
+    token's ``parts`` flag; None when one sequence is a prefix of the other."""
+    for k in range(1, len(rows)):
+        before, now = rows[k - 1]["tokens"], rows[k]["tokens"]
+        n = min(len(before), len(now))
+        differ = np.flatnonzero(np.asarray(before[:n]) != np.asarray(now[:n]))
+        at = int(differ[0]) if len(differ) else None
+        segments[k]["parted_at"] = at
+        if at is not None:
+            segments[k]["tokens"][at]["parts"] = True
 
 
 def _turn_positions(

@@ -1,190 +1,40 @@
 """A token-free index of a run's spans in DuckDB, kept current as files arrive, and the rollout list.
 
 Each span file is read once: one small row per span (ids, type, times, reward, token counts, the
-root's status) goes into the in-memory table ``span_index``; files that disappear (compaction) take
+root's JSON) goes into the in-memory table ``span_index``; files that disappear (compaction) take
 their rows with them. The ``rollouts`` table (one row per rollout) is rebuilt from it after every
-change, so list pages are paged ``ORDER BY ... LIMIT`` queries over ~100 bytes per rollout, never a
-scan of the span files. The builder stays the judge of what a trainer sees: the rollout and
-trajectory pages and the build report build with :mod:`tinkertrace.builder`.
+change with the builder's own relations (:mod:`tinkertrace.ui.rollout_table`), so list pages are
+paged ``ORDER BY ... LIMIT`` queries over ~100 bytes per rollout, never a scan of the span files.
+The builder stays the judge of what a trainer sees: the rollout and trajectory pages and the build
+report build with :mod:`tinkertrace.builder`.
 """
 
 from __future__ import annotations
 
+import io
+import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow.csv as pacsv
 
-from tinkertrace import semconv as sc
 from tinkertrace.spanstore.compact import superseded_inputs
-from tinkertrace.spanstore.reader import check_file, empty_spans_sql
-from tinkertrace.training.checkpoints import read_checkpoints
+from tinkertrace.spanstore.reader import check_file
+from tinkertrace.spanstore.sql import literal_list
+from tinkertrace.ui import outcomes, rollout_table
+from tinkertrace.ui.listing import LIST_COLUMNS, STATUSES, RolloutPage, RolloutQuery
 from tinkertrace.ui.sources import RunSources, discover, span_files
 
-PAGE_SIZES = (25, 50, 100, 200)
-STATUSES = (sc.STATUS_SUCCEEDED, sc.STATUS_FAILED, sc.STATUS_TIMED_OUT, "unknown")
 
-
-def _q(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _attr(name: str, cast: str = "VARCHAR") -> str:
-    return f"TRY_CAST(json_extract_string(attributes, '$.\"{name}\"') AS {cast})"
-
-
-_ROOT = f"span_type = '{sc.TYPE_ROLLOUT}'"
-_LLM = f"span_type = '{sc.TYPE_LLM}'"
-_REWARD = f"span_type = '{sc.TYPE_REWARD}'"
-
-# One row per span, no token lists and no JSON beyond the root's few fields.
-_SPAN_ROW_SQL = f"""
-SELECT trace_id, span_id, parent_span_id, name, kind, span_type, rollout_id, task_id, attempt, split,
-       agent_name, model, response_id, reward_name, reward_value, token_source, policy_version,
-       epoch_ns(start_time) AS start_ns, epoch_ns(end_time) AS end_ns, status_code, status_message,
-       epoch_ns(received_at) AS received_ns,
-       CAST(len(prompt_token_ids) AS INTEGER) AS prompt_tokens,
-       CAST(len(response_token_ids) AS INTEGER) AS response_tokens,
-       CASE WHEN {_ROOT} THEN {_attr(sc.ROLLOUT_STATUS)} END AS rollout_status,
-       CASE WHEN {_ROOT} THEN {_attr(sc.ROLLOUT_LLM_CALLS, "BIGINT")} END AS expected_llm_calls,
-       CASE WHEN {_ROOT} THEN {_attr(sc.ROLLOUT_REWARDS, "BIGINT")} END AS expected_rewards,
-       CASE WHEN {_ROOT} THEN left({_attr(sc.TASK_INPUT)}, 400) END AS task_input,
-       filename
-FROM ({{source}})
-"""
-
-
-def _span_rows_sql(files: Sequence[Path]) -> str:
-    """SQL: the index rows of ``files`` (every spans column present, null where a file lacks it)."""
-    source = empty_spans_sql()
-    if files:
-        listing = "[" + ", ".join(_q(str(p)) for p in files) + "]"
-        source = (
-            f"SELECT * FROM ({source}) UNION ALL BY NAME SELECT * FROM read_parquet({listing}, "
-            "union_by_name = true, filename = true, hive_partitioning = false)"
-        )
-    return _SPAN_ROW_SQL.format(source=source)
-
-
-# Spans with the rollout id their trace's root carries when they carry none (as the builder does).
-_SPANS_OF_ROLLOUTS = f"""
-WITH u AS (
-    SELECT * FROM span_index
-    QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received_ns, filename) = 1
-), roots AS (
-    SELECT trace_id, min(rollout_id) AS root_rollout FROM u WHERE {_ROOT} AND rollout_id IS NOT NULL
-    GROUP BY trace_id
-)
-SELECT u.* REPLACE (COALESCE(u.rollout_id, roots.root_rollout) AS rollout_id)
-FROM u LEFT JOIN roots USING (trace_id)
-"""
-
-_ROLLOUTS_SQL = f"""
-WITH s AS ({_SPANS_OF_ROLLOUTS}), agg AS (
-    SELECT rollout_id,
-           COALESCE(min(task_id) FILTER (WHERE {_ROOT}), min(task_id)) AS task_id,
-           COALESCE(min(attempt) FILTER (WHERE {_ROOT}), min(attempt)) AS attempt,
-           COALESCE(min(split) FILTER (WHERE {_ROOT}), min(split)) AS split,
-           array_to_string(list_sort(list_distinct(list(agent_name))), ', ') AS agents,
-           COALESCE(min(rollout_status), 'unknown') AS status,
-           sum(reward_value) FILTER (WHERE {_REWARD}) AS reward,
-           count(*) FILTER (WHERE {_REWARD}) AS rewards,
-           count(*) FILTER (WHERE {_LLM}) AS turns,
-           COALESCE(sum(response_tokens) FILTER (WHERE {_LLM}), 0) AS tokens,
-           min(policy_version) FILTER (WHERE {_LLM}) AS policy_version,
-           COALESCE(min(start_ns) FILTER (WHERE {_ROOT}), min(start_ns)) AS start_ns,
-           COALESCE(max(end_ns) FILTER (WHERE {_ROOT}), max(end_ns)) AS end_ns,
-           bool_or({_ROOT}) AS has_root,
-           max(expected_llm_calls) AS expected_llm_calls, max(expected_rewards) AS expected_rewards,
-           count(*) FILTER (WHERE token_source = '{sc.SOURCE_RETOKENIZED}') AS retokenized_calls,
-           count(*) FILTER (WHERE {_LLM} AND (COALESCE(prompt_tokens, 0) = 0
-                OR COALESCE(response_tokens, 0) = 0 OR token_source = '{sc.SOURCE_NONE}'))
-                AS calls_without_ids,
-           max(task_input) AS task_input,
-           count(*) AS spans
-    FROM s WHERE rollout_id IS NOT NULL GROUP BY rollout_id
-)
-SELECT agg.*,
-       CASE WHEN NOT has_root THEN 'root_missing'
-            WHEN turns < COALESCE(expected_llm_calls, 0) THEN 'missing_llm_spans'
-            WHEN rewards < COALESCE(expected_rewards, 0) THEN 'missing_reward_spans' END AS incomplete,
-       (end_ns - start_ns) / 1e9 AS duration_s,
-       start_ns // 1000000 AS start_ms,
-       trained.step AS trained_step,
-       lower(concat_ws(' ', rollout_id, task_id, agents, task_input)) AS haystack
-FROM agg LEFT JOIN trained USING (rollout_id)
-"""
-
-# Columns a list can be sorted by (the table's header links), and the default: newest first.
-SORTABLE = (
-    "start_ms", "rollout_id", "task_id", "agents", "status", "reward", "turns", "tokens",
-    "policy_version", "duration_s", "trained_step",
-)  # fmt: skip
-LIST_COLUMNS = (
-    "rollout_id", "task_id", "agents", "status", "reward", "turns", "tokens", "policy_version",
-    "start_ms", "duration_s", "trained_step", "incomplete", "split", "attempt",
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class RolloutQuery:
-    """One page of the rollout list: filters, text search, sort and page (all from the URL)."""
-
-    sort: str = "start_ms"
-    desc: bool = True
-    page: int = 1
-    per_page: int = 50
-    status: str | None = None
-    split: str | None = None
-    task: str | None = None
-    agent: str | None = None
-    text: str | None = None
-    incomplete: bool | None = None
-    trained: bool | None = None
-
-    def __post_init__(self) -> None:
-        if self.sort not in SORTABLE:
-            raise ValueError(f"cannot sort by {self.sort!r}; choose one of {', '.join(SORTABLE)}")
-        if self.per_page not in PAGE_SIZES:
-            raise ValueError(f"page size must be one of {PAGE_SIZES}, got {self.per_page}")
-        if self.page < 1:
-            raise ValueError(f"page must be 1 or more, got {self.page}")
-        if self.status is not None and self.status not in STATUSES:
-            raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {self.status!r}")
-
-    def where(self) -> tuple[str, list[Any]]:
-        """SQL condition and its parameters."""
-        terms, params = ["true"], []
-        for column, value in (("status", self.status), ("split", self.split), ("task_id", self.task)):
-            if value:
-                terms.append(f"{column} = ?")
-                params.append(value)
-        if self.agent:
-            terms.append("contains(lower(agents), lower(?))")
-            params.append(self.agent)
-        if self.text:
-            terms.append("contains(haystack, lower(?))")
-            params.append(self.text.strip())
-        if self.incomplete is not None:
-            terms.append("incomplete IS NOT NULL" if self.incomplete else "incomplete IS NULL")
-        if self.trained is not None:
-            terms.append("trained_step IS NOT NULL" if self.trained else "trained_step IS NULL")
-        return " AND ".join(terms), params
-
-
-@dataclass
-class RolloutPage:
-    rows: list[dict[str, Any]]
-    total: int  # rows matching the filters
-    query: RolloutQuery
-
-    @property
-    def pages(self) -> int:
-        return max(1, -(-self.total // self.query.per_page))
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except OSError:
+        return None
 
 
 def _dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
@@ -205,15 +55,16 @@ class RunIndex:
         self.con.execute("SET enable_progress_bar = false")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
-        self.con.execute(f"CREATE TABLE span_index AS {_span_rows_sql([])}")
-        self.con.execute("CREATE TABLE trained (rollout_id VARCHAR, step BIGINT)")
-        self.con.execute(f"CREATE TABLE rollouts AS {_ROLLOUTS_SQL} LIMIT 0")
+        rollout_table.create_index(self.con)
+        outcomes.load(self.con, [])
+        rollout_table.rebuild(self.con)
         self.sources = RunSources(roots=self.paths)
         self.indexed: set[Path] = set()
         self.skipped: dict[Path, str] = {}  # unreadable files and why
         self.version = 0  # bumped whenever the data shown may have changed
         self.refreshed_at = 0.0
-        self._checkpoint_marks: tuple[Any, ...] = ()
+        self._record_marks: tuple[Any, ...] = ()
+        self._settings_marks: tuple[Any, ...] = ()
         self._lock = threading.Lock()
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -227,9 +78,12 @@ class RunIndex:
             if not force and time.monotonic() - self.refreshed_at < self.refresh_s:
                 return False
             self.sources = discover(self.paths)
-            changed = self._sync_spans() | self._sync_trained()
+            changed = self._sync_spans() | self._sync_outcomes()
             if changed:
-                self.con.execute(f"CREATE OR REPLACE TABLE rollouts AS {_ROLLOUTS_SQL}")
+                rollout_table.rebuild(self.con)
+            settings = self._file_marks([*self.sources.summary_files, *self.sources.config_files()])
+            if changed or settings != self._settings_marks:  # a new summary or config shows live too
+                self._settings_marks = settings
                 self.version += 1
             self.refreshed_at = time.monotonic()
             return changed
@@ -249,38 +103,27 @@ class RunIndex:
             else:
                 self.skipped[path] = problem
         if gone & self.indexed:
-            names = ", ".join(_q(str(p)) for p in gone & self.indexed)
+            names = literal_list(gone & self.indexed)
             self.con.execute(f"DELETE FROM span_index WHERE filename IN ({names})")
         if good:
-            self.con.execute(f"INSERT INTO span_index {_span_rows_sql(good)}")
+            rollout_table.ingest(self.con, good)
         self.indexed = (self.indexed - gone) | set(good)
         return bool(good or (gone & self.indexed) or gone)
 
-    def _sync_trained(self) -> bool:
-        """Which rollouts each checkpoint trained (``checkpoints.jsonl`` of the run's log folders)."""
-        marks = tuple(
-            (p, p.stat().st_mtime_ns, p.stat().st_size)
-            for d in self.sources.log_dirs
-            if (p := d / "checkpoints.jsonl").is_file()
-        )
-        if marks == self._checkpoint_marks:
+    def _sync_outcomes(self) -> bool:
+        """What training did with each rollout (the trainer's records in the run's log folders)."""
+        files = outcomes.record_files(self.sources.log_dirs)
+        marks = self._file_marks(files)
+        if marks == self._record_marks:
             return False
-        self._checkpoint_marks = marks
-        rows = [
-            (rid, int(record.get("step", 0)))
-            for d in self.sources.log_dirs
-            for record in read_checkpoints(d)
-            for rid in record.get("trained_rollout_ids") or ()
-        ]
-        self.con.execute("DELETE FROM trained")
-        if rows:
-            self.con.executemany("INSERT INTO trained VALUES (?, ?)", rows)
-            # a rollout trained in several runs of the folder: its first step
-            self.con.execute(
-                "CREATE OR REPLACE TABLE trained AS "
-                "SELECT rollout_id, min(step) AS step FROM trained GROUP BY 1"
-            )
+        self._record_marks = marks
+        outcomes.load(self.con, files)
         return True
+
+    @staticmethod
+    def _file_marks(files: Sequence[Path]) -> tuple[Any, ...]:
+        """What tells a file changed: its path, modification time and size (of those that exist)."""
+        return tuple((p, s.st_mtime_ns, s.st_size) for p in files if (s := _stat(p)) is not None)
 
     # --- reading -------------------------------------------------------------------------------------
     def counts(self) -> dict[str, Any]:
@@ -290,12 +133,13 @@ class RunIndex:
             "SELECT count(*), count(DISTINCT filename) FROM span_index"
         ).fetchone()
         row = cur.execute(
-            "SELECT count(*), count(*) FILTER (WHERE trained_step IS NOT NULL), "
-            "count(*) FILTER (WHERE incomplete IS NOT NULL), avg(reward), sum(turns), sum(tokens) "
+            "SELECT count(*), count(*) FILTER (WHERE outcome = 'trained'), "
+            "count(*) FILTER (WHERE incomplete IS NOT NULL), avg(reward), sum(turns), sum(tokens), "
+            f"count(*) FILTER (WHERE {outcomes.IS_DROPPED}) "
             "FROM rollouts"
         ).fetchone()
         assert row is not None
-        rollouts, trained, incomplete, mean_reward, calls, tokens = row
+        rollouts, trained, incomplete, mean_reward, calls, tokens, dropped = row
         return {
             "version": self.version,
             "spans": spans,
@@ -304,6 +148,8 @@ class RunIndex:
             "rollouts": rollouts,
             "rollouts_trained": trained,
             "rollouts_incomplete": incomplete,
+            "rollouts_dropped": dropped,
+            "trained_fraction": trained / rollouts if rollouts else None,
             "mean_reward": mean_reward,
             "llm_calls": int(calls or 0),
             "tokens_sampled": int(tokens or 0),
@@ -314,13 +160,61 @@ class RunIndex:
         where, params = query.where()
         cur = self.cursor()
         total = cur.execute(f"SELECT count(*) FROM rollouts WHERE {where}", params).fetchone()[0]  # type: ignore[index]
-        order = "DESC" if query.desc else "ASC"
-        cur.execute(
-            f"SELECT {', '.join(LIST_COLUMNS)} FROM rollouts WHERE {where} "
-            f"ORDER BY {query.sort} {order} NULLS LAST, rollout_id LIMIT ? OFFSET ?",
-            [*params, query.per_page, (query.page - 1) * query.per_page],
-        )
+        sql, params = query.select()
+        cur.execute(f"{sql} LIMIT ? OFFSET ?", [*params, query.per_page, (query.page - 1) * query.per_page])
         return RolloutPage(_dicts(cur), int(total), query)
+
+    def export(self, query: RolloutQuery, fmt: str) -> str:
+        """Every row the list's filters match (all pages, its order) as CSV or JSON lines."""
+        sql, params = query.select()
+        cur = self.cursor()
+        if fmt == "jsonl":
+            rows = cur.execute(f"SELECT to_json(r)::VARCHAR FROM ({sql}) r", params).fetchall()
+            return "".join(row[0] + "\n" for row in rows)
+        buffer = io.BytesIO()
+        pacsv.write_csv(cur.sql(sql, params=params).to_arrow_table(), buffer)
+        return buffer.getvalue().decode()
+
+    def by_version(self, environments: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """Reward by policy version (and by environment, when the run names ``environments``: a task
+        id's environment is the part before its first ``/``, as training groups them): rollouts, how
+        many were trained, mean and quartiles of the reward."""
+        env = "NULL"
+        if environments:
+            prefix = "split_part(task_id, '/', 1)"
+            env = f"CASE WHEN {prefix} IN ({literal_list(environments)}) THEN {prefix} END"
+        cur = self.cursor().execute(
+            f"""
+            SELECT policy_version, {env} AS environment, count(*) AS rollouts,
+                   count(*) FILTER (WHERE outcome = 'trained') AS trained, count(reward) AS rewarded,
+                   avg(reward) AS mean, min(reward) AS min,
+                   quantile_cont(reward, 0.25) AS q1, median(reward) AS median,
+                   quantile_cont(reward, 0.75) AS q3, max(reward) AS max
+            FROM rollouts GROUP BY ALL ORDER BY policy_version NULLS FIRST, environment NULLS LAST
+            """
+        )
+        return _dicts(cur)
+
+    def task_progress(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The tasks sampled under more than one policy version whose mean reward moved most from their
+        first version to their last (which tasks got better or worse)."""
+        cur = self.cursor().execute(
+            """
+            WITH v AS (
+                SELECT task_id, policy_version, avg(reward) AS mean, count(*) AS n FROM rollouts
+                WHERE task_id IS NOT NULL AND policy_version IS NOT NULL AND reward IS NOT NULL GROUP BY ALL
+            ), t AS (
+                SELECT task_id,
+                       min(policy_version) AS first_version, arg_min(mean, policy_version) AS first_mean,
+                       max(policy_version) AS last_version, arg_max(mean, policy_version) AS last_mean,
+                       sum(n) AS rollouts
+                FROM v GROUP BY task_id HAVING count(*) > 1
+            )
+            SELECT *, last_mean - first_mean AS change FROM t ORDER BY abs(change) DESC, task_id LIMIT ?
+            """,
+            [limit],
+        )
+        return _dicts(cur)
 
     def facets(self) -> dict[str, list[str]]:
         """Values offered in the list's filter menus (statuses, splits; agents when few)."""
@@ -348,7 +242,7 @@ class RunIndex:
         """The rollout's spans (index rows, with the rollout id inherited from the trace), by start time."""
         cur = self.cursor().execute(
             """
-            WITH traces AS (SELECT DISTINCT trace_id FROM span_index WHERE rollout_id = $r)
+            WITH traces AS (SELECT trace_id FROM trace_rollouts WHERE rollout_id = $r)
             SELECT *, start_ns // 1000 AS start_us, end_ns // 1000 AS end_us FROM (
                 SELECT * FROM span_index WHERE trace_id IN (SELECT trace_id FROM traces)
                 QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received_ns, filename) = 1
@@ -364,10 +258,20 @@ class RunIndex:
             return []
         cur = self.cursor().execute(
             "SELECT DISTINCT filename FROM span_index WHERE trace_id IN "
-            "(SELECT trace_id FROM span_index WHERE rollout_id IN (SELECT unnest($ids))) ORDER BY 1",
+            "(SELECT trace_id FROM trace_rollouts WHERE rollout_id IN (SELECT unnest($ids))) ORDER BY 1",
             {"ids": list(rollout_ids)},
         )
         return [Path(r[0]) for r in cur.fetchall()]
+
+    def group_rows(self, task_id: str | None, rollout_id: str) -> list[dict[str, Any]]:
+        """The list rows of the rollouts sharing ``rollout_id``'s task (its GRPO group), by attempt."""
+        column, value = ("task_id", task_id) if task_id is not None else ("rollout_id", rollout_id)
+        cur = self.cursor().execute(
+            f"SELECT {', '.join(LIST_COLUMNS)} FROM rollouts WHERE {column} = ? "
+            "ORDER BY attempt NULLS LAST, start_ms, rollout_id",
+            [value],
+        )
+        return _dicts(cur)
 
     def rollouts_of_task(self, task_id: str | None, rollout_id: str) -> list[str]:
         """The rollouts sharing ``rollout_id``'s task (its GRPO group), or just it when it has no task."""
@@ -382,16 +286,23 @@ class RunIndex:
         """span_id -> the JSON columns (attributes, events) of the rollout's spans, read from its files."""
         if not files:
             return {}
-        listing = "[" + ", ".join(_q(str(p)) for p in files) + "]"
+        listing = f"[{literal_list(files)}]"
         cur = self.cursor().execute(
             f"""
-            WITH traces AS (SELECT DISTINCT trace_id FROM span_index WHERE rollout_id = $r)
+            WITH traces AS (SELECT trace_id FROM trace_rollouts WHERE rollout_id = $r)
             SELECT span_id, attributes, events FROM read_parquet({listing}, union_by_name = true)
             WHERE trace_id IN (SELECT trace_id FROM traces)
             """,
             {"r": rollout_id},
         )
         return {row["span_id"]: row for row in _dicts(cur)}
+
+    def missing_spans(self) -> str | None:
+        """'no span files found in …' when no span file could be read (None once one is indexed)."""
+        if self.indexed:
+            return None
+        where = self.sources.spans_dirs or self.sources.roots
+        return f"no span files found in {', '.join(str(p) for p in where)}"
 
     def close(self) -> None:
         self.con.close()

@@ -8,17 +8,28 @@ from typing import Any
 
 from tinkertrace.training.metrics import read_metrics
 
-# (panel title, pattern of the metric names it plots); a name goes to the first panel it matches.
-PANELS: tuple[tuple[str, str], ...] = (
-    ("reward", r"reward"),
-    ("loss", r"loss"),
-    ("sampler vs trainer (KL, ratio, entropy)", r"kl_|ratio|entropy|clip"),
-    ("groups: mixed, all good, all bad", r"frac"),
-    ("rollouts trained and dropped", r"^follow/|episodes"),
-    ("lag and staleness", r"^lag/"),
-    ("data", r"^data/|tokens"),
-    ("time", r"^time/"),
-    ("other", r""),  # every numeric metric is plotted somewhere
+# (panel title, unit of its one y axis, pattern of the metric names it plots): a name goes to the first
+# panel it matches, so every panel holds one family on one scale (KL never shares an axis with entropy,
+# a per-step time with the run's total, seconds with versions). Names no family matches get a panel each.
+PANELS: tuple[tuple[str, str, str], ...] = (
+    ("reward", "mean reward", r"reward"),
+    ("loss", "loss", r"loss"),
+    ("KL, sampler vs trainer", "nats", r"kl_"),
+    ("entropy of the sampled tokens", "nats", r"entropy"),
+    ("importance ratio and clipping", "ratio", r"ratio|clip"),
+    ("groups: mixed, all good, all bad", "fraction of groups", r"frac_(mixed|all_good|all_bad)"),
+    ("rollouts trained and dropped, per step", "rollouts", r"^follow/(rollouts_trained|dropped_stale)$|epis"),
+    ("rollouts dropped, run total", "rollouts", r"^follow/.*_total$"),
+    ("rollouts waiting", "trajectory rows", r"^follow/"),
+    ("staleness", "policy versions", r"^lag/staleness"),
+    ("lag from rollout end to trained", "seconds", r"^lag/"),
+    ("tokens per step", "tokens", r"tokens"),
+    ("sequences per step", "sequences", r"^data/"),
+    ("time per step", "seconds", r"^time/(?!total)"),
+    ("time since the run started", "seconds", r"^time/total"),
+    ("learning rate", "learning rate", r"^optim/lr"),
+    ("progress: done", "fraction", r"^progress/done_frac"),
+    ("progress: batch and epoch", "index", r"^progress/"),
 )
 
 
@@ -27,7 +38,7 @@ def _numeric(value: Any) -> bool:
 
 
 def metric_series(log_dirs: list[Path]) -> dict[str, Any]:
-    """``{"steps": [...], "panels": [{"title", "names", "values": [[...], ...]}], "log_dir"}`` from the
+    """``{"steps", "panels": [{"title", "unit", "names", "values": [[...], ...]}], "log_dir"}`` from the
     first log folder with metrics (values null where a step did not log the name)."""
     for log_dir in log_dirs:
         records = [r for r in read_metrics(log_dir) if _numeric(r.get("step"))]
@@ -39,15 +50,15 @@ def metric_series(log_dirs: list[Path]) -> dict[str, Any]:
     names = sorted({k for r in records for k, v in r.items() if k != "step" and _numeric(v)})
     taken: set[str] = set()
     panels = []
-    for title, pattern in PANELS:
+
+    def panel(title: str, unit: str, mine: list[str]) -> dict[str, Any]:
+        values = [[r.get(n) if _numeric(r.get(n)) else None for r in records] for n in mine]
+        return {"title": title, "unit": unit, "names": mine, "values": values}
+
+    for title, unit, pattern in PANELS:
         mine = [n for n in names if n not in taken and re.search(pattern, n)]
         taken.update(mine)
         if mine:
-            panels.append(
-                {
-                    "title": title,
-                    "names": mine,
-                    "values": [[r.get(n) if _numeric(r.get(n)) else None for r in records] for n in mine],
-                }
-            )
+            panels.append(panel(title, unit, mine))
+    panels += [panel(n, n, [n]) for n in names if n not in taken]  # every numeric metric, on its own axis
     return {"steps": [r["step"] for r in records], "panels": panels, "log_dir": str(log_dir)}

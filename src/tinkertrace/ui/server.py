@@ -23,7 +23,12 @@ def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        reason = (exc.strerror or str(exc)).lower()  # e.g. "address already in use"
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {reason}") from None
     sock.listen(128)
     return sock
 
@@ -35,11 +40,13 @@ class UiServer:
         self, paths: Sequence[Path], *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
         refresh_s: float = 1.0, memory_limit: str = "1GB",
     ) -> None:  # fmt: skip
-        self.index = RunIndex(paths, refresh_s=refresh_s, memory_limit=memory_limit)
+        if token is not None and not token.strip():
+            raise ValueError("an empty token guards nothing: give a real token, or none on a loopback host")
+        self.sock = _bind(host, port)  # first: a taken port is said before the (slow) first index
+        self.port = int(self.sock.getsockname()[1])
         self.token = token
         self.host = host
-        self.sock = _bind(host, port)
-        self.port = int(self.sock.getsockname()[1])
+        self.index = RunIndex(paths, refresh_s=refresh_s, memory_limit=memory_limit)
         config = uvicorn.Config(
             create_app(self.index, token=token), log_level="warning", access_log=False, lifespan="off"
         )

@@ -9,7 +9,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinkertrace.serving.settings import LOOPBACK
+from tinkertrace.netutil import LOOPBACK
 from tinkertrace.settings import setting
 from tinkertrace.training.errors import raise_problems
 
@@ -64,7 +64,11 @@ class UiSettings:
         checks = [
             (not missing, f"{', '.join(missing)} does not exist"),
             (
-                is_loopback(self.host) or self.token is not None,
+                self.token is None or self.token.strip() != "",
+                f"token is empty (--token or {TOKEN_ENV}): give a real token, or none on a loopback host",
+            ),
+            (
+                is_loopback(self.host) or bool(self.token and self.token.strip()),
                 f"listening on {self.host} (not loopback) needs --token (or {TOKEN_ENV}): span text is "
                 "training data",
             ),

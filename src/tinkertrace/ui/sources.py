@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from tinkertrace.spanstore.reader import list_span_files
+from tinkertrace.spanstore.reader import check_file, list_span_files
 from tinkertrace.training.metrics import METRICS_FILE
 
 TRAJECTORIES_FILE = "trajectories.parquet"
@@ -36,6 +36,10 @@ class RunSources:
     triplet_files: list[Path] = field(default_factory=list)
     log_dirs: list[Path] = field(default_factory=list)  # folders with metrics.jsonl and/or config.json
     summary_files: list[Path] = field(default_factory=list)
+
+    def config_files(self) -> list[Path]:
+        """The training settings files (``config.json``) of the log folders."""
+        return [d / CONFIG_FILE for d in self.log_dirs]
 
     def describe(self) -> list[tuple[str, str]]:
         """(what, paths) rows for the run page."""
@@ -137,6 +141,20 @@ def _add_file(sources: RunSources, path: Path) -> None:
 def span_files(sources: RunSources) -> list[Path]:
     """Every committed span file of the run (the reader's listing: temporary and hidden files left out)."""
     return [f for d in sources.spans_dirs for f in list_span_files(d)]
+
+
+def not_span_files(sources: RunSources, limit: int = 20) -> list[tuple[Path, str]]:
+    """Parquet files under the run's folders that are not span files, and why (for a run showing no
+    spans: what was found instead). Built tables are left out; at most ``limit``."""
+    found: list[tuple[Path, str]] = []
+    for root in sources.roots:
+        files = [root] if root.is_file() else sorted(root.rglob("*.parquet")) if root.is_dir() else []
+        for path in files:
+            if path.name in BUILT_NAMES or len(found) >= limit:
+                continue
+            if (problem := check_file(path)) is not None:
+                found.append((path, problem))
+    return found
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -11,14 +11,15 @@ span of such a process: :data:`ROLLOUT_ID`, :data:`ATTEMPT`).
 from __future__ import annotations
 
 from tinkertrace import semconv as sc
-from tinkertrace.builder.adapters.base import Adapter, attr, attr_json, quoted
+from tinkertrace.builder.adapters.base import Adapter
+from tinkertrace.spanstore.sql import attr, attr_json, literal_list
 
 DIMENSIONS = 8  # agentlightning.reward.<i>.* read for i < this
 
 ROLLOUT_ID = attr(sc.AGL_ROLLOUT_ID, "resource_attributes")
 ATTEMPT = f"TRY_CAST({attr(sc.AGL_ATTEMPT_ID, 'resource_attributes')} AS INTEGER)"
 
-IS_LLM = f"name IN ({quoted(sc.AGL_LLM_SPAN_NAMES)})"
+IS_LLM = f"name IN ({literal_list(sc.AGL_LLM_SPAN_NAMES)})"
 IS_REWARD = f"name IN ('{sc.AGL_ANNOTATION_SPAN}', '{sc.AGL_REWARD_SPAN}')"
 
 

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from tinkertrace import semconv as sc
-from tinkertrace.builder.adapters.base import Adapter, attr
+from tinkertrace.builder.adapters.base import Adapter
+from tinkertrace.spanstore.sql import attr
 
 OUTPUT_KEYS = ("agentops.task.output", "agentops.entity.output")
 

@@ -42,18 +42,3 @@ class Adapter:
         unknown = set(self.columns) - set(MAPPABLE_COLUMNS)
         if unknown:
             raise ValueError(f"adapter {self.name!r} maps unknown columns {sorted(unknown)}")
-
-
-def attr(name: str, column: str = "attributes") -> str:
-    """SQL: the JSON value of attribute ``name`` as text (null when absent)."""
-    return f"json_extract_string({column}, '$.\"{name}\"')"
-
-
-def attr_json(name: str, column: str = "attributes") -> str:
-    """SQL: the JSON value of attribute ``name`` (null when absent)."""
-    return f"json_extract({column}, '$.\"{name}\"')"
-
-
-def quoted(values: tuple[str, ...] | list[str]) -> str:
-    """SQL: a literal list of strings for IN (...)."""
-    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)

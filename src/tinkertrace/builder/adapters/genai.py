@@ -23,7 +23,8 @@ import json
 from typing import Any
 
 from tinkertrace import semconv as sc
-from tinkertrace.builder.adapters.base import Adapter, Conversation, attr, quoted
+from tinkertrace.builder.adapters.base import Adapter, Conversation
+from tinkertrace.spanstore.sql import attr, literal_list
 
 LLM_OPERATIONS = ("chat", "text_completion", "generate_content", "responses")
 SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
@@ -33,7 +34,7 @@ MESSAGE_EVENT_NAMES = (*(f"gen_ai.{role}.message" for role in MESSAGE_EVENT_ROLE
 MESSAGE_EVENTS = "tinkertrace.genai.message_events"
 """Key the builder gives a call's per-message events (a list of ``{name, body}``, the body JSON text)."""
 
-IS_LLM = f"{attr(sc.GENAI_OPERATION)} IN ({quoted(LLM_OPERATIONS)})"
+IS_LLM = f"{attr(sc.GENAI_OPERATION)} IN ({literal_list(LLM_OPERATIONS)})"
 IS_REWARD = f"(name = '{sc.REWARD_SPAN_NAME}' AND {attr(sc.GENAI_EVALUATION_SCORE)} IS NOT NULL)"
 SCORE = f"TRY_CAST({attr(sc.GENAI_EVALUATION_SCORE)} AS DOUBLE)"
 

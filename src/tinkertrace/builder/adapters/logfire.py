@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from tinkertrace import semconv as sc
 from tinkertrace.builder.adapters import genai
-from tinkertrace.builder.adapters.base import Adapter, attr
+from tinkertrace.builder.adapters.base import Adapter
+from tinkertrace.spanstore.sql import attr
 
 MSG_TEMPLATE = "logfire.msg_template"
 

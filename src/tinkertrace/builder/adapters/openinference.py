@@ -12,7 +12,8 @@ import json
 from typing import Any
 
 from tinkertrace import semconv as sc
-from tinkertrace.builder.adapters.base import Adapter, Conversation, attr
+from tinkertrace.builder.adapters.base import Adapter, Conversation
+from tinkertrace.spanstore.sql import attr
 
 KIND = "openinference.span.kind"
 INPUT_VALUE = "input.value"

@@ -1,15 +1,17 @@
-"""Errors in OpenAI's shape, the checks that raise them, and reading a JSON request body.
+"""Errors in each API's shape, the checks that raise them, and reading a JSON request body.
 
-An :class:`ApiError` carries the HTTP status and the ``{"error": {"message", "type", "param",
-"code"}}`` body; validation messages follow OpenAI's wording (``Invalid type for 'n': expected an
+An :class:`ApiError` carries the HTTP status and the message; :meth:`ApiError.response` answers it in
+OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``) or, on Anthropic's
+``/v1/messages``, in Anthropic's (``{"type": "error", "error": {"type", "message"}}``, the type named
+by the status). Validation messages follow OpenAI's wording (``Invalid type for 'n': expected an
 integer, but got a string instead.``).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -22,6 +24,24 @@ _JSON_NAMES = {
     dict: "an object",
     type(None): "null",
 }
+# Anthropic's error types by HTTP status (its API reference, "Errors"); others are api_error
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    409: "conflict_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+def speaks_anthropic(path: str) -> bool:
+    """Whether a request path is Anthropic's Messages API (its errors are answered in its shape)."""
+    return path.rstrip("/").endswith("/v1/messages")
 
 
 class ApiError(Exception):
@@ -46,8 +66,16 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+    def anthropic_body(self) -> dict[str, Any]:
+        kind = _ANTHROPIC_TYPES.get(
+            self.status, "invalid_request_error" if self.status < 500 else "api_error"
+        )
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def response(self, path: str = "") -> JSONResponse:
+        """The error as a JSON response: Anthropic's shape when ``path`` is ``/v1/messages``."""
+        body = self.anthropic_body() if speaks_anthropic(path) else self.body()
+        return JSONResponse(body, status_code=self.status)
 
 
 def json_kind(value: Any) -> str:
@@ -122,8 +150,8 @@ async def read_json(request: Request) -> Any:
     """The request's JSON body; a 400 :class:`ApiError` when it is not JSON."""
     raw = await request.body()
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return orjson.loads(raw)  # nesting deeper than 1024 levels is a decode error, not a crash
+    except orjson.JSONDecodeError as exc:
         raise ApiError(
             400,
             f"We could not parse the JSON body of your request ({exc}). The body must be a JSON object "

@@ -17,20 +17,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from tinkertrace import semconv
+from tinkertrace.sdk import responses_api
 from tinkertrace.serving.openai_wire.completions import Choice, token_logprobs
 from tinkertrace.serving.openai_wire.errors import (
     checked,
     invalid_type,
     invalid_value,
     missing,
-    objects_in,
     require_object,
 )
 from tinkertrace.serving.openai_wire.requests import MAX_TOP_LOGPROBS_CHAT, SamplingOptions, model_name
 from tinkertrace.serving.openai_wire.tools import ToolChoice, function_tools, tool_choice
-
-TEXT_PART_TYPES = ("input_text", "output_text", "text")
-INPUT_ROLES = ("user", "system", "developer", "assistant")
 
 
 @dataclass(frozen=True)
@@ -48,81 +45,17 @@ class ResponsesRequest:
     metadata: dict[str, str] | None
 
 
-def _part_text(part: Any, param: str) -> str:
-    if not isinstance(part, dict):
-        raise invalid_type(param, "an object", part)
-    kind = part.get("type")
-    if kind in TEXT_PART_TYPES and isinstance(part.get("text"), str):
-        return part["text"]
-    if kind == "refusal" and isinstance(part.get("refusal"), str):
-        return part["refusal"]
-    raise invalid_value(
-        f"{param}.type",
-        f"content part type {kind!r} is not supported by this server; only text parts are.",
-        code="unsupported",
-    )
-
-
-def _text(content: Any, param: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(_part_text(p, f"{param}[{i}]") for i, p in enumerate(content))
-    raise invalid_type(param, "a string or an array of content parts", content)
-
-
-def _string(item: dict[str, Any], key: str, param: str) -> str:
-    value = item.get(key)
-    if value is None:
-        raise missing(f"{param}.{key}")
-    if not isinstance(value, str):
-        raise invalid_type(f"{param}.{key}", "a string", value)
-    return value
-
-
 def input_messages(value: Any) -> list[dict[str, Any]]:
-    """``input`` as chat messages: a string is one user message; items are messages, function calls
-    (joined onto the assistant message before them, as the template renders a reply with calls) and
-    function call outputs (``tool`` messages). Reasoning items are skipped; other items are refused."""
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    messages: list[dict[str, Any]] = []
-    for param, item in objects_in(value, "input", "a string or an array of input items"):
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            if role not in INPUT_ROLES:
-                raise invalid_value(f"{param}.role", f"{role!r} is not one of {list(INPUT_ROLES)}.")
-            messages.append({"role": role, "content": _text(item.get("content"), f"{param}.content")})
-        elif kind == "function_call":
-            call = {
-                "id": _string(item, "call_id", param),
-                "type": "function",
-                "function": {
-                    "name": _string(item, "name", param),
-                    "arguments": _string(item, "arguments", param),
-                },
-            }
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = _text(item.get("output"), f"{param}.output")
-            messages.append(
-                {"role": "tool", "tool_call_id": _string(item, "call_id", param), "content": output}
-            )
-        elif kind != "reasoning":
-            raise invalid_value(
-                f"{param}.type",
-                f"input item type {kind!r} is not supported by this server; use message, function_call "
-                "or function_call_output items.",
-                code="unsupported",
-            )
-    if not messages:
-        raise invalid_value("input", "expected at least one message or function call output.")
-    return messages
+    """``input`` as chat messages (:func:`tinkertrace.sdk.responses_api.input_items`, strict); what it
+    refuses is answered 400 in OpenAI's shape."""
+    try:
+        return responses_api.input_items(value, strict=True)
+    except responses_api.InputError as exc:
+        if exc.kind == "type":
+            raise invalid_type(exc.param, exc.detail, exc.value) from None
+        if exc.kind == "missing":
+            raise missing(exc.param) from None
+        raise invalid_value(exc.param, exc.detail, code=exc.code) from None
 
 
 def _include_logprobs(body: dict[str, Any]) -> bool:

@@ -13,6 +13,15 @@
   }
 
   // --- plots --------------------------------------------------------------------------------------
+  // A readable number: 4 significant digits, exponent only when very large or small.
+  function fmt(v) {
+    if (v === null || v === undefined || Number.isNaN(v)) return "–";
+    const a = Math.abs(v);
+    if (a === 0) return "0";
+    if (a >= 1e6 || a < 1e-3) return v.toExponential(2);
+    return String(Number(v.toPrecision(4)));
+  }
+  const stepTicks = (u, ticks) => ticks.map((t) => (Number.isInteger(t) ? String(t) : ""));
   let plottedSteps = -1;
   async function drawPlots() {
     const box = $("#plots");
@@ -34,11 +43,16 @@
       h.textContent = panel.title;
       div.appendChild(h);
       box.appendChild(div);
-      const series = [{ label: "step" }].concat(
-        panel.names.map((name, i) => ({ label: name, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true }))
+      const series = [{ label: "step", value: (u, v) => (v === null ? "–" : String(v)) }].concat(
+        panel.names.map((name, i) => ({ label: name, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
+                                        value: (u, v) => fmt(v) }))
       );
+      div.dataset.unit = panel.unit;
       new uPlot({ width: Math.max(400, div.clientWidth - 12), height: 220, series: series,
-                  scales: { x: { time: false } }, axes: [{ label: "step" }, {}], legend: { live: true } },
+                  scales: { x: { time: false } },
+                  axes: [{ label: "step", values: stepTicks },
+                         { label: panel.unit, size: 64, values: (u, ticks) => ticks.map(fmt) }],
+                  legend: { live: true } },
                 [data.steps].concat(panel.values), div);
     }
   }
@@ -65,13 +79,29 @@
 
   async function onNewData(status) {
     const counts = { rollouts: status.rollouts, trained: status.rollouts_trained, incomplete: status.rollouts_incomplete,
-                     calls: status.llm_calls, tokens: status.tokens_sampled, spans: status.spans, files: status.files };
+                     dropped: status.rollouts_dropped, calls: status.llm_calls, tokens: status.tokens_sampled,
+                     spans: status.spans, files: status.files, skipped: status.files_skipped };
     for (const [key, value] of Object.entries(counts)) {
       const el = $("#count-" + key);
       if (el) el.textContent = String(value);
     }
     const reward = $("#count-reward");
     if (reward && status.mean_reward !== null) reward.textContent = status.mean_reward.toFixed(3);
+    const noSpans = $("#no-spans");
+    if (noSpans && status.files > 0) noSpans.remove();
+    const fraction = $("#trained-fraction");
+    if (fraction && status.trained_fraction !== null) fraction.textContent = (100 * status.trained_fraction).toFixed(1) + " %";
+    const parts = document.querySelectorAll("[data-live-reload]");  // rendered server-side: fetch the page again
+    if (parts.length) {
+      const res = await fetch(location.href, { credentials: "same-origin" });
+      if (res.ok) {
+        const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+        for (const el of parts) {
+          const fresh = doc.getElementById(el.id);
+          if (fresh) el.replaceWith(fresh);
+        }
+      }
+    }
     const part = $("[data-live-fragment]");
     if (part) {
       const res = await fetch(part.dataset.liveFragment, { credentials: "same-origin" });
@@ -93,9 +123,26 @@
       tok.classList.add("picked");
       const d = tok.dataset;
       detail.classList.remove("muted");
-      detail.textContent = `token ${d.i} · id ${d.id} · ${tok.classList.contains("trained") ? "trained" : "not trained"}` +
+      const role = tok.classList.contains("trained") ? "trained"
+        : tok.classList.contains("sampled") ? "sampled, not trained" : "prompt / observation";
+      detail.textContent = `token ${d.i} · id ${d.id} · ${role}` +
         ` · sampler logprob ${d.lp} · advantage ${d.adv} · turn ${d.turn}` +
         (tok.classList.contains("retok") ? " · re-tokenised call" : "") + ` · text ${JSON.stringify(tok.textContent)}`;
+      if (d.span) {  // from the token to its call: the span on the rollout page
+        const link = document.createElement("a");
+        link.href = location.pathname.replace("/trajectory/", "/rollouts/") + "#span-" + d.span;
+        link.textContent = ` · call span ${d.span}`;
+        link.id = "token-span";
+        detail.appendChild(link);
+      }
+    });
+    const colour = $("#colour-by");
+    if (colour) colour.addEventListener("change", () => {
+      for (const tok of document.querySelectorAll(".tokens .tok")) {
+        const lp = Number(tok.dataset.lp);
+        const shade = colour.value === "logprob" && tok.classList.contains("sampled") && !Number.isNaN(lp);
+        tok.style.background = shade ? `hsl(0, 85%, ${100 - Math.min(1, -lp / 5) * 45}%)` : "";
+      }
     });
   }
 

@@ -1,6 +1,6 @@
 """tinker-cookbook's own RL and supervised loops, unchanged, against ``tinkertrace engine``.
 
-Run by tests/engine_api/test_cookbook.py with the cookbook's environment (``.venv-cookbook``), with
+Run by tests/engine_server/test_cookbook.py with the cookbook's environment (``.venv-cookbook``), with
 ``TINKER_BASE_URL`` / ``TINKER_API_KEY`` pointing at the engine:
 
     python cookbook_loops.py MODEL_NAME TOKENIZER_FOLDER WORK_FOLDER

@@ -3,6 +3,7 @@ the sampling endpoint and a Tinker user script make, compared with the in-proces
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import warnings
@@ -17,6 +18,7 @@ from tinker import types
 
 from tinkertrace.engine import ServiceClient as LocalServiceClient
 from tinkertrace.engine_server import EngineSettings, create_app
+from tinkertrace.engine_server.state import ModelSequencer, ServerState, SessionFinishedError, TrainingModel
 from tinkertrace.netutil import BackgroundServer
 from tinkertrace.tokenizer import BUILTIN_MODEL
 
@@ -327,16 +329,29 @@ def test_a_session_without_heartbeats_is_released(tmp_path: Path) -> None:
     """A client that stops sending heartbeats (killed) loses its models after the session timeout;
     its checkpoints stay."""
     local = LocalServiceClient(tmp_path / "engine", device="cpu", cpu_threads=1)
-    app = create_app(local, EngineSettings(session_timeout_s=1.0))
+    app = create_app(local, EngineSettings(session_timeout_s=4.0))  # the SDK's first heartbeat: after 10 s
     api = app.app.state.api
     with BackgroundServer(app) as server:
         service = tinker.ServiceClient(base_url=server.url, api_key=KEY)
         trainer = service.create_lora_training_client(NANO, rank=4, seed=0).result()
-        path = trainer.save_state("before").result().path
-        assert trainer.model_id in api.state.models  # the SDK's first heartbeat comes after 10 s
-        deadline = time.monotonic() + 10
+        path = trainer.save_state("before").result().path  # the model was served: save_state needs it
+        deadline = time.monotonic() + 30
         while trainer.model_id in api.state.models and time.monotonic() < deadline:
             time.sleep(0.1)
         assert trainer.model_id not in api.state.models
         assert api.state.sessions[trainer.model_id.split(":")[0]]["finished"]
+        with contextlib.suppress(Exception):  # stop its heartbeats: the session is already over
+            service.close("interrupted").result(timeout=30)
         assert (tmp_path / "engine" / trainer.model_id / "weights" / "before").is_dir() and path
+
+
+def test_a_model_made_for_a_session_that_finished_meanwhile_is_refused() -> None:
+    """A session that expires while its first model is being built (a slow machine) must not end up
+    holding a model nobody releases: registering it is refused."""
+    state = ServerState()
+    session = state.new_session({})
+    state.finish_session(session)
+    model = TrainingModel(f"{session}:train:0", session, None, ModelSequencer(next_seq_id=1))  # type: ignore[arg-type]
+    with pytest.raises(SessionFinishedError, match=f"session {session} has finished"):
+        state.add_model(model)
+    assert not state.models

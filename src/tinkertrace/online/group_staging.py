@@ -1,0 +1,111 @@
+"""Follow mode over several environments: each group held until complete, then shared out by weight.
+
+:class:`GroupStager` holds each group (the rollouts of one ``ENV/TASK/ROUND`` task id) until it holds
+its environment's ``group_size`` rollouts, or has waited ``group_timeout_s``; then builds the whole
+group with its environment's build options and reward settings
+(:func:`~tinkertrace.training.environments.environment_rows`), so ``max_failing_rollouts`` sees the
+whole group. :func:`select_by_weight` picks a step's groups by each environment's weight.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tinkertrace import schemas
+from tinkertrace.training.config import Environment
+from tinkertrace.training.environments import STAT_KEYS, env_of, environment_rows
+
+
+class GroupStager:
+    """Holds the new rollouts of each group until the group is complete, then builds it."""
+
+    def __init__(self, environments: Sequence[Environment], spans_dir: Path, timeout_s: float) -> None:
+        self.envs = {env.name: env for env in environments}
+        self.spans_dir = Path(spans_dir)
+        self.timeout_s = timeout_s
+        self.arrived: dict[str, set[str]] = {}  # task id → rollouts built so far
+        self.first_seen: dict[str, float] = {}
+        self.files: dict[str, set[Path]] = {}  # task id → the span files its rollouts were built from
+        self.stats = {name: dict.fromkeys(STAT_KEYS, 0) for name in self.envs}
+        self.foreign: set[str] = set()  # rollouts of no listed environment
+        self.released: set[str] = set()  # rollouts already handed on (a group's rebuild may find some early)
+
+    def stage(self, table: pa.Table, files: Sequence[Path] = ()) -> None:
+        """Note the rollouts of newly built trajectories (their rows are rebuilt on release, from
+        ``files``, the span files they were built from, when given; else from the whole folder)."""
+        if table.num_rows == 0:
+            return
+        pairs = table.select(["task_id", "rollout_id"]).group_by(["task_id", "rollout_id"]).aggregate([])
+        now = time.monotonic()
+        for task, rollout in zip(pairs["task_id"].to_pylist(), pairs["rollout_id"].to_pylist(), strict=True):
+            if rollout in self.released:
+                continue
+            if task is None or env_of(task) not in self.envs:
+                self.foreign.add(rollout)
+                continue
+            self.arrived.setdefault(task, set()).add(rollout)
+            self.first_seen.setdefault(task, now)
+            self.files.setdefault(task, set()).update(files)
+
+    def release(self, exclude: set[str]) -> pa.Table:
+        """The rows of every group now complete (or waited out), built per environment; rollouts in
+        ``exclude`` (trained or dropped) left out."""
+        now = time.monotonic()
+        ready: dict[str, Any] = {}
+        for task, rollouts in self.arrived.items():
+            env = self.envs[env_of(task)]
+            if len(rollouts) >= env.group_size or now - self.first_seen[task] >= self.timeout_s:
+                ready.setdefault(env.name, []).append(task)
+        tables = []
+        for name, tasks in ready.items():
+            files = set().union(*(self.files[task] for task in tasks))
+            if not all(self.files[task] for task in tasks):
+                files = set()  # some rollouts came without their files: read the whole folder
+            skip = frozenset(exclude | self.released)
+            part = environment_rows(
+                self.spans_dir, self.envs[name], tasks, skip, tuple(sorted(files)) or None
+            )
+            self.released.update(pc.unique(part.table["rollout_id"]).to_pylist())
+            for key, value in part.stats.items():
+                self.stats[name][key] += value
+            tables.append(part.table)
+            for task in tasks:
+                self.released |= self.arrived.pop(task)
+                del self.first_seen[task], self.files[task]
+        return pa.concat_tables(tables) if tables else schemas.trajectories().empty_table()
+
+
+def rollouts_per_step(environments: Sequence[Environment], groups_per_batch: int) -> int:
+    """Rollouts one step trains when each environment gets its weight share of the groups."""
+    total = sum(env.weight for env in environments)
+    return max(1, round(groups_per_batch * sum(env.weight * env.group_size for env in environments) / total))
+
+
+def select_by_weight(
+    env_of_group: pa.Array, waited: Any, quotas: Sequence[int], timeout_s: float
+) -> list[int] | None:
+    """Which ready groups (their environment's index, seconds waited) a step trains: each
+    environment's quota, oldest first, once every quota can be met; or, once the oldest group has
+    waited ``timeout_s``, what is ready (quotas first, then the oldest of the rest), up to the total."""
+    import numpy as np
+
+    env_index = np.asarray(env_of_group)
+    order = np.argsort(-np.asarray(waited), kind="stable")
+    picked: list[int] = []
+    short = False
+    for env, quota in enumerate(quotas):
+        mine = [int(i) for i in order if env_index[i] == env][:quota]
+        short |= len(mine) < quota
+        picked.extend(mine)
+    if short:
+        if len(order) == 0 or np.max(waited) < timeout_s:
+            return None
+        rest = [int(i) for i in order if int(i) not in picked]
+        picked.extend(rest[: sum(quotas) - len(picked)])
+    return picked or None
