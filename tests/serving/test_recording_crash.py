@@ -215,7 +215,7 @@ def test_every_answered_call_reward_and_finish_is_stored_through_kill_9(
             proc.terminate()
             proc.wait(60)
         if target == "collector":  # the collector writes what it took within its roll time
-            _wait_for(lambda: _count_llm(spans) >= len(ledger.answered), 60)
+            _wait_for(lambda: _all_arrived(spans, ledger), 60)
 
     llm = dict(
         _query(
@@ -255,10 +255,13 @@ def test_every_answered_call_reward_and_finish_is_stored_through_kill_9(
     assert ledger.finished <= built
 
 
-def _count_llm(spans: Path) -> int:
+def _all_arrived(spans: Path, ledger: Ledger) -> bool:
+    """Whether every answered call and every finished rollout's span is in the Parquet files yet."""
     if not any(spans.rglob("*.parquet")):
-        return 0
-    return int(_query(spans, "SELECT count(DISTINCT span_id) FROM spans WHERE span_type = 'llm'")[0][0])
+        return False
+    sql = "SELECT DISTINCT coalesce(response_id, rollout_id) FROM spans WHERE span_type IN ('llm', 'rollout')"
+    stored = {r[0] for r in _query(spans, sql)}
+    return stored >= set(ledger.answered) | ledger.finished
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
