@@ -110,10 +110,12 @@ def test_an_open_rollout_is_rewarded_and_finished_after_a_restart_and_stays_fini
     assert recorder.stats()["open_rollouts"] == 1
     client = openai.OpenAI(base_url=f"{server.url}/rollouts/r-9/task/t-9/v1", api_key="x", max_retries=0)
     second = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "again"}])
+    earlier = httpx.post(f"{server.url}/v1/rollouts/r-9/reward", json={"value": 0.2, "response_id": first.id})
+    assert earlier.status_code == 200, earlier.text  # an answer given before the restart may be named
     reward = httpx.post(f"{server.url}/v1/rollouts/r-9/reward", json={"value": 1.0, "response_id": second.id})
-    assert reward.json()["rewards"] == 2  # the count carried over the restart
+    assert reward.json()["rewards"] == 3  # the count carried over the restart
     done = httpx.post(f"{server.url}/v1/rollouts/r-9/finish")
-    assert done.json() == {"rollout_id": "r-9", "status": "succeeded", "llm_calls": 2, "rewards": 2}
+    assert done.json() == {"rollout_id": "r-9", "status": "succeeded", "llm_calls": 2, "rewards": 3}
     server.stop()
 
     server, recorder = _served(start_server, policy, spans)  # a finished rollout stays finished
@@ -126,7 +128,7 @@ def test_an_open_rollout_is_rewarded_and_finished_after_a_restart_and_stays_fini
         "SELECT span_type, count(DISTINCT span_id), count(DISTINCT trace_id), min(task_id) FROM spans "
         "GROUP BY 1 ORDER BY 1",
     )
-    assert rows == [("llm", 2, 1, "t-9"), ("reward", 2, 1, "t-9"), ("rollout", 1, 1, "t-9")]
+    assert rows == [("llm", 2, 1, "t-9"), ("reward", 3, 1, "t-9"), ("rollout", 1, 1, "t-9")]
     [(parent,)] = _query(spans, f"SELECT DISTINCT parent_span_id FROM spans WHERE response_id = '{first.id}'")
     assert _query(spans, "SELECT span_id FROM spans WHERE span_type = 'rollout'") == [(parent,)]
 

@@ -307,6 +307,9 @@ class Journal(SpanProcessor):
                 rollout_id = self._count(item.value)
                 if rollout_id is not None:
                     changed[rollout_id] = self.rollouts[rollout_id]
+                    answered = _answer_id(item.value)
+                    if answered is not None:  # a reward may name it, after a restart too
+                        changed[rollout_id].setdefault("answers", []).append(answered)
         now = time.time_ns()
         if payload:
             self.wal.append(SPANS + payload, now)
@@ -409,3 +412,10 @@ class Journal(SpanProcessor):
         for target in self.targets:
             target.deliver(payload, logged_at_ns)
         self.stats.add("spans_delivered", n_spans)
+
+
+def _answer_id(span: ReadableSpan) -> str | None:
+    """The response id an LLM call's answer carried (its call parses the answer once, and its span is
+    later built from that parse), or None for other spans."""
+    response_id = getattr(getattr(span, "source", None), "response_id", None)
+    return response_id() if callable(response_id) else None

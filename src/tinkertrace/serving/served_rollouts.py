@@ -107,7 +107,7 @@ class ServedRollout:
             rewards=record.get("rewards", 0),
             agent_spans=record.get("agent_spans", 0),
         )
-        return cls(
+        rollout = cls(
             record.get("key", record["id"]),
             state,
             record.get("agent"),
@@ -115,6 +115,8 @@ class ServedRollout:
             record["start_ns"],
             caller_driven=record.get("caller_driven", False),
         )
+        rollout.answers.ids.update(record.get("answers", ()))  # the answers it gave before the restart
+        return rollout
 
     def closed_record(self, status: str | None) -> dict[str, Any]:
         """The journal's record of its end: finished with ``status``, or forgotten (``None``)."""
