@@ -187,7 +187,10 @@ def test_bad_requests_never_harm_valid_rollouts_of_other_agents(
         max_examples=25,
         deadline=None,
         derandomize=True,  # the same campaign each run: the memory figure compares like with like
-        suppress_health_check=[HealthCheck.function_scoped_fixture],
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.too_slow,
+        ],  # 2 workers, 2 cores
     )
     @given(bad=st.lists(bad_request(), min_size=1, max_size=5), order=st.randoms(use_true_random=False))
     def exchange(bad: list[dict[str, Any]], order: random.Random) -> None:

@@ -396,8 +396,9 @@ class Journal(SpanProcessor):
                     self._deliver(value, rest[0], rest[1])
                 elif kind == "calls":  # their spans are built here, after the answers left
                     request = encode_batch(value, self.stats)
-                    if request is not None:
-                        self._deliver(request.SerializeToString(), rest[0], len(value))
+                    if request is None:  # logged by encode_batch; the segment is kept, not deleted
+                        raise RuntimeError(f"{len(value)} calls' spans could not be encoded")
+                    self._deliver(request.SerializeToString(), rest[0], len(value))
                 elif kind in ("end", "end_keep"):
                     for target in self.targets:
                         target.end(value)

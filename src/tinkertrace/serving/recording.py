@@ -410,15 +410,22 @@ def rollout_routes(recorder: CallRecorder | None, guard: Callable[[Handler], Han
 
 
 async def _teed(body: AsyncIterable[Any], call: LlmCall, recorder: CallRecorder) -> AsyncIterator[Any]:
-    """``body``'s chunks, each also fed to ``call``; the call ends with the stream, and the stream's end
-    (the last bytes the client waits for) goes once its span is stored (else the stream is cut off)."""
+    """``body``'s chunks, each also fed to ``call``; the call ends with the stream. The last chunk (an
+    OpenAI client stops reading at its ``data: [DONE]``, an Anthropic one at ``message_stop``) is held
+    back until the call's span is stored, so a client never holds a whole answer that a crash could
+    lose (else the stream is cut off); every other chunk goes out as the next one is ready."""
+    held: Any = None
     try:
         async for chunk in body:
             call.feed(bytes(chunk) if isinstance(chunk, bytes | bytearray) else str(chunk).encode())
-            yield chunk
+            if held is not None:
+                yield held
+            held = chunk
     except BaseException:
         call.finish(closed_early=True)
         raise
     with recorder.journal.capture() as durable:
         call.finish()
     await recorder.stored(durable)
+    if held is not None:
+        yield held
