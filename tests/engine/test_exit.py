@@ -67,7 +67,9 @@ def test_closing_without_cancel_finishes_what_was_submitted() -> None:
     sampler = ServiceClient().create_sampling_client(base_model=BUILTIN_MODEL).result()
     short = sampler.sample(PROMPT, 2, types.SamplingParams(max_tokens=20, temperature=1.0))
     sampler.close()
-    assert [len(s.tokens) for s in short.result(timeout=30).sequences] == [20, 20]
+    finished = short.result(timeout=30).sequences  # each ran to a stop token or to max_tokens
+    assert len(finished) == 2
+    assert all(s.stop_reason == "stop" or len(s.tokens) == 20 for s in finished), finished
 
 
 def test_a_policy_holder_and_a_service_close_their_samplers() -> None:

@@ -175,7 +175,8 @@ def test_bad_requests_never_harm_valid_rollouts_of_other_agents(
     recording_endpoint: Callable[..., Any], kind: str
 ) -> None:
     max_bytes = int(os.environ.get("FUZZ_LIMIT_BYTES", LIMIT))  # a benchmark may lift the limit to compare
-    endpoint = recording_endpoint(kind, ["a reply"], limits=RequestLimits(max_bytes=max_bytes, timeout_s=1.0))
+    limits = RequestLimits(max_bytes=max_bytes, timeout_s=1.0)
+    endpoint = recording_endpoint(kind, ["a reply"], limits=limits)
     numbers = itertools.count()
     served: dict[str, str] = {}  # valid rollout id -> response id
     statuses: dict[int | None, int] = {}
@@ -218,10 +219,12 @@ def test_bad_requests_never_harm_valid_rollouts_of_other_agents(
         for client in clients:
             client.close()
         pool.shutdown()
-    # this campaign's Python allocations with the limit lifted (FUZZ_LIMIT_BYTES=1000000000): +398 MB
-    # (serve), +396 MB (proxy); with it +4.6 and +2.4 MB (2-core dev VM)
+    # Memory stays bounded because no request's body is buffered past the limit (plus the one message
+    # that crossed it). The campaign's Python allocations are printed, not asserted: measured alone they
+    # peak at +4.6 MB (serve) / +2.4 MB (proxy), +398 MB with the limit lifted (FUZZ_LIMIT_BYTES), but in
+    # a full run other tests' threads in the same worker allocate in the same window (+197 MB seen).
     print(f"fuzz {kind}: python allocations peaked {memory.grown_mb:.1f} MB above the start")
-    assert memory.grown_mb < 32, f"peak memory grew {memory.grown_mb:.0f} MB"
+    assert limits.largest_read <= max_bytes + 256 * 1024, f"a body of {limits.largest_read} bytes was read"
     assert statuses.get(400, 0) > 0 and statuses.get(413, 0) + statuses.get(None, 0) > 0, statuses
     health = httpx.get(f"{endpoint.url}/health", timeout=10).json()
     assert health["status"] == "ok"

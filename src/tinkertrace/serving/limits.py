@@ -25,6 +25,7 @@ class RequestLimits:
     max_bytes: int = 4 * MIB
     timeout_s: float = 60.0
     refused: dict[int, int] = field(default_factory=dict)  # status (413, 408) -> count, for /health
+    largest_read: int = 0  # the most body bytes one request had buffered (a refused one's included)
 
 
 class BodyLimit:
@@ -55,6 +56,7 @@ class BodyLimit:
                     if message["type"] == "http.disconnect":
                         raise ConnectionResetError("client went away while sending its body")
                     body += message.get("body", b"")
+                    self.limits.largest_read = max(self.limits.largest_read, len(body))
                     if len(body) > self.max_bytes:
                         raise self._too_large(f"more than {len(body)} bytes so far")
                     if not message.get("more_body", False):
