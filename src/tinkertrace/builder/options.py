@@ -7,6 +7,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
+from tinkertrace import semconv
 from tinkertrace.settings import setting
 
 RewardPolicy = Literal["nearest", "sibling", "link", "final"]
@@ -93,7 +94,7 @@ class BuildOptions:
         "and --memory-limit. Output is identical whatever the count.",
     )
     task_key: str = setting(
-        "tinkertrace.task.id",
+        semconv.TASK_ID,
         "For traces without tinkertrace's SDK (no span carries a rollout id: each trace's root span is a "
         "rollout), the root span's (or resource's) attribute naming the task, the GRPO group key: e.g. "
         "session.id, gen_ai.conversation.id.",
