@@ -11,12 +11,12 @@ LOOPBACK = "127.0.0.1"
 """Where every server of tinkertrace listens unless told otherwise."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = LOOPBACK) -> int:
     """A TCP port that is free on ``host`` right now."""
     return free_ports(1, host)[0]
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
     """``count`` different TCP ports that are free on ``host`` right now (two calls of
     :func:`free_port` may return the same port: nothing holds it in between)."""
     sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
@@ -29,7 +29,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
-def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 30.0) -> None:
+def wait_for_port(port: int, host: str = LOOPBACK, timeout: float = 30.0) -> None:
     """Block until something accepts TCP connections on ``host:port``; TimeoutError otherwise."""
     deadline = time.monotonic() + timeout
     while True:
@@ -49,7 +49,7 @@ GRACEFUL_SHUTDOWN_S = 5.0
 class BackgroundServer:
     """Run an ASGI app with uvicorn in a daemon thread: ``with BackgroundServer(app) as srv: srv.url``."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int | None = None, **uvicorn_options: Any):
+    def __init__(self, app: Any, host: str = LOOPBACK, port: int | None = None, **uvicorn_options: Any):
         import uvicorn
 
         self.host = host

@@ -64,14 +64,15 @@ def uninstall() -> None:
         del _originals[(cls, name)]
 
 
-def _untraced(client: Any, request: Any) -> bool:
-    return not capture_transport.is_traced(client._transport_for_url(request.url))
+def _traced_below(client: Any, request: Any) -> bool:
+    """Whether the transport ``client`` sends ``request`` through captures it already."""
+    return capture_transport.is_traced(client._transport_for_url(request.url))
 
 
 def _wrap_sync(lib: ModuleType, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _send_single_request(self: Any, request: Any) -> Any:
-        if not _untraced(self, request):
+        if _traced_below(self, request):
             return original(self, request)
         return capture.send(lib, functools.partial(original, self), request)
 
@@ -81,7 +82,7 @@ def _wrap_sync(lib: ModuleType, original: Callable[..., Any]) -> Callable[..., A
 def _wrap_async(lib: ModuleType, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def _send_single_request(self: Any, request: Any) -> Any:
-        if not _untraced(self, request):
+        if _traced_below(self, request):
             return await original(self, request)
         return await capture.send_async(lib, functools.partial(original, self), request)
 
