@@ -72,7 +72,7 @@ def validated(
 ) -> S:
     """:func:`tinkertrace.settings.load` of ``settings``; its ConfigError as the command's bad parameter."""
     from tinkertrace.settings import load
-    from tinkertrace.training.errors import ConfigError
+    from tinkertrace.settings import ConfigError
 
     try:
         return load(settings, file, given, section=section, flat=flat, what="option")

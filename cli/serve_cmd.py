@@ -44,7 +44,7 @@ def serve(
     from tinkertrace.serving.app import create_app
     from tinkertrace.serving.policy import policy_from_service
     from tinkertrace.training.backends import close_service, make_service_client
-    from tinkertrace.training.errors import TrainingError
+    from tinkertrace.settings import UserError
 
     console = Console(stderr=True)
     try:
@@ -56,7 +56,7 @@ def serve(
             served_name=run.served_name,
             version=run.policy_version,
         )
-    except (TrainingError, OSError, ValueError) as exc:  # BackendError, missing model/checkpoint, ...
+    except (UserError, OSError, ValueError) as exc:  # BackendError, missing model/checkpoint, ...
         console.print(f"[red]tinkertrace serve: cannot start[/]: {exc}")
         raise typer.Exit(1) from None
     app = create_app(

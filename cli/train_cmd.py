@@ -53,7 +53,7 @@ def train(
 
     from tinkertrace.settings import parse_key_values
     from tinkertrace.training.backends import resolve_backend
-    from tinkertrace.training.errors import TrainingError
+    from tinkertrace.settings import UserError
     from tinkertrace.training.loop import run_training
 
     console = Console(stderr=True)
@@ -72,7 +72,7 @@ def train(
             _follow(train_config, make_follow_options(config, follow_settings), console, progress)
             return
         result = run_training(train_config, progress=progress, console=console)
-    except TrainingError as exc:
+    except UserError as exc:
         console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(code=2) from None
     for note in result.notes:

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinkertrace.netutil import LOOPBACK
-from tinkertrace.settings import setting
+from tinkertrace.settings import raise_problems, setting
 from tinkertrace.spanstore import ZSTD_LEVEL, ZSTD_LEVELS
-from tinkertrace.training.errors import raise_problems
 
 MiB = 1024 * 1024
 TOKEN_ENV = "TINKERTRACE_COLLECTOR_TOKEN"

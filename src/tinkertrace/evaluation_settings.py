@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinkertrace.builtin import BUILTIN_MODEL
-from tinkertrace.settings import setting
-from tinkertrace.training.errors import raise_problems
+from tinkertrace.settings import raise_problems, setting
 
 
 @dataclass

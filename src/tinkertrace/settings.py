@@ -19,14 +19,27 @@ import sys
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
-from tinkertrace.training.errors import ConfigError
-
 S = TypeVar("S")
+
+
+class UserError(Exception):
+    """A problem the user can fix (a value, a file, a service), reported by the CLI as one message."""
+
+
+class ConfigError(UserError, ValueError):
+    """A bad configuration value, unknown key or unreadable config file."""
+
+
+def raise_problems(checks: Iterable[tuple[bool, str]], what: str) -> None:
+    """Raise one :class:`ConfigError` ``"<what>: <problem>; <problem>"`` naming every failed check."""
+    problems = [message for ok, message in checks if not ok]
+    if problems:
+        raise ConfigError(f"{what}: " + "; ".join(problems))
 
 
 def setting(

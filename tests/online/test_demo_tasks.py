@@ -7,7 +7,7 @@ import pytest
 from tinkertrace.online.addition_agent import addition_reward, addition_task
 from tinkertrace.online.demo_agent import identity_task
 from tinkertrace.online.settings import DEMO_TASKS, DemoSettings
-from tinkertrace.training.errors import ConfigError
+from tinkertrace.settings import ConfigError
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tinkertrace.settings import parse_key_values
+from tinkertrace.settings import ConfigError, parse_key_values
 from tinkertrace.training.config import TrainConfig, make_config
-from tinkertrace.training.errors import ConfigError
 
 
 def test_defaults_are_valid() -> None:

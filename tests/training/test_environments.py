@@ -23,9 +23,9 @@ from tinkertrace.online.follow import FollowResult, FollowTrainer
 from tinkertrace.online.group_staging import GroupStager, select_by_weight
 from tinkertrace.online.settings import FollowOptions, make_follow_options
 from tinkertrace.online.tail import TailPoll
+from tinkertrace.settings import ConfigError
 from tinkertrace.training.config import Environment, make_config
 from tinkertrace.training.environments import WeightedTurns, environment_rows, epoch_order
-from tinkertrace.training.errors import ConfigError
 from tinkertrace.training.loop import run_training
 from tinkertrace.training.metrics import read_metrics
 

@@ -13,10 +13,11 @@ from tinker import types
 
 from tinkertrace import schemas
 from tinkertrace.engine import ServiceClient
+from tinkertrace.settings import ConfigError
 from tinkertrace.training import loop
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig, make_config
-from tinkertrace.training.errors import BackendError, ConfigError
+from tinkertrace.training.errors import BackendError
 from tinkertrace.training.metrics import read_metrics
 from tinkertrace.training.outcomes import read_outcomes
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tinkertrace.settings import ConfigError
 from tinkertrace.training.backends import resolve_backend
 from tinkertrace.training.config import Environment, make_config
-from tinkertrace.training.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openreward" / "tinker-config.yaml"
 

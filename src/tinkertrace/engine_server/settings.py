@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinkertrace.netutil import LOOPBACK
-from tinkertrace.settings import setting
-from tinkertrace.training.errors import raise_problems
+from tinkertrace.settings import raise_problems, setting
 
 RETRIEVE_POLL_S = 20.0
 """How long one ``retrieve_future`` call waits for a result before answering ``try_again`` (the SDK

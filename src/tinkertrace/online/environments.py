@@ -18,8 +18,8 @@ from typing import Any
 
 from tinkertrace.online.env_worker import SPEC_ENV
 from tinkertrace.ors.upload import upload_settings, upload_spool
+from tinkertrace.settings import ConfigError
 from tinkertrace.training.config import Environment, TrainConfig
-from tinkertrace.training.errors import ConfigError
 
 WORKER_MODULE = "tinkertrace.online.env_worker"
 

@@ -39,11 +39,12 @@ from tinkertrace.online.group_staging import GroupStager, rollouts_per_step, sel
 from tinkertrace.online.publish import Publisher, admin_publisher, consumed_ids
 from tinkertrace.online.settings import FollowOptions
 from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll
+from tinkertrace.settings import ConfigError
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.dataset import DataReport, TrainingData, group_keys
 from tinkertrace.training.environments import WeightedTurns, group_environments
-from tinkertrace.training.errors import ConfigError, DataError
+from tinkertrace.training.errors import DataError
 from tinkertrace.training.outcomes import DROPPED, outcome_rows
 from tinkertrace.training.progress import StepProgress
 from tinkertrace.training.step import TrainingSession, prepare_data, status_line

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tinkertrace.builtin import BUILTIN_MODEL, DEMO_MODEL
-from tinkertrace.settings import check_choices, load, setting
-from tinkertrace.training.errors import raise_problems
+from tinkertrace.settings import check_choices, load, raise_problems, setting
 
 
 @dataclass

@@ -11,9 +11,8 @@ from typing import Any, Literal
 
 from tinkertrace.builtin import BUILTIN_MODEL
 from tinkertrace.netutil import LOOPBACK
-from tinkertrace.settings import check_choices, setting
+from tinkertrace.settings import check_choices, raise_problems, setting
 from tinkertrace.training.backends import Backend
-from tinkertrace.training.errors import raise_problems
 
 ToolParserName = Literal["auto", "hermes", "qwen", "none"]  # the choices of serving.tool_parsers
 API_KEY_ENV = "TINKERTRACE_API_KEY"

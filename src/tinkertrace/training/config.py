@@ -20,9 +20,8 @@ from typing import Any, Literal
 from tinkertrace.builder.options import GroupBy
 from tinkertrace.builtin import BUILTIN_MODEL
 from tinkertrace.ors import ORS_AGENT, ORS_TASKS
-from tinkertrace.settings import check_choices, coerce, load, setting
+from tinkertrace.settings import ConfigError, check_choices, coerce, load, raise_problems, setting
 from tinkertrace.training.backends import Backend
-from tinkertrace.training.errors import ConfigError, raise_problems
 
 Loss = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
 AdvantageMode = Literal["group", "std", "none"]

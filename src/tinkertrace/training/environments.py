@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tinkertrace.settings import ConfigError
 from tinkertrace.training.config import Environment
-from tinkertrace.training.errors import ConfigError, DataError
+from tinkertrace.training.errors import DataError
 
 if TYPE_CHECKING:  # pyarrow only where rows are handled; the agent workers import this module's names
     import pyarrow as pa

@@ -23,6 +23,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
+from tinkertrace.settings import ConfigError
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.dataset import (
@@ -34,7 +35,6 @@ from tinkertrace.training.dataset import (
     steps_per_epoch,
 )
 from tinkertrace.training.environments import epoch_order, group_environments, load_environments
-from tinkertrace.training.errors import ConfigError
 from tinkertrace.training.progress import StepProgress
 from tinkertrace.training.step import TrainingSession, prepare_data, status_line
 
