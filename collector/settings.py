@@ -10,8 +10,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinkertrace.netutil import LOOPBACK
-from tinkertrace.settings import raise_problems, setting
+from tinkertrace.settings import listen_host, listen_port, port_check, raise_problems, setting
 from tinkertrace.spanstore import ZSTD_LEVEL, ZSTD_LEVELS
 
 MiB = 1024 * 1024
@@ -23,9 +22,9 @@ class CollectorConfig:
     """Where the collector listens, where its files go, and its limits."""
 
     out: Path = setting(help="Folder the span Parquet files go to (hive date=/hour=).", flags=("--out", "-o"))
-    host: str = setting(LOOPBACK, "Address to listen on.")
-    http_port: int = setting(4318, "OTLP/HTTP port (POST /v1/traces, /v1/logs).")
-    grpc_port: int = setting(4317, "OTLP/gRPC port (TraceService/Export, LogsService/Export).")
+    host: str = listen_host()
+    http_port: int = listen_port(4318, "OTLP/HTTP port (POST /v1/traces, /v1/logs).")
+    grpc_port: int = listen_port(4317, "OTLP/gRPC port (TraceService/Export, LogsService/Export).")
     http: bool = setting(True, "Serve OTLP/HTTP.", flags=("--http/--no-http",))
     grpc: bool = setting(True, "Serve OTLP/gRPC.", flags=("--grpc/--no-grpc",))
     token: str | None = setting(
@@ -84,7 +83,7 @@ class CollectorConfig:
         low, high = ZSTD_LEVELS
         checks = [
             (self.http or self.grpc, "both OTLP/HTTP and OTLP/gRPC are turned off; nothing to serve"),
-            (all(0 <= p <= 65535 for p in (self.http_port, self.grpc_port)), "ports must be in 0..65535"),
+            port_check(self.http_port, self.grpc_port),
             (min(self.max_request_mb, self.max_queue_mb, self.max_file_mb) > 0, "sizes must be positive"),
             (self.roll_seconds > 0, "roll_seconds must be positive"),
             (self.max_connections >= 8, "max_connections must be at least 8"),

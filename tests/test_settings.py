@@ -126,3 +126,18 @@ def test_no_default_is_written_twice() -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(IngestConfig)}
     assert defaults["max_queue_bytes"] == CollectorConfig(out=Path("x")).max_queue_bytes
     assert defaults["max_file_bytes"] == CollectorConfig(out=Path("x")).max_file_bytes
+
+
+SERVERS = [ServeSettings, ProxySettings, EngineSettings, UiSettings, CollectorConfig]
+
+
+@pytest.mark.parametrize("settings", SERVERS)
+def test_every_server_binds_loopback_by_default_and_checks_its_ports(settings: type, tmp_path: Path) -> None:
+    required = {"upstream": "http://127.0.0.1:1/v1", "out": tmp_path}
+    fields = {f.name for f in dataclasses.fields(settings)}
+    given = {key: value for key, value in required.items() if key in fields}
+    assert load(settings, given=given).host == "127.0.0.1"
+    ports = [name for name in fields if name == "port" or name.endswith("_port")]
+    assert ports, settings
+    with pytest.raises(ConfigError, match=r"ports must be in 0\.\.65535"):
+        load(settings, given={**given, ports[0]: 70000})

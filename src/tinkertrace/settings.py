@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
+from tinkertrace.netutil import LOOPBACK
+
 S = TypeVar("S")
 
 
@@ -63,6 +65,21 @@ def setting(
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def listen_host() -> Any:
+    """The ``host`` setting of every server: where it binds, loopback unless told otherwise."""
+    return setting(LOOPBACK, "Address to bind (loopback by default; 0.0.0.0 exposes it to the network).")
+
+
+def listen_port(default: int, help: str = "TCP port to listen on (0: a free one).") -> Any:
+    """A server's port setting with its own default; :func:`port_check` validates it."""
+    return setting(default, help)
+
+
+def port_check(*ports: int) -> tuple[bool, str]:
+    """The one range check of listen ports, as a ``(ok, problem)`` pair for :func:`raise_problems`."""
+    return all(0 <= port <= 65535 for port in ports), "ports must be in 0..65535"
 
 
 def is_required(field: dataclasses.Field[Any]) -> bool:

@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinkertrace.netutil import LOOPBACK
-from tinkertrace.settings import raise_problems, setting
+from tinkertrace.settings import listen_host, listen_port, port_check, raise_problems, setting
 
 RETRIEVE_POLL_S = 20.0
 """How long one ``retrieve_future`` call waits for a result before answering ``try_again`` (the SDK
@@ -22,8 +21,8 @@ CHECKPOINT_SWEEP_S = 60.0
 class EngineSettings:
     """Where the engine listens, what it serves, how it authenticates and when it lets go."""
 
-    port: int = setting(8100, "TCP port to listen on.")
-    host: str = setting(LOOPBACK, "Address to bind (loopback by default; 0.0.0.0 exposes it to the network).")
+    port: int = listen_port(8100)
+    host: str = listen_host()
     engine_dir: Path | None = setting(
         None,
         "Checkpoint folder (tinker://<run>/... paths live here; default $TINKERTRACE_HOME/engine).",
@@ -67,7 +66,7 @@ class EngineSettings:
                 self.api_key is None or self.api_key.startswith("tml-"),
                 "api_key must start with 'tml-' (the SDK's rule)",
             ),
-            (0 <= self.port <= 65535, "port must be in 0..65535"),
+            port_check(self.port),
             (self.session_timeout_s > 0, "session_timeout_s must be positive"),
         ]
         raise_problems(checks, "invalid engine settings")

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tinkertrace.builtin import BUILTIN_MODEL
-from tinkertrace.netutil import LOOPBACK
-from tinkertrace.settings import check_choices, raise_problems, setting
+from tinkertrace.settings import check_choices, listen_host, listen_port, port_check, raise_problems, setting
 from tinkertrace.training.backends import Backend
 
 ToolParserName = Literal["auto", "hermes", "qwen", "none"]  # the choices of serving.tool_parsers
@@ -99,8 +98,8 @@ class ServeSettings(RequestLimitSettings, RecordingSettings):
         "Base model: 'tinkertrace/tiny-chat' (built in), 'smollm2-135m-instruct' (the smollm2 extra), a "
         ".gguf file, a local Hugging Face folder, or a Tinker model name.",
     )
-    host: str = setting(LOOPBACK, "Address to bind (loopback by default; 0.0.0.0 exposes it).")
-    port: int = setting(8000, "TCP port to listen on.")
+    host: str = listen_host()
+    port: int = listen_port(8000)
     api_key: str | None = setting(
         None, "Require 'Authorization: Bearer KEY' on /v1/* (default: open).", envvar=API_KEY_ENV
     )
@@ -135,7 +134,7 @@ class ServeSettings(RequestLimitSettings, RecordingSettings):
     def validate(self) -> ServeSettings:
         """Check ranges and choices; returns self."""
         checks = [
-            (0 <= self.port <= 65535, "port must be in 0..65535"),
+            port_check(self.port),
             (self.max_tokens >= 1, "max_tokens must be at least 1"),
             (self.batch_window_ms >= 0, "batch_window_ms must be 0 or more"),
             *self.limit_checks(),
@@ -153,8 +152,8 @@ class ProxySettings(RequestLimitSettings, RecordingSettings):
         help="The OpenAI-compatible server to pass calls on to, as a base URL ending in /v1 (vLLM, SGLang, a "
         "hosted endpoint, tinkertrace serve)."
     )
-    host: str = setting(LOOPBACK, "Address to bind (loopback by default; 0.0.0.0 exposes it).")
-    port: int = setting(8010, "TCP port to listen on.")
+    host: str = listen_host()
+    port: int = listen_port(8010)
     api_key: str | None = setting(
         None,
         "Require 'Authorization: Bearer KEY' from agents (default: open). Also guards the reward and finish "
@@ -176,7 +175,7 @@ class ProxySettings(RequestLimitSettings, RecordingSettings):
                 self.upstream.startswith(("http://", "https://")),
                 "upstream must be an http(s) URL such as http://127.0.0.1:8000/v1",
             ),
-            (0 <= self.port <= 65535, "port must be in 0..65535"),
+            port_check(self.port),
             (self.timeout > 0, "timeout must be positive"),
             *self.limit_checks(),
         ]

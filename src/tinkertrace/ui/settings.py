@@ -9,8 +9,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinkertrace.netutil import LOOPBACK
-from tinkertrace.settings import raise_problems, setting
+from tinkertrace.settings import listen_host, listen_port, port_check, raise_problems, setting
 
 TOKEN_ENV = "TINKERTRACE_UI_TOKEN"
 
@@ -41,8 +40,8 @@ class UiSettings:
         argument=True,
         default_factory=list,
     )
-    host: str = setting(LOOPBACK, "Address to listen on (loopback by default).")
-    port: int = setting(8400, "Port to listen on (0: a free one).")
+    host: str = listen_host()
+    port: int = listen_port(8400)
     token: str | None = setting(
         None,
         "Require this token on every request; required when --host is not a loopback address. Open the "
@@ -72,7 +71,7 @@ class UiSettings:
                 "training data",
             ),
             (self.refresh_seconds >= 0.1, "refresh_seconds must be at least 0.1"),
-            (0 <= self.port <= 65535, "port must be in 0..65535"),
+            port_check(self.port),
         ]
         raise_problems(checks, "invalid ui settings")
         return self
