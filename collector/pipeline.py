@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from tinkertrace.collector.ingest import Ingestor
 from tinkertrace.futures import map_future
 from tinkertrace.spanstore.convert import ConversionResult, body_to_table
-from tinkertrace.spanstore.logs import convert_logs, logs_response
+from tinkertrace.spanstore.logs import convert_logs
 
 log = logging.getLogger("tinkertrace.collector")
 
@@ -44,15 +45,6 @@ class InternalError(Exception):
     """Converting this request met a bug (HTTP 500, gRPC INTERNAL); other requests are unaffected."""
 
 
-def export_response(result: ConversionResult | None) -> ExportTraceServiceResponse:
-    """The OTLP answer: empty, or ``partial_success`` naming the spans that were dropped and why."""
-    response = ExportTraceServiceResponse()
-    if result is not None and result.rejected:
-        response.partial_success.rejected_spans = result.rejected
-        response.partial_success.error_message = "; ".join(result.errors)
-    return response
-
-
 @dataclass(frozen=True)
 class Signal:
     """What one OTLP signal's requests are: the converter into its table, the answer, the names."""
@@ -60,14 +52,29 @@ class Signal:
     name: str  # "traces" or "logs"
     request_type: str  # the protobuf message a request body is
     convert: Callable[[bytes, int], ConversionResult]
-    respond: Callable[[ConversionResult | None], Any]
+    response_type: type[Message]  # the protobuf message of the answer
+    rejected_field: str  # its partial_success field counting what was dropped
+
+    def respond(self, result: ConversionResult | None) -> Message:
+        """The OTLP answer: empty, or ``partial_success`` naming what was dropped and why."""
+        response = self.response_type()
+        if result is not None and result.rejected:
+            setattr(response.partial_success, self.rejected_field, result.rejected)
+            response.partial_success.error_message = "; ".join(result.errors)
+        return response
 
 
 # body_to_table looked up at each call: the module's name is the seam tests patch
 TRACES = Signal(
-    "traces", "ExportTraceServiceRequest", lambda b, t: body_to_table(b, t), lambda r: export_response(r)
+    "traces",
+    "ExportTraceServiceRequest",
+    lambda b, t: body_to_table(b, t),
+    ExportTraceServiceResponse,
+    "rejected_spans",
 )
-LOGS = Signal("logs", "ExportLogsServiceRequest", convert_logs, logs_response)
+LOGS = Signal(
+    "logs", "ExportLogsServiceRequest", convert_logs, ExportLogsServiceResponse, "rejected_log_records"
+)
 
 
 def convert_request(payload: bytes, received_at_ns: int, signal: Signal = TRACES) -> ConversionResult:

@@ -14,7 +14,6 @@ from typing import Any
 import pyarrow as pa
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
-    ExportLogsServiceResponse,
 )
 
 from tinkertrace.schemas import logs as logs_schema
@@ -70,12 +69,3 @@ def convert_logs(body: bytes, received_at_ns: int) -> ConversionResult:
                     rows[name].append(value)
     table = pa.table(rows, schema=logs_schema())
     return ConversionResult(table, accepted=table.num_rows, rejected=rejected, errors=errors)
-
-
-def logs_response(result: ConversionResult | None) -> ExportLogsServiceResponse:
-    """The OTLP answer: empty, or ``partial_success`` naming the log records dropped and why."""
-    response = ExportLogsServiceResponse()
-    if result is not None and result.rejected:
-        response.partial_success.rejected_log_records = result.rejected
-        response.partial_success.error_message = "; ".join(result.errors)
-    return response
