@@ -42,24 +42,61 @@ def wait_for_port(port: int, host: str = LOOPBACK, timeout: float = 30.0) -> Non
             time.sleep(0.05)
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` and listening (port 0: a free one), so a server's printed URL is
+    the real one and a taken port is said at once; OSError ``cannot listen on HOST:PORT: <reason>``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        reason = (exc.strerror or str(exc)).lower()  # e.g. "address already in use"
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {reason}") from None
+    sock.listen(128)
+    return sock
+
+
 GRACEFUL_SHUTDOWN_S = 5.0
 """How long a stopping :class:`BackgroundServer` lets requests in flight finish before cancelling them."""
 
 
 class BackgroundServer:
-    """Run an ASGI app with uvicorn in a daemon thread: ``with BackgroundServer(app) as srv: srv.url``."""
+    """Run an ASGI app with uvicorn in a daemon thread: ``with BackgroundServer(app) as srv: srv.url``.
 
-    def __init__(self, app: Any, host: str = LOOPBACK, port: int | None = None, **uvicorn_options: Any):
+    On ``sock`` (from :func:`listen_socket`) when given, which it then owns and closes; else on
+    ``host:port`` (port ``None``: a free one)."""
+
+    def __init__(
+        self, app: Any, host: str = LOOPBACK, port: int | None = None, *, sock: socket.socket | None = None,
+        **uvicorn_options: Any,
+    ) -> None:  # fmt: skip
         import uvicorn
 
-        self.host = host
-        self.port = port or free_port(host)
+        self.sock = sock
+        self.host = host if sock is None else str(sock.getsockname()[0])
+        self.port = int(sock.getsockname()[1]) if sock is not None else port or free_port(host)
         uvicorn_options.setdefault("timeout_graceful_shutdown", GRACEFUL_SHUTDOWN_S)
-        config = uvicorn.Config(
-            app, host=host, port=self.port, log_level="warning", lifespan="on", **uvicorn_options
-        )
+        uvicorn_options.setdefault("lifespan", "on")
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", **uvicorn_options)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name=f"uvicorn:{self.port}", daemon=True)
+        sockets = None if sock is None else [sock]
+        self._thread = threading.Thread(
+            target=lambda: self._server.run(sockets=sockets), name=f"uvicorn:{self.port}", daemon=True
+        )
+
+    @property
+    def started(self) -> bool:
+        return bool(self._server.started)
+
+    def serve_here(self) -> None:
+        """Serve in the calling thread until interrupted (Ctrl-C), then close the socket."""
+        try:
+            self._server.run(sockets=None if self.sock is None else [self.sock])
+        finally:
+            if self.sock is not None:
+                self.sock.close()
 
     @property
     def url(self) -> str:
@@ -78,7 +115,10 @@ class BackgroundServer:
         """Ask uvicorn to exit and wait for its thread: requests in flight get
         :data:`GRACEFUL_SHUTDOWN_S` to finish, then the app's shutdown runs."""
         self._server.should_exit = True
-        self._thread.join(timeout=GRACEFUL_SHUTDOWN_S + 30)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=GRACEFUL_SHUTDOWN_S + 30)
+        if self.sock is not None:
+            self.sock.close()
         if self._thread.is_alive():
             raise RuntimeError(f"the server on {self.url} did not stop")
 

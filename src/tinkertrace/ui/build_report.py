@@ -69,8 +69,10 @@ class BuildReports:
             stale = done is None or done.version != self.index.version
             if stale and self._running is None:
                 self._running = BuildReport(self.index.version, policy)
+                # not a daemon: the interpreter waits for a build before finalizing, as a daemon thread
+                # still inside DuckDB at finalization would abort the process
                 threading.Thread(
-                    target=self._run, args=(self._running, group_by), name="ui-build-report", daemon=True
+                    target=self._run, args=(self._running, group_by), name="ui-build-report", daemon=False
                 ).start()
             running = self._running if self._running is not None and self._running.policy == policy else None
             return done, running

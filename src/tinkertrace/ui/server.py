@@ -3,80 +3,54 @@ tests), on a socket bound before the server starts, so the printed URL is always
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import uvicorn
 from rich.console import Console
 
+from tinkertrace.netutil import LOOPBACK, BackgroundServer, listen_socket
 from tinkertrace.ui.app import create_app
 from tinkertrace.ui.index import RunIndex
 from tinkertrace.ui.settings import UiSettings, ui_url
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        reason = (exc.strerror or str(exc)).lower()  # e.g. "address already in use"
-        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {reason}") from None
-    sock.listen(128)
-    return sock
 
 
 class UiServer:
     """The app over ``paths`` served by uvicorn on its own thread; :attr:`url` once started."""
 
     def __init__(
-        self, paths: Sequence[Path], *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+        self, paths: Sequence[Path], *, host: str = LOOPBACK, port: int = 0, token: str | None = None,
         refresh_s: float = 1.0, memory_limit: str = "1GB",
     ) -> None:  # fmt: skip
         if token is not None and not token.strip():
             raise ValueError("an empty token guards nothing: give a real token, or none on a loopback host")
-        self.sock = _bind(host, port)  # first: a taken port is said before the (slow) first index
-        self.port = int(self.sock.getsockname()[1])
+        sock = listen_socket(host, port)  # first: a taken port is said before the (slow) first index
+        self.port = int(sock.getsockname()[1])
         self.token = token
         self.host = host
-        self.index = RunIndex(paths, refresh_s=refresh_s, memory_limit=memory_limit)
-        config = uvicorn.Config(
-            create_app(self.index, token=token), log_level="warning", access_log=False, lifespan="off"
-        )
-        self.server = uvicorn.Server(config)
-        self._thread: threading.Thread | None = None
+        try:
+            self.index = RunIndex(paths, refresh_s=refresh_s, memory_limit=memory_limit)
+        except BaseException:
+            sock.close()
+            raise
+        app = create_app(self.index, token=token)
+        self.server = BackgroundServer(app, sock=sock, lifespan="off", access_log=False)
 
     @property
     def url(self) -> str:
         return ui_url(self.host, self.port, self.token)
 
-    def start(self, timeout: float = 30.0) -> UiServer:
-        self._thread = threading.Thread(
-            target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])),
-            name="tinkertrace-ui",
-            daemon=True,
-        )
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the ui server did not start on {self.host}:{self.port}")
-            time.sleep(0.02)
+    def start(self) -> UiServer:
+        self.server.start()
         return self
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        self.sock.close()
-        self.index.close()
+        """Stop serving (requests in flight get the graceful shutdown's time), then close the index."""
+        try:
+            self.server.stop()
+        finally:
+            self.index.close()
 
     def __enter__(self) -> UiServer:
         return self.start()
@@ -118,9 +92,8 @@ def serve(
         console.print(f"[yellow]skipped[/yellow] {path}: {why}")
     console.print(f"tinkertrace ui: [bold]{server.url}[/bold]  (Ctrl-C to stop)", highlight=False)
     try:
-        asyncio.run(server.server.serve(sockets=[server.sock]))
+        server.server.serve_here()
     except KeyboardInterrupt:
         pass
     finally:
-        server.sock.close()
         server.index.close()
