@@ -11,9 +11,7 @@ Starlette runs them on its thread pool, so a page that builds a rollout never st
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import json
-from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tinkertrace import semconv as sc
 from tinkertrace.builder.options import REWARD_POLICIES
@@ -43,13 +40,14 @@ from tinkertrace.ui.built import (
 from tinkertrace.ui.compare import turn_pairs
 from tinkertrace.ui.index import RunIndex
 from tinkertrace.ui.listing import PAGE_SIZES, SORTABLE, RolloutPage, RolloutQuery
-from tinkertrace.ui.outcomes import OUTCOMES, outcome_text, row_fates
+from tinkertrace.ui.outcomes import row_fates
 from tinkertrace.ui.run_metrics import metric_series
 from tinkertrace.ui.sources import not_span_files, read_json
+from tinkertrace.ui.templating import template_environment
 from tinkertrace.ui.timeline import messages_of, reward_landings, span_tree
+from tinkertrace.ui.token_gate import TokenGate
 
 HERE = Path(__file__).parent
-TOKEN_COOKIE = "tinkertrace_ui_token"
 
 
 @dataclass
@@ -60,30 +58,6 @@ class UiState:
     templates: jinja2.Environment
 
 
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(HERE / "templates"),
-        autoescape=True,  # every value is HTML-escaped unless a template says otherwise (none does)
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters["num"] = _num
-    env.filters["outcome"] = outcome_text
-    env.filters["readable"] = _readable
-    env.globals["outcomes"] = OUTCOMES
-    env.filters["tojson_attr"] = lambda v: json.dumps(v)  # for data-* attributes (then escaped)
-    return env
-
-
-def _num(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
 def environment_names(settings: dict[str, Any]) -> list[str]:
     """The environments a training config names (``environments: [{name: …}, …]``), else none."""
     envs = settings.get("environments")
@@ -92,52 +66,6 @@ def environment_names(settings: dict[str, Any]) -> list[str]:
         if isinstance(envs, list)
         else []
     )
-
-
-def _readable(value: Any) -> str:
-    """A settings or summary value as text: floats to 4 significant digits, None as a dash."""
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-class TokenGate:
-    """Require the token (``Authorization: Bearer``, a ``token`` query parameter, or the cookie the
-    latter sets) on every request when one is configured."""
-
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
-        self.app, self.token = app, token
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.token is None or scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope)
-        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
-        given = [
-            bearer.strip() if scheme.lower() == "bearer" else "",
-            request.query_params.get("token", ""),
-            request.cookies.get(TOKEN_COOKIE, ""),
-        ]
-        if not any(g and hmac.compare_digest(g.encode(), self.token.encode()) for g in given):
-            response: Response = Response(
-                "This tinkertrace ui needs its token: open the URL it printed (…?token=…) or send "
-                "'Authorization: Bearer <token>'.\n",
-                status_code=401,
-                media_type="text/plain",
-            )
-            await response(scope, receive, send)
-            return
-
-        async def send_with_cookie(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start" and request.query_params.get("token"):
-                cookie = f"{TOKEN_COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
-                message["headers"] = [*message.get("headers", []), (b"set-cookie", cookie.encode())]
-            await send(message)
-
-        await self.app(scope, receive, send_with_cookie)
 
 
 def _state(request: Request) -> UiState:
@@ -438,5 +366,5 @@ def create_app(index: RunIndex, *, token: str | None = None) -> Starlette:
         middleware=[Middleware(TokenGate, token=token)],
         exception_handlers={HTTPException: _http_error},
     )
-    app.state.ui = UiState(index, RolloutBuilds(index), BuildReports(index), _environment())
+    app.state.ui = UiState(index, RolloutBuilds(index), BuildReports(index), template_environment())
     return app
