@@ -28,7 +28,8 @@ from tinkertrace.netutil import BackgroundServer
 from tinkertrace.sdk.export import encode_batch
 from tinkertrace.sdk.runtime import private_runtime
 from tinkertrace.serving.call_records import call_record, restored_span
-from tinkertrace.serving.journal import ROLLOUTS, SPANS, Journal, JournalStats
+from tinkertrace.serving.journal import ROLLOUTS, SPANS, Journal
+from tinkertrace.serving.journal_delivery import JournalStats
 from tinkertrace.serving.journal_targets import ParquetTarget
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.serving.recording import CallRecorder

@@ -21,10 +21,8 @@ rollout states (last one wins) and span records, which go to the targets again
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
-import fcntl
 import logging
 import os
 import queue
@@ -32,8 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -46,78 +43,26 @@ from tinkertrace.collector.wal import WriteAheadLog, iter_records
 from tinkertrace.sdk.export import encode_batch
 from tinkertrace.sdk.runtime import Runtime
 from tinkertrace.sdk.spans import COUNTED
-from tinkertrace.sdk.stats import ExportStats
 from tinkertrace.serving.call_records import call_record, restored_span
+from tinkertrace.serving.journal_delivery import (
+    STOP,
+    Delivery,
+    Durable,
+    Item,
+    JournalStats,
+    JournalUnavailable,
+    lock_folder,
+    settle,
+)
 from tinkertrace.serving.journal_targets import SpanRecord, Target, span_count
 
 log = logging.getLogger("tinkertrace.serving")
 
 SPANS, CALL, ROLLOUTS = b"S", b"C", b"R"  # the first byte of a log record
 RolloutRecord = dict[str, Any]  # an open rollout's state, or {"id", "status"} once finished
-_STOP = object()
 _CAPTURE: contextvars.ContextVar[list[Future[None]] | None] = contextvars.ContextVar(
     "tinkertrace_journal_capture", default=None
 )
-
-
-@dataclass
-class JournalStats(ExportStats):
-    """The export counts plus the journal's."""
-
-    journal_commits: int = 0  # group commits: one fsync each
-    spans_logged: int = 0  # made durable in the journal
-    spans_delivered: int = 0  # handed to the targets (Parquet, collector) after logging
-    spans_replayed: int = 0  # handed to the targets again at a start, from what a previous run left
-    journal_errors: int = 0  # commits that failed (their calls answered 503)
-    delivery_errors: int = 0  # deliveries that failed (their segments kept, to be replayed)
-
-
-class JournalUnavailable(Exception):
-    """The record could not be made durable (the disk refused it, or the journal is closed)."""
-
-
-@dataclass
-class _Item:
-    kind: str  # "span" | "rollout" | "flush"
-    value: Any
-    future: Future[None] = field(default_factory=Future)
-    queued: float = field(default_factory=time.perf_counter)
-
-
-@dataclass
-class Durable:
-    """The records ended inside one :meth:`Journal.capture`."""
-
-    futures: list[Future[None]] = field(default_factory=list)
-
-    async def wait(self) -> None:
-        """Return once every record is durable; :class:`JournalUnavailable` if one could not be."""
-        for future in self.futures:
-            await asyncio.wrap_future(future)
-
-
-def _settle(future: Future[None], error: Exception | None = None) -> None:
-    """Resolve ``future`` unless it is settled already (a waiter that went away cancels it)."""
-    with contextlib.suppress(InvalidStateError):
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
-
-
-def _lock_folder(folder: Path) -> int:
-    """An exclusive lock on ``folder`` for this process (released when it exits, however it exits)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise RuntimeError(
-            f"the journal {folder} is in use by another endpoint recording to the same place: give each "
-            "endpoint its own --journal-dir"
-        ) from None
-    return fd
 
 
 class Journal(SpanProcessor):
@@ -133,7 +78,7 @@ class Journal(SpanProcessor):
         keep_finished: int = 100_000,
     ) -> None:
         self.folder = Path(folder)
-        self._lock_fd = _lock_folder(self.folder)
+        self._lock_fd = lock_folder(self.folder)
         self.targets = list(targets)
         self.roll_s = roll_s
         self.keep_finished = keep_finished
@@ -141,14 +86,14 @@ class Journal(SpanProcessor):
         self.rollouts: dict[str, RolloutRecord] = {}  # owned by the journal thread once started
         self.stats = stats
         self._queue: queue.Queue[Any] = queue.Queue()
-        self._deliveries: queue.Queue[Any] = queue.Queue()
+        self._deliveries = Delivery(self.targets, self.wal, stats)
         self._closed = False
         self._put_lock = threading.Lock()
         self._segment_has_data = False
         self._waits: deque[float] = deque(maxlen=10_000)  # seconds from queued to durable, newest last
         self._threads = [
             threading.Thread(target=self._log_loop, name="tt-journal", daemon=True),
-            threading.Thread(target=self._delivery_loop, name="tt-deliver", daemon=True),
+            threading.Thread(target=self._deliveries.run, name="tt-deliver", daemon=True),
         ]
 
     # --- start ---------------------------------------------------------------------------------------
@@ -199,18 +144,18 @@ class Journal(SpanProcessor):
 
     def rollout_opened(self, record: RolloutRecord) -> None:
         """Log a rollout's open state (``id`` and what it needs to be ended after a restart)."""
-        self._put(_Item("rollout", {**record, "llm_calls": 0, "rewards": 0, "agent_spans": 0}))
+        self._put(Item("rollout", {**record, "llm_calls": 0, "rewards": 0, "agent_spans": 0}))
 
     def rollout_closed(self, record: RolloutRecord) -> None:
         """Log a rollout's end (``id``, ``status``, anything else its reader needs): finished with
         ``status``, or forgotten (``None``: its spans are its caller's, as with a rollout driven by the
         SDK)."""
-        self._put(_Item("rollout", record))
+        self._put(Item("rollout", record))
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """End the current segment now and wait until its spans reached every target (Parquet files
         written; records sent to the collector or spooled). True when all arrived."""
-        item = _Item("flush", None)
+        item = Item("flush", None)
         self._put(item)
         try:
             item.future.result(timeout_s)
@@ -227,14 +172,14 @@ class Journal(SpanProcessor):
 
     # --- SpanProcessor -------------------------------------------------------------------------------
     def on_end(self, span: ReadableSpan) -> None:
-        self._put(_Item("span", span))
+        self._put(Item("span", span))
 
     def shutdown(self) -> None:
         """Log and deliver what is queued, keep the rollout states, stop the threads; once."""
         with self._put_lock:  # nothing is queued after the stop
             if self._closed:
                 return
-            self._queue.put(_STOP)
+            self._queue.put(STOP)
             self._closed = True
         for thread in self._threads:
             thread.join(60)
@@ -245,24 +190,24 @@ class Journal(SpanProcessor):
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return self.flush(timeout_millis / 1000)
 
-    def _put(self, item: _Item) -> None:
+    def _put(self, item: Item) -> None:
         if (captured := _CAPTURE.get()) is not None:
             captured.append(item.future)
         with self._put_lock:
             if not self._closed:
                 self._queue.put(item)
                 return
-        _settle(item.future, JournalUnavailable("the endpoint's journal is closed"))
+        settle(item.future, JournalUnavailable("the endpoint's journal is closed"))
 
     # --- the journal thread --------------------------------------------------------------------------
     def _log_loop(self) -> None:
-        """Commit what is queued (group commit), roll the segment every ``roll_s``, stop on ``_STOP``."""
+        """Commit what is queued (group commit), roll the segment every ``roll_s``, stop on ``STOP``."""
         name_os_thread()
         retry_at = 0.0
         while True:
             batch = next_batch(self._queue, 0.1)
-            stop = _STOP in batch
-            items = [item for item in batch if item is not _STOP]
+            stop = STOP in batch
+            items = [item for item in batch if item is not STOP]
             try:
                 if not self.wal.is_open and time.monotonic() >= retry_at:
                     self._open_segment()
@@ -281,17 +226,17 @@ class Journal(SpanProcessor):
                 log.error("tinkertrace journal: %r", exc, exc_info=not isinstance(exc, OSError))
                 self.stats.add("journal_errors")
                 for item in items:
-                    _settle(item.future, JournalUnavailable(f"the journal could not log it: {exc}"))
+                    settle(item.future, JournalUnavailable(f"the journal could not log it: {exc}"))
                 if self.wal.is_open:  # kept: it holds the rollout snapshot; the next start replays it
                     self._deliveries.put(("end_keep", self.wal.abandon_segment()))
                 retry_at = time.monotonic() + 1.0
             if stop:
                 if self.wal.is_open:
                     self.wal.close_segment()  # it holds the rollout snapshot: kept for the next start
-                self._deliveries.put(_STOP)
+                self._deliveries.put(STOP)
                 return
 
-    def _commit(self, items: list[_Item]) -> None:
+    def _commit(self, items: list[Item]) -> None:
         spans = [item.value for item in items if item.kind == "span"]
         calls = [span for span in spans if getattr(span, "source", None) is not None]
         plain = [span for span in spans if getattr(span, "source", None) is None]
@@ -328,9 +273,9 @@ class Journal(SpanProcessor):
         synced = time.perf_counter()
         for item in items:
             if item.kind == "span" and plain and not payload and item.value in plain:
-                _settle(item.future, JournalUnavailable("the span could not be encoded (see the log)"))
+                settle(item.future, JournalUnavailable("the span could not be encoded (see the log)"))
             elif item.kind != "flush":
-                _settle(item.future)
+                settle(item.future)
                 self._waits.append(synced - item.queued)
 
     def _count(self, span: ReadableSpan) -> str | None:
@@ -371,48 +316,6 @@ class Journal(SpanProcessor):
         ended = self.wal.close_segment()
         self._deliveries.put(("end", ended))
         self._open_segment()
-
-    # --- the delivery thread -------------------------------------------------------------------------
-    def _delivery_loop(self) -> None:
-        """Hand span records to the targets in log order; delete a segment once all its spans arrived. A
-        failure keeps the segment (the next start replays it) and is counted."""
-        name_os_thread()
-        failed: set[int] = set()
-        segment = 0
-        while True:
-            message = self._deliveries.get()
-            if message is _STOP:
-                return
-            if isinstance(message, _Item):  # a flush: everything before it was delivered
-                _settle(message.future)
-                continue
-            kind, value, *rest = message
-            try:
-                if kind == "begin":
-                    segment = value
-                    for target in self.targets:
-                        target.begin(value)
-                elif kind == "spans":
-                    self._deliver(value, rest[0], rest[1])
-                elif kind == "calls":  # their spans are built here, after the answers left
-                    request = encode_batch(value, self.stats)
-                    if request is None:  # logged by encode_batch; the segment is kept, not deleted
-                        raise RuntimeError(f"{len(value)} calls' spans could not be encoded")
-                    self._deliver(request.SerializeToString(), rest[0], len(value))
-                elif kind in ("end", "end_keep"):
-                    for target in self.targets:
-                        target.end(value)
-                    if kind == "end" and value not in failed:
-                        self.wal.delete(value)
-            except Exception:
-                log.exception("tinkertrace journal: delivering segment %d failed; kept to replay", segment)
-                self.stats.add("delivery_errors")
-                failed.add(segment)
-
-    def _deliver(self, payload: bytes, logged_at_ns: int, n_spans: int) -> None:
-        for target in self.targets:
-            target.deliver(payload, logged_at_ns)
-        self.stats.add("spans_delivered", n_spans)
 
 
 def _answer_id(span: ReadableSpan) -> str | None:

@@ -51,7 +51,8 @@ from tinkertrace.sdk.context import ROLLOUT
 from tinkertrace.sdk.llm_call import LlmCall
 from tinkertrace.sdk.rewards import reward_attributes
 from tinkertrace.sdk.spans import start_span
-from tinkertrace.serving.journal import Durable, Journal, JournalStats, JournalUnavailable
+from tinkertrace.serving.journal import Journal
+from tinkertrace.serving.journal_delivery import Durable, JournalStats, JournalUnavailable
 from tinkertrace.serving.journal_targets import default_journal_dir, targets_for
 from tinkertrace.serving.openai_wire.errors import ApiError, read_json, require_object
 from tinkertrace.serving.rollout_routing import CallIdentity
