@@ -9,6 +9,14 @@ later request's first byte) and for its body (from the head's end, longer for la
 past it gets 408 and is closed, however slowly it keeps sending; a cap on open connections (503 and
 close beyond it). uvicorn's own signal handling is left out: the collector stops the server itself.
 
+The fence: uvicorn's public options cannot set a deadline on a request head (an ASGI app is called
+only once the head is complete) nor refuse a connection before it sends anything, so
+:class:`_LimitedProtocol` subclasses uvicorn's httptools protocol, which is not public API. It is used
+only on the uvicorn versions in :data:`TESTED_UVICORN` (a test pins the installed one there); on any
+other version the server runs uvicorn's own protocol through public options (``limit_concurrency``:
+503 past the cap; the keep-alive timeout), logs once which deadlines are off, and still serves. The
+two paths were measured side by side (``benchmarks/collector_http_protocol.py``).
+
 The server runs its own event loop (uvloop when installed) in a thread of its own.
 """
 
@@ -30,6 +38,15 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from tinkertrace.collector.ingest import name_os_thread
 
 log = logging.getLogger("tinkertrace.collector")
+
+TESTED_UVICORN = ("0.54.",)
+"""uvicorn versions whose httptools protocol :class:`_LimitedProtocol` was tested on
+(tests/collector/test_http_server.py pins the installed version here)."""
+
+
+def limited_protocol_supported(version: str = uvicorn.__version__) -> bool:
+    """Whether the deadlines' protocol subclass may be used with this uvicorn version."""
+    return version.startswith(TESTED_UVICORN)
 
 
 @dataclass
@@ -166,6 +183,7 @@ class HttpServer:
         min_body_rate: float = 1024 * 1024,
         max_connections: int = 1024,
         thread_name: str = "tt-http",
+        limited_protocol: bool | None = None,
     ) -> None:
         self.handler = handler
         self.host = host
@@ -177,6 +195,7 @@ class HttpServer:
         self.min_body_rate = min_body_rate
         self.max_connections = max_connections
         self.thread_name = thread_name
+        self.limited_protocol = limited_protocol_supported() if limited_protocol is None else limited_protocol
         self.timed_out = 0  # connections closed for a late head or body
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -202,9 +221,10 @@ class HttpServer:
             raise OSError(exc.errno, f"cannot listen for HTTP on {self.host}:{self.port}: {reason}") from exc
         sock.listen(1024)
         config = uvicorn.Config(
-            self._app, http=self._protocol_class(), loop="none", lifespan="off", log_level="warning",
-            interface="asgi3", proxy_headers=False,
-            access_log=False, timeout_keep_alive=int(self.keep_alive_s), timeout_graceful_shutdown=10,
+            self._app, loop="none", lifespan="off", log_level="warning", interface="asgi3",
+            proxy_headers=False, access_log=False, timeout_keep_alive=int(self.keep_alive_s),
+            timeout_graceful_shutdown=10,
+            **self._protocol_options(),
         )  # fmt: skip
         server = self._server = _Server(config)
         ready = threading.Event()
@@ -233,8 +253,18 @@ class HttpServer:
         self._server.should_exit = True
         self._thread.join(timeout + 5)
 
-    def _protocol_class(self) -> type[HttpToolsProtocol]:
-        return type("LimitedProtocol", (_LimitedProtocol,), {"limits": self})
+    def _protocol_options(self) -> dict[str, Any]:
+        """uvicorn options: the fenced protocol subclass (deadlines, the cap at connect), or uvicorn's
+        own httptools protocol with its public ``limit_concurrency``."""
+        if self.limited_protocol:
+            return {"http": type("LimitedProtocol", (_LimitedProtocol,), {"limits": self})}
+        log.warning(
+            "the collector's HTTP server runs on uvicorn %s's public options (its deadlines' protocol was "
+            "tested on uvicorn %s): serving without the request head and body deadlines (408); past %d "
+            "connections requests get 503",
+            uvicorn.__version__, ", ".join(TESTED_UVICORN), self.max_connections,
+        )  # fmt: skip
+        return {"http": "httptools", "limit_concurrency": self.max_connections}
 
     async def _app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """The ASGI application: admission from the head, then the body, then the handler's answer."""

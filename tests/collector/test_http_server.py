@@ -279,3 +279,47 @@ def test_connections_beyond_the_cap_get_503_and_the_cap_frees_up(strict_server: 
         assert sock.recv(100) == b""
         sock.close()
     assert httpx.post(_url(http), content=b"fine").status_code == 200
+
+
+def test_the_deadlines_protocol_subclass_is_used_only_on_the_tested_uvicorn() -> None:
+    """The fence around uvicorn's non-public httptools protocol: this fails after a uvicorn upgrade;
+    run this file with the new version and extend TESTED_UVICORN (or leave the public path on)."""
+    import uvicorn
+
+    from tinkertrace.collector.http_server import TESTED_UVICORN, limited_protocol_supported
+
+    assert limited_protocol_supported(), (uvicorn.__version__, TESTED_UVICORN)
+    assert not limited_protocol_supported("0.99.0")
+    handler = EchoHandler()
+    assert HttpServer(handler, "127.0.0.1", 0, max_body_bytes=1).limited_protocol
+    assert not HttpServer(handler, "127.0.0.1", 0, max_body_bytes=1, limited_protocol=False).limited_protocol
+
+
+def test_on_uvicorn_public_options_it_still_serves_refuses_and_caps(caplog: pytest.LogCaptureFixture) -> None:
+    """Outside the tested versions: uvicorn's own protocol, public options only — bodies arrive, 413
+    from the head, 503 past the connection cap; it says once which deadlines are off."""
+    handler = EchoHandler()
+    http = HttpServer(
+        handler, "127.0.0.1", free_port(), max_body_bytes=4 << 20, max_connections=2, limited_protocol=False
+    )
+    with caplog.at_level("WARNING", logger="tinkertrace.collector"):
+        http.start()
+    try:
+        assert "without the request head and body deadlines" in caplog.text
+        assert httpx.post(_url(http), content=b"abc").text == "POST /echo 3 294"
+        with socket.create_connection(("127.0.0.1", http.port)) as sock:
+            sock.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 100000000\r\n\r\n")
+            sock.settimeout(5)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 413")
+        held = [socket.create_connection(("127.0.0.1", http.port)) for _ in range(2)]
+        try:
+            time.sleep(0.1)
+            with socket.create_connection(("127.0.0.1", http.port)) as extra:
+                extra.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi")
+                extra.settimeout(5)
+                assert extra.recv(65536).startswith(b"HTTP/1.1 503")
+        finally:
+            for sock in held:
+                sock.close()
+    finally:
+        http.stop()
