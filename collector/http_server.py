@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import threading
 import typing
 from collections.abc import Awaitable, Iterator
@@ -36,6 +35,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tinkertrace.collector.ingest import name_os_thread
+from tinkertrace.netutil import listen_socket
 
 log = logging.getLogger("tinkertrace.collector")
 
@@ -211,15 +211,7 @@ class HttpServer:
 
     def start(self) -> None:
         """Listen and serve; returns once listening. Raises ``OSError`` if the port cannot be bound."""
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.host, self.port))
-        except OSError as exc:
-            sock.close()
-            reason = (exc.strerror or str(exc)).lower()  # e.g. "address already in use"
-            raise OSError(exc.errno, f"cannot listen for HTTP on {self.host}:{self.port}: {reason}") from exc
-        sock.listen(1024)
+        sock = listen_socket(self.host, self.port, "HTTP", backlog=1024)
         config = uvicorn.Config(
             self._app, loop="none", lifespan="off", log_level="warning", interface="asgi3",
             proxy_headers=False, access_log=False, timeout_keep_alive=int(self.keep_alive_s),

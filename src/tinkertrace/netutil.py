@@ -42,9 +42,10 @@ def wait_for_port(port: int, host: str = LOOPBACK, timeout: float = 30.0) -> Non
             time.sleep(0.05)
 
 
-def listen_socket(host: str, port: int) -> socket.socket:
+def listen_socket(host: str, port: int, what: str = "", backlog: int = 128) -> socket.socket:
     """A socket bound to ``host:port`` and listening (port 0: a free one), so a server's printed URL is
-    the real one and a taken port is said at once; OSError ``cannot listen on HOST:PORT: <reason>``."""
+    the real one and a taken port is said at once: OSError ``cannot listen [for WHAT] on HOST:PORT:
+    <reason>``."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -53,8 +54,9 @@ def listen_socket(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         reason = (exc.strerror or str(exc)).lower()  # e.g. "address already in use"
-        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {reason}") from None
-    sock.listen(128)
+        purpose = f" for {what}" if what else ""
+        raise OSError(exc.errno, f"cannot listen{purpose} on {host}:{port}: {reason}") from None
+    sock.listen(backlog)
     return sock
 
 
