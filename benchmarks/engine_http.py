@@ -35,7 +35,7 @@ from tinker import types
 
 from tinkertrace.engine import ServiceClient
 from tinkertrace.engine_server.process import EngineProcess
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 MODEL = f"{BUILTIN_MODEL}:small"
 

@@ -29,7 +29,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from tinkertrace.engine import BUILTIN_SIZES, ServiceClient
 from tinkertrace.engine.model import load_base_model, parameter_count
-from tinkertrace.tokenizer import BUILTIN_MODEL, builtin_tokenizer
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, builtin_tokenizer
 
 HEAD_DIM = 64
 """Head size of the ``--random`` shapes (as in Llama-style models of a few hundred million weights)."""

@@ -25,7 +25,7 @@ from tinker import types
 
 from tinkertrace.engine import ServiceClient
 from tinkertrace.engine.model import LORA_ALPHA, load_base_model, lora_target_modules
-from tinkertrace.tokenizer import load_tokenizer
+from tinkertrace.models.tokenizer import load_tokenizer
 
 TOPICS = ("the sea", "rain", "a forest", "the moon", "bread", "winter", "a train", "the stars")
 

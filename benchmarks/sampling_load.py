@@ -27,10 +27,10 @@ from rich.console import Console
 from rich.table import Table
 
 from tinkertrace.engine import ServiceClient
+from tinkertrace.models.tokenizer import load_tokenizer
 from tinkertrace.netutil import BackgroundServer
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
-from tinkertrace.tokenizer import load_tokenizer
 
 TOPICS = (
     "the sea", "a forest", "mountains", "rain", "the moon", "a city at night", "winter", "a river",

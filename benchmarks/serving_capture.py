@@ -43,12 +43,12 @@ import duckdb
 import openai
 
 from tinkertrace.collector.launch import collector_command, wait_until_healthy
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.netutil import BackgroundServer, free_port, wait_for_port
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.serving.recording import CallRecorder
 from tinkertrace.spanstore.reader import open_spans
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 
 def _call(client: openai.OpenAI, model: str, max_tokens: int) -> tuple[float, int]:

@@ -23,10 +23,10 @@ from rich.console import Console
 from rich.table import Table
 
 from tinkertrace.engine import ServiceClient
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.netutil import BackgroundServer
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 
 @dataclass

@@ -23,11 +23,11 @@ from conftest import Model, run_agent  # noqa: E402
 
 from tinkertrace.builder import BuildOptions, build_trajectories  # noqa: E402
 from tinkertrace.cli.main import app  # noqa: E402
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer  # noqa: E402
 from tinkertrace.netutil import BackgroundServer  # noqa: E402
 from tinkertrace.serving.app import create_app  # noqa: E402
 from tinkertrace.serving.policy import PolicyHolder  # noqa: E402
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler  # noqa: E402
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer  # noqa: E402
 
 INSTRUMENTATIONS = ("openinference", "openllmetry", "openai-v2", "openai-v2-messages", "logfire")
 

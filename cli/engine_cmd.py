@@ -27,7 +27,7 @@ def _check_model(name: str) -> None:
     """ModelNotFoundError unless ``name`` is a built-in model, a packaged or GGUF model, or a Hugging Face
     model folder."""
     from tinkertrace.engine.model import ModelNotFoundError, builtin_size
-    from tinkertrace.models import model_folder
+    from tinkertrace.models.catalog import model_folder
 
     if builtin_size(name) is None and not (model_folder(name) / "config.json").is_file():
         raise ModelNotFoundError(f"{name!r} is not a Hugging Face model folder (no config.json)")

@@ -9,7 +9,7 @@ import typer
 
 from tinkertrace.cli.extras import needs_extra
 from tinkertrace.cli.options import OptionsOf, config_option, validated, with_settings
-from tinkertrace.evaluation_settings import EvalSettings
+from tinkertrace.evaluation.settings import EvalSettings
 from tinkertrace.extras import require
 
 
@@ -26,7 +26,7 @@ def eval_command(
     from rich.progress import Progress
     from rich.table import Table
 
-    from tinkertrace.evaluation import evaluate, summary_path
+    from tinkertrace.evaluation.evaluate import evaluate, summary_path
 
     console = Console(soft_wrap=True)
     run = validated(EvalSettings, settings, config, section="eval")

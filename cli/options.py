@@ -71,8 +71,7 @@ def validated(
     flat: bool = True,
 ) -> S:
     """:func:`tinkertrace.settings.load` of ``settings``; its ConfigError as the command's bad parameter."""
-    from tinkertrace.settings import load
-    from tinkertrace.settings import ConfigError
+    from tinkertrace.settings import ConfigError, load
 
     try:
         return load(settings, file, given, section=section, flat=flat, what="option")

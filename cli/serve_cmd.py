@@ -43,8 +43,8 @@ def serve(
 
     from tinkertrace.serving.app import create_app
     from tinkertrace.serving.policy import policy_from_service
-    from tinkertrace.training.backends import close_service, make_service_client
     from tinkertrace.settings import UserError
+    from tinkertrace.training.backends import close_service, make_service_client
 
     console = Console(stderr=True)
     try:

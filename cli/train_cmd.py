@@ -51,9 +51,8 @@ def train(
 
     from rich.console import Console
 
-    from tinkertrace.settings import parse_key_values
+    from tinkertrace.settings import UserError, parse_key_values
     from tinkertrace.training.backends import resolve_backend
-    from tinkertrace.settings import UserError
     from tinkertrace.training.loop import run_training
 
     console = Console(stderr=True)

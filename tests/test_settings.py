@@ -14,7 +14,7 @@ from tinkertrace.cli.main import app
 from tinkertrace.cli.options import cli_fields
 from tinkertrace.collector.settings import CollectorConfig
 from tinkertrace.engine_server.settings import EngineSettings
-from tinkertrace.evaluation_settings import EvalSettings
+from tinkertrace.evaluation.settings import EvalSettings
 from tinkertrace.online.settings import DemoSettings, FollowOptions
 from tinkertrace.sdk.config import resolve
 from tinkertrace.serving.settings import ProxySettings, ServeSettings

@@ -12,7 +12,7 @@ from itertools import count
 from pathlib import Path
 
 import tinkertrace
-from tinkertrace.rollouts import load_ref, run_rollouts
+from tinkertrace.evaluation.rollouts import load_ref, run_rollouts
 
 AGENT = Path(__file__).resolve().with_name("agent.py")
 

@@ -22,7 +22,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `examples` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tinkertrace.builtin import DEMO_MODEL
+from tinkertrace.models.builtin import DEMO_MODEL
+from tinkertrace.models.tokenizer import load_tokenizer
 from tinkertrace.netutil import BackgroundServer
 from tinkertrace.online.follow import FollowTrainer
 from tinkertrace.online.publish import holder_publisher
@@ -30,7 +31,6 @@ from tinkertrace.online.settings import FollowOptions
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.serving.recording import CallRecorder
-from tinkertrace.tokenizer import load_tokenizer
 from tinkertrace.training.config import TrainConfig
 
 HERE = Path(__file__).resolve().parent

@@ -13,9 +13,9 @@ import pytest
 
 import tinkertrace
 from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.models.tokenizer import load_tokenizer
 from tinkertrace.testing.bpe import save_qwen_tokenizer
 from tinkertrace.testing.openai_server import scripted_responder
-from tinkertrace.tokenizer import load_tokenizer
 
 Msgs = list[dict[str, Any]]
 TOOLS = [

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from tinkertrace.cli.main import app
 from tinkertrace.cli.options import OptionsOf, cli_fields, with_settings
-from tinkertrace.evaluation_settings import EvalSettings
+from tinkertrace.evaluation.settings import EvalSettings
+from tinkertrace.models.tokenizer import BUILTIN_MODEL
 from tinkertrace.online.settings import DemoSettings, FollowOptions
 from tinkertrace.settings import setting
-from tinkertrace.tokenizer import BUILTIN_MODEL
 from tinkertrace.training.advantages import ADVANTAGE_MODES
 from tinkertrace.training.config import TrainConfig
 from tinkertrace.training.datums import LOSS_FUNCTIONS

@@ -10,7 +10,7 @@ import pytest
 from tinker import types
 
 from tinkertrace.engine import ServiceClient
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 NANO = f"{BUILTIN_MODEL}:nano"
 

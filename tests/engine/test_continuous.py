@@ -13,7 +13,7 @@ from tinker import types
 
 from tinkertrace.engine import ServiceClient, continuous
 from tinkertrace.engine.decoding import DecodeRequest, generate_one
-from tinkertrace.tokenizer import BUILTIN_MODEL
+from tinkertrace.models.tokenizer import BUILTIN_MODEL
 
 SMALL = f"{BUILTIN_MODEL}:small"
 PROMPTS = ("<|im_start|>user\nhi<|im_end|>\n", "a longer prompt about the sea and the wind", "x")

@@ -18,8 +18,8 @@ from tinker import types
 
 from tinkertrace.engine import ServiceClient
 from tinkertrace.engine.continuous import SamplerClosedError
+from tinkertrace.models.tokenizer import BUILTIN_MODEL
 from tinkertrace.serving.policy import policy_from_service
-from tinkertrace.tokenizer import BUILTIN_MODEL
 
 LONG = types.SamplingParams(max_tokens=4000, temperature=1.0)
 PROMPT = types.ModelInput.from_ints([1, 2, 3, 4, 5])

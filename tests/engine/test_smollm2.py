@@ -17,11 +17,11 @@ import openai
 import pytest
 
 import tinkertrace
-from tinkertrace import models
 from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.models import catalog as models
+from tinkertrace.models.tokenizer import CHATML_TEMPLATE, TokenizerNotFoundError, load_tokenizer
 from tinkertrace.serving.tool_parsers import make_tool_parser
 from tinkertrace.testing.openai_server import scripted_responder
-from tinkertrace.tokenizer import CHATML_TEMPLATE, TokenizerNotFoundError, load_tokenizer
 
 NAME = "smollm2-135m-instruct"
 Msgs = list[dict[str, Any]]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tinkertrace.tokenizer import load_tokenizer
+from tinkertrace.models.tokenizer import load_tokenizer
 from tinkertrace.training.config import make_config
 from tinkertrace.training.environments import environment_rows
 

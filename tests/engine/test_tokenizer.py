@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tinkertrace.tokenizer import (
+from tinkertrace.models.tokenizer import (
     BUILTIN_MODEL,
     BUILTIN_VOCAB_SIZE,
     IM_END,
@@ -75,7 +75,7 @@ def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_builtin_path_does_not_import_torch() -> None:
     code = (
-        "import sys; from tinkertrace.tokenizer import load_tokenizer, BUILTIN_MODEL; "
+        "import sys; from tinkertrace.models.tokenizer import load_tokenizer, BUILTIN_MODEL; "
         "t = load_tokenizer(BUILTIN_MODEL); t.apply_chat_template([{'role':'user','content':'x'}]); "
         "print('torch' in sys.modules)"
     )

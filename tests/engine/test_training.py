@@ -13,7 +13,7 @@ from tinker import types
 from tinkertrace.engine import CheckpointError, ModelNotFoundError, ServiceClient, TrainingClient
 from tinkertrace.engine.batching import microbatches
 from tinkertrace.engine.model import load_base_model
-from tinkertrace.tokenizer import BUILTIN_MODEL
+from tinkertrace.models.tokenizer import BUILTIN_MODEL
 
 NANO = f"{BUILTIN_MODEL}:nano"
 

@@ -12,8 +12,8 @@ from tinker import types
 
 from tinkertrace.engine import ServiceClient as LocalServiceClient
 from tinkertrace.engine_server import EngineSettings, create_app
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.netutil import BackgroundServer
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 NANO = f"{BUILTIN_MODEL}:nano"
 KEY = "tml-engine-api-test"

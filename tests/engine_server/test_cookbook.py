@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tinkertrace.engine_server.process import EngineProcess
+from tinkertrace.models.tokenizer import load_tokenizer
 from tinkertrace.testing.environments import require_built
-from tinkertrace.tokenizer import load_tokenizer
 
 from .conftest import NANO
 

@@ -19,8 +19,8 @@ from tinker import types
 from tinkertrace.engine import ServiceClient as LocalServiceClient
 from tinkertrace.engine_server import EngineSettings, create_app
 from tinkertrace.engine_server.state import ModelSequencer, ServerState, SessionFinishedError, TrainingModel
+from tinkertrace.models.tokenizer import BUILTIN_MODEL
 from tinkertrace.netutil import BackgroundServer
-from tinkertrace.tokenizer import BUILTIN_MODEL
 
 from .conftest import KEY, NANO, TEXTS, RunningEngine, datum
 

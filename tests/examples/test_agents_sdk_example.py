@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from tinkertrace.builder import build_trajectories
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.netutil import BackgroundServer
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.testing.environments import require_built
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.training.config import make_config
 from tinkertrace.training.environments import environment_rows
 

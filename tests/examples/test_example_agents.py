@@ -13,13 +13,13 @@ import pytest
 
 import tinkertrace
 from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.evaluation.rollouts import RolloutResult, load_ref, run_rollouts
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.netutil import BackgroundServer
-from tinkertrace.rollouts import RolloutResult, load_ref, run_rollouts
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.testing.openai_server import ReplyRequest
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.training.config import make_config
 from tinkertrace.training.environments import environment_rows
 

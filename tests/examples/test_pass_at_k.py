@@ -7,7 +7,7 @@ from math import comb
 import numpy as np
 import pytest
 
-from tinkertrace.evaluation import pass_at_k, pass_at_k_summary
+from tinkertrace.evaluation.evaluate import pass_at_k, pass_at_k_summary
 
 
 def test_hand_computed_cases() -> None:

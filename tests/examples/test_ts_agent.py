@@ -17,6 +17,7 @@ import duckdb
 import pytest
 
 from tinkertrace import semconv
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.netutil import BackgroundServer
 from tinkertrace.online.demo_agent import identity_reward
 from tinkertrace.serving.app import create_app
@@ -25,7 +26,6 @@ from tinkertrace.serving.recording import CallRecorder
 from tinkertrace.spanstore.reader import open_spans
 from tinkertrace.testing.environments import require_built
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 SIDE = f"json_extract_string(attributes, '$.\"{semconv.LLM_CAPTURE_SIDE}\"')"
 REPO = Path(__file__).resolve().parents[2]

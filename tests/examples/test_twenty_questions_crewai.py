@@ -19,13 +19,13 @@ import pytest
 import yaml
 
 from tinkertrace.builder import build_trajectories
+from tinkertrace.evaluation.rollouts import load_ref
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.netutil import BackgroundServer
-from tinkertrace.rollouts import load_ref
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.testing.environments import require_built
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 CREWAI_PYTHON = ROOT / ".venv-crewai" / "bin" / "python"

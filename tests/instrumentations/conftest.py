@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from tinkertrace.collector.launch import collector_command, wait_until_healthy
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.netutil import BackgroundServer, free_ports
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.testing.environments import require_built
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venv-instrumentations" / "bin" / "python"

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from tinkertrace.builder import BuildOptions, build_trajectories
 from tinkertrace.cli.main import app
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.spanstore.logs import LOGS_FOLDER
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 ROLLOUTS = 3
 CALLS = 3  # per rollout: plain, with a tool, streamed

@@ -15,13 +15,13 @@ import pytest
 
 import tinkertrace
 from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.evaluation.rollouts import RolloutResult, run_rollouts
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.netutil import BackgroundServer
 from tinkertrace.ors.agent import run_episode
-from tinkertrace.rollouts import RolloutResult, run_rollouts
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.training.config import Environment
 from tinkertrace.training.environments import environment_rows
 
@@ -110,8 +110,8 @@ def test_turn_limit_truncates_and_a_raising_tool_fails(
 
 
 def test_eval_plays_an_openreward_split(ors_server: OrsServer, endpoint: str, tmp_path: Path) -> None:
-    from tinkertrace.evaluation import evaluate
-    from tinkertrace.evaluation_settings import EvalSettings
+    from tinkertrace.evaluation.evaluate import evaluate
+    from tinkertrace.evaluation.settings import EvalSettings
 
     settings = EvalSettings(
         agent="tinkertrace.ors.agent:run_episode",

@@ -10,8 +10,8 @@ import pytest
 
 import tinkertrace
 from tinkertrace import semconv
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.testing.openai_server import byte_logprob, render_chat
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 REPLY = "echo: hi"

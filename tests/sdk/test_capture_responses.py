@@ -12,8 +12,8 @@ import pytest
 
 import tinkertrace
 from tinkertrace import semconv
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.testing.openai_server import ToolCall, byte_logprob, render_chat, scripted_responder
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 INSTRUCTIONS = "Be brief."
 QUESTION = "2+2? ünïcode"

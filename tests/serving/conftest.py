@@ -19,11 +19,11 @@ import openai
 import pytest
 from tinker import types
 
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.netutil import BackgroundServer
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 
 class RecordingSampler:

@@ -14,8 +14,8 @@ import pytest
 
 from tinkertrace import semconv
 from tinkertrace.engine import ServiceClient
+from tinkertrace.models.tokenizer import BUILTIN_MODEL
 from tinkertrace.serving.policy import PolicyHolder
-from tinkertrace.tokenizer import BUILTIN_MODEL
 
 MODEL = BUILTIN_MODEL
 USER = [{"role": "user", "content": "Say hi"}]

@@ -33,9 +33,9 @@ import pytest
 from tinkertrace import semconv
 from tinkertrace.builder.build import build_trajectories
 from tinkertrace.collector.launch import running_collector
+from tinkertrace.models.tokenizer import BUILTIN_MODEL
 from tinkertrace.netutil import free_port
 from tinkertrace.spanstore.reader import open_spans
-from tinkertrace.tokenizer import BUILTIN_MODEL
 
 AGENTS, KILLS, LOAD_S = 3, 2, 3.0
 CLI = [sys.executable, "-m", "tinkertrace.cli.main"]

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from tinkertrace.cli.main import app
 from tinkertrace.engine import ServiceClient
+from tinkertrace.models.tokenizer import BUILTIN_MODEL
 from tinkertrace.netutil import free_port, wait_for_port
-from tinkertrace.tokenizer import BUILTIN_MODEL
 
 
 @pytest.mark.slow

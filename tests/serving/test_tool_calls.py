@@ -14,9 +14,9 @@ import openai
 import pytest
 
 from tinkertrace import semconv
+from tinkertrace.models.tokenizer import CHATML_TEMPLATE
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.serving.tool_parsers import HermesToolParser, make_tool_parser
-from tinkertrace.tokenizer import CHATML_TEMPLATE
 
 USER = [{"role": "user", "content": "what is 2+3 and 4*5?"}]
 CALC = {

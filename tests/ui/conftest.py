@@ -16,7 +16,7 @@ import pytest
 
 import tinkertrace
 from tinkertrace import schemas
-from tinkertrace.builtin import BUILTIN_MODEL
+from tinkertrace.models.builtin import BUILTIN_MODEL
 from tinkertrace.testing.openai_server import RunningServer
 from tinkertrace.training.config import make_config
 from tinkertrace.training.loop import run_training

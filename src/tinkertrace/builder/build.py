@@ -134,7 +134,10 @@ def _retokenized(
     """Token ids for the text-only calls of ``typed`` from ``options.tokenizer`` (None: none rebuilt)."""
     tokenizer = None
     if options.tokenizer is not None:
-        from tinkertrace.tokenizer import TokenizerNotFoundError, load_tokenizer  # transformers: only here
+        from tinkertrace.models.tokenizer import (  # transformers: only here
+            TokenizerNotFoundError,
+            load_tokenizer,
+        )
 
         try:
             tokenizer = load_tokenizer(options.tokenizer)

@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from tinkertrace.models import ModelNotFoundError, model_folder, quiet_progress
-from tinkertrace.tokenizer import BUILTIN_MODEL, BUILTIN_VOCAB_SIZE
+from tinkertrace.models.catalog import ModelNotFoundError, model_folder, quiet_progress
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, BUILTIN_VOCAB_SIZE
 
 BASE_INIT_SEED = 1234
 """Seed of the built-in base weights (fixed: the 'pretrained' weights of the built-in model)."""

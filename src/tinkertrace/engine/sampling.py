@@ -23,7 +23,7 @@ from tinkertrace.engine.decoding import DecodeRequest
 from tinkertrace.engine.futures import OrderedWorker
 from tinkertrace.engine.model import TRAINABLE_FILE, ModelSpec, freeze, load_base_model, merged_from_state
 from tinkertrace.engine.storage import SAMPLER_WEIGHTS, CheckpointStore
-from tinkertrace.tokenizer import load_tokenizer
+from tinkertrace.models.tokenizer import load_tokenizer
 
 
 def prompt_tokens(prompt: types.ModelInput) -> list[int]:

@@ -23,7 +23,7 @@ from tinkertrace.engine.model import (
 from tinkertrace.engine.sampling import SamplingClient, load_sampling_client
 from tinkertrace.engine.storage import WEIGHTS, CheckpointStore
 from tinkertrace.engine.training import TrainingClient
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 
 class ServiceClient:

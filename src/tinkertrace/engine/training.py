@@ -37,8 +37,8 @@ from tinkertrace.engine.storage import (
     age_encrypter,
     new_run_id,
 )
-from tinkertrace.models import quiet_progress
-from tinkertrace.tokenizer import load_tokenizer
+from tinkertrace.models.catalog import quiet_progress
+from tinkertrace.models.tokenizer import load_tokenizer
 
 OPTIMIZER_FILE = "optimizer.pt"
 LossConfig = Mapping[str, float | str] | None

@@ -12,7 +12,7 @@ from tinker import types
 
 from tinkertrace.engine_server.core import EngineCore, dump
 from tinkertrace.engine_server.http import error_response
-from tinkertrace.tokenizer import is_builtin
+from tinkertrace.models.tokenizer import is_builtin
 
 
 class SessionRoutes(EngineCore):

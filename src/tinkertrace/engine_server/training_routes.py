@@ -27,8 +27,8 @@ from tinkertrace.engine_server.state import (
 )
 from tinkertrace.engine_server.wire import WireError, decode_forward_backward, decode_json_model, decompress
 from tinkertrace.futures import failed, map_future
-from tinkertrace.models import model_folder
-from tinkertrace.tokenizer import is_builtin, load_tokenizer
+from tinkertrace.models.catalog import model_folder
+from tinkertrace.models.tokenizer import is_builtin, load_tokenizer
 
 
 class TrainingRoutes(EngineCore):

@@ -32,7 +32,7 @@ from typing import Any
 from openai import OpenAI
 
 import tinkertrace
-from tinkertrace.builtin import DEMO_MODEL
+from tinkertrace.models.builtin import DEMO_MODEL
 
 TARGET = "I am tinkertrace."
 QUESTIONS = ("Who are you?", "What is your name?", "Introduce yourself.", "Identify yourself.")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import tinkertrace
-from tinkertrace.rollouts import RolloutResult, load_ref, load_tasks, run_rollouts
+from tinkertrace.evaluation.rollouts import RolloutResult, load_ref, load_tasks, run_rollouts
 from tinkertrace.training.environments import WeightedTurns, group_task_id
 
 SPEC_ENV = "TINKERTRACE_ENVIRONMENTS"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tinkertrace.builtin import BUILTIN_MODEL, DEMO_MODEL
+from tinkertrace.models.builtin import BUILTIN_MODEL, DEMO_MODEL
 from tinkertrace.settings import check_choices, load, raise_problems, setting
 
 

@@ -53,7 +53,7 @@ class TraceConfig:
     )
     tokenizer: str | None = setting(
         None,
-        "Re-tokenise when the server returns no ids (a tinkertrace.tokenizer.load_tokenizer name or folder).",
+        "Re-tokenise when the server returns no ids (a name or folder tinkertrace.models.tokenizer loads).",
         envvar="TINKERTRACE_TOKENIZER",
     )
     redact: Redactor | None = None

@@ -77,7 +77,7 @@ class Runtime:
                 from tinkertrace.extras import require
 
                 require("build", f"re-tokenising with tokenizer {self.config.tokenizer!r}")
-                from tinkertrace.tokenizer import load_tokenizer
+                from tinkertrace.models.tokenizer import load_tokenizer
 
                 self._tokenizer = load_tokenizer(self.config.tokenizer)
             except Exception as exc:
@@ -135,7 +135,7 @@ def init(
     both; with neither (and no ``TINKERTRACE_ENDPOINT`` / ``TINKERTRACE_SPANS_DIR``) spans go to
     ``./spans``. capture_content: record messages (default on). request_token_ids: ask servers for
     token ids and logprobs inside rollouts (default on). tokenizer: re-tokenise when the server
-    returns no ids (``tinkertrace.tokenizer.load_tokenizer`` name or local folder). redact:
+    returns no ids (``tinkertrace.models.tokenizer.load_tokenizer`` name or local folder). redact:
     ``redact(messages) -> messages`` applied before messages are recorded. spool_dir: where
     undeliverable OTLP batches wait (default ``$TINKERTRACE_HOME/spool/<endpoint hash>``).
     exporters: more OpenTelemetry ``SpanExporter`` objects (console, Jaeger, Phoenix, a second OTLP

@@ -125,7 +125,7 @@ class PolicyHolder:
 def model_tokenizer(model: str, sampling_client: Any) -> Any:
     """``model``'s tokenizer: built in, or a local model's own; for a name only the service knows
     (a hosted Tinker model), the sampling client's."""
-    from tinkertrace.tokenizer import TokenizerNotFoundError, load_tokenizer
+    from tinkertrace.models.tokenizer import TokenizerNotFoundError, load_tokenizer
 
     try:
         return load_tokenizer(model)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tinkertrace.builtin import BUILTIN_MODEL
+from tinkertrace.models.builtin import BUILTIN_MODEL
 from tinkertrace.settings import check_choices, listen_host, listen_port, port_check, raise_problems, setting
 from tinkertrace.training.backends import Backend
 

@@ -1,7 +1,7 @@
 """A real BPE tokenizer for tests, built offline: Qwen's byte-level BPE vocabulary as a ``transformers``
 fast tokenizer with a ChatML chat template that renders tools and tool calls.
 
-The byte tokenizer of :mod:`tinkertrace.tokenizer` can never show BPE effects: text that tokenises
+The byte tokenizer of :mod:`tinkertrace.models.tokenizer` can never show BPE effects: text that tokenises
 differently once it is part of a longer text, merges across turn boundaries. This one can. The ranks
 come from ``qwen.tiktoken``, which the ``dashscope`` package (the ``dev`` extra) ships in its
 ``resources`` folder: 151,643 byte-level BPE tokens, the vocabulary of the Qwen, Qwen2, Qwen2.5 and

@@ -19,7 +19,7 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 from tinker.types.topk_logprobs import TopkLogprobs
 
-from tinkertrace.tokenizer import BUILTIN_MODEL, load_tokenizer
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 
 Replier = Callable[[list[int]], str]
 """Prompt token ids -> the reply's text."""

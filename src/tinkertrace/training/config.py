@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tinkertrace.builder.options import GroupBy
-from tinkertrace.builtin import BUILTIN_MODEL
+from tinkertrace.models.builtin import BUILTIN_MODEL
 from tinkertrace.ors import ORS_AGENT, ORS_TASKS
 from tinkertrace.settings import ConfigError, check_choices, coerce, load, raise_problems, setting
 from tinkertrace.training.backends import Backend

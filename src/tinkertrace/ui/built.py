@@ -168,7 +168,7 @@ class RolloutBuilds:
 
 @functools.lru_cache(maxsize=8)
 def _decoder(model: str) -> Any:
-    from tinkertrace.tokenizer import load_tokenizer
+    from tinkertrace.models.tokenizer import load_tokenizer
 
     return load_tokenizer(model)
 

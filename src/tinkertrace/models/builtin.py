@@ -1,6 +1,6 @@
 """The built-in model's name, for modules that must stay light (settings, command-line help).
 
-``tinkertrace.tokenizer`` builds its tokenizer and ``tinkertrace.engine`` its weights; both import
+``tinkertrace.models.tokenizer`` builds its tokenizer and ``tinkertrace.engine`` its weights; both import
 transformers, so this name lives here.
 """
 

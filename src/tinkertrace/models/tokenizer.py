@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from tinkertrace.builtin import BUILTIN_MODEL
+from tinkertrace.models.builtin import BUILTIN_MODEL
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -86,7 +86,7 @@ def with_tool_template(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenize
 
 
 class TokenizerNotFoundError(FileNotFoundError):
-    """The tokenizer name is neither the built-in model nor a model :mod:`tinkertrace.models` resolves."""
+    """The tokenizer name is neither the built-in model nor a model :mod:`.catalog` resolves."""
 
 
 def _build_byte_tokenizer() -> Tokenizer:
@@ -135,7 +135,7 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """
     if is_builtin(name_or_path):
         return builtin_tokenizer()
-    from tinkertrace.models import ModelNotFoundError, model_folder
+    from tinkertrace.models.catalog import ModelNotFoundError, model_folder
 
     try:
         path = model_folder(name_or_path)

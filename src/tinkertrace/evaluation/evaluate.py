@@ -1,4 +1,4 @@
-"""Evaluate an agent over a task split without training: pass@k over rollouts (``tinkertrace.rollouts``).
+"""Evaluate an agent over a task split without training: pass@k over rollouts (:mod:`.rollouts`).
 
 The agent is any function ``agent(task: dict, *, base_url: str, model: str, api_key: str, **sampling)``
 (sync or async) that returns its reward as a number (or a dict with a ``"reward"`` key).
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from tinkertrace.builtin import BUILTIN_MODEL
-from tinkertrace.evaluation_settings import EvalSettings
-from tinkertrace.rollouts import RolloutResult, load_ref, load_tasks, run_rollouts
+from tinkertrace.evaluation.rollouts import RolloutResult, load_ref, load_tasks, run_rollouts
+from tinkertrace.evaluation.settings import EvalSettings
+from tinkertrace.models.builtin import BUILTIN_MODEL
 
 # --- pass@k ------------------------------------------------------------------------------------------
 

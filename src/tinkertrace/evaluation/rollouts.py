@@ -4,7 +4,7 @@ The agent is any function ``agent(task: dict, **kwargs)`` (sync or async) that r
 number (or a dict with a ``"reward"`` key); the examples' agents are written this way. Tasks come from
 a function ``load_tasks(split=...)`` that returns dicts with an ``"id"``. Both are named by
 ``path/to/file.py:function`` or ``package.module:function`` references (:func:`load_ref`).
-Evaluation (``tinkertrace.evaluation``) and the training workers both run rollouts with this module;
+Evaluation (``tinkertrace.evaluation.evaluate``) and the training workers both run rollouts with this module;
 it needs nothing beyond the SDK's core.
 """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinkertrace.builtin import BUILTIN_MODEL
+from tinkertrace.models.builtin import BUILTIN_MODEL
 from tinkertrace.settings import raise_problems, setting
 
 

