@@ -147,10 +147,10 @@ def generate(root: Path, rollouts: int, turns: int, files: int) -> tuple[int, in
 BUILD = """
 import sys, time, json
 from pathlib import Path
-from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.builder import BuildSettings, build_trajectories
 t = time.perf_counter()
 buckets = int(sys.argv[4]) or None
-options = BuildOptions(memory_limit=sys.argv[3], buckets=buckets)
+options = BuildSettings(memory_limit=sys.argv[3], buckets=buckets)
 r = build_trajectories(Path(sys.argv[1]), Path(sys.argv[2]), options)
 s = r.summary
 print(json.dumps({"seconds": time.perf_counter() - t, "spans": s.spans, "triplets": s.triplets,

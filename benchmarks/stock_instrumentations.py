@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "tests" / "instrumentations"))
 
 from conftest import Model, run_agent  # noqa: E402
 
-from tinkertrace.builder import BuildOptions, build_trajectories  # noqa: E402
+from tinkertrace.builder import BuildSettings, build_trajectories  # noqa: E402
 from tinkertrace.cli.main import app  # noqa: E402
 from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer  # noqa: E402
 from tinkertrace.netutil import BackgroundServer  # noqa: E402
@@ -53,7 +53,7 @@ def main() -> None:
             eos = tokenizer.eos_token_id
             responses = [[*tokenizer.encode(r, add_special_tokens=False), eos] for r in model.replies[first:]]
             plain = CliRunner().invoke(app, ["build-trajectories", str(spans), "-o", str(Path(tmp) / "x")])
-            options = BuildOptions(task_key="task.id", tokenizer=BUILTIN_MODEL, reward_policy="link")
+            options = BuildSettings(task_key="task.id", tokenizer=BUILTIN_MODEL, reward_policy="link")
             built = build_trajectories(spans, Path(tmp) / f"{name}-out", options)
             s = built.summary
             calls = built.triplets.to_pylist()

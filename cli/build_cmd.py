@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tinkertrace.builder.options import BuildOptions
+from tinkertrace.builder.options import BuildSettings
 from tinkertrace.cli.extras import needs_extra
 from tinkertrace.cli.options import OptionsOf, config_option, validated, with_settings
 
@@ -23,8 +23,8 @@ def build_trajectories_cmd(
     out: Annotated[
         Path, typer.Option("-o", "--out", help="Output folder for triplets.parquet and trajectories.parquet.")
     ],
-    settings: dict[str, Any] = OptionsOf(BuildOptions),
-    config: Annotated[Path | None, config_option(BuildOptions, section="build")] = None,
+    settings: dict[str, Any] = OptionsOf(BuildSettings),
+    config: Annotated[Path | None, config_option(BuildSettings, section="build")] = None,
 ) -> None:
     """Rebuild token-level triplets (one row per LLM call) and trajectories (one row per rollout and
     agent, turns merged while each prompt extends the previous prompt + response) from spans.
@@ -41,7 +41,7 @@ def build_trajectories_cmd(
     console = Console()
     if not spans_dir.is_dir():
         raise typer.BadParameter(f"spans folder {spans_dir} does not exist", param_hint="SPANS_DIR")
-    options = validated(BuildOptions, settings, config, section="build")
+    options = validated(BuildSettings, settings, config, section="build")
     try:
         with console.status("building trajectories"):
             result = build_trajectories(spans_dir, out, options)

@@ -10,7 +10,7 @@ import typer
 
 from tinkertrace.cli.extras import needs_extra
 from tinkertrace.cli.options import OptionsOf, config_option, validated, with_settings
-from tinkertrace.collector.settings import CollectorConfig
+from tinkertrace.collector.settings import CollectorSettings
 
 # Arrow's allocator (mimalloc) hands memory unused for a second back to the OS. The Parquet writer frees
 # a file's buffers every few seconds and fills them again, so the collector kept faulting the same
@@ -21,11 +21,11 @@ ALLOCATOR_ENV = {"MIMALLOC_PURGE_DELAY": "60000"}
 
 @with_settings
 def collector(
-    settings: dict[str, Any] = OptionsOf(CollectorConfig),
-    config: Annotated[Path | None, config_option(CollectorConfig, section="collector")] = None,
+    settings: dict[str, Any] = OptionsOf(CollectorSettings),
+    config: Annotated[Path | None, config_option(CollectorSettings, section="collector")] = None,
 ) -> None:
     """Receive OTLP traces and logs (HTTP and gRPC) and write them durably to hive-partitioned Parquet."""
-    checked = validated(CollectorConfig, settings, config, section="collector")
+    checked = validated(CollectorSettings, settings, config, section="collector")
     for name, value in ALLOCATOR_ENV.items():
         os.environ.setdefault(name, value)
     from tinkertrace.collector.server import run_collector

@@ -9,14 +9,14 @@ import typer
 
 from tinkertrace.cli.extras import needs_extra
 from tinkertrace.cli.options import OptionsOf, config_option, with_settings
-from tinkertrace.online.settings import FollowOptions, make_follow_options
-from tinkertrace.training.config import TrainConfig, make_config
+from tinkertrace.online.settings import FollowSettings, make_follow_options
+from tinkertrace.training.config import TrainSettings, make_config
 
 
 @with_settings
 def train(
-    settings: dict[str, Any] = OptionsOf(TrainConfig),
-    config: Annotated[Path | None, config_option(TrainConfig, FollowOptions, section="train")] = None,
+    settings: dict[str, Any] = OptionsOf(TrainSettings),
+    config: Annotated[Path | None, config_option(TrainSettings, FollowSettings, section="train")] = None,
     progress: Annotated[bool, typer.Option(help="Show the live progress bar.")] = True,
     follow: Annotated[
         bool,
@@ -26,7 +26,7 @@ def train(
             "checkpoint and publish every step; restarting resumes without retraining a rollout.",
         ),
     ] = False,
-    follow_settings: dict[str, Any] = OptionsOf(FollowOptions, "--follow: "),
+    follow_settings: dict[str, Any] = OptionsOf(FollowSettings, "--follow: "),
     set_: Annotated[
         list[str] | None,
         typer.Option(

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from tinkertrace.collector.budget import ADMIT_FACTOR, FILE_SHARE, WRITE_FACTOR, MemoryBudget
-from tinkertrace.collector.settings import CollectorConfig, MiB
+from tinkertrace.collector.settings import CollectorSettings, MiB
 from tinkertrace.collector.storage_errors import RETRY_FIRST_S, RETRY_MAX_S, StorageTroubles
 from tinkertrace.collector.wal import WriteAheadLog, iter_records
 from tinkertrace.spanstore.convert import ConversionResult, body_to_table
@@ -52,9 +52,9 @@ class IngestConfig:
     out: Path
     wal_dir: Path
     instance: str
-    max_queue_bytes: int = int(CollectorConfig.max_queue_mb * MiB)
-    max_file_bytes: int = int(CollectorConfig.max_file_mb * MiB)
-    roll_seconds: float = CollectorConfig.roll_seconds
+    max_queue_bytes: int = int(CollectorSettings.max_queue_mb * MiB)
+    max_file_bytes: int = int(CollectorSettings.max_file_mb * MiB)
+    roll_seconds: float = CollectorSettings.roll_seconds
     idle_flush_s: float = 0.25  # a segment with records and no new request for this long goes to Parquet
     wal_segment_bytes: int = 256 * 1024 * 1024
     retry_after_s: int = 1

@@ -15,7 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from tinkertrace.collector.ingest import IngestConfig, Ingestor, RecoveryReport
-from tinkertrace.collector.settings import CollectorConfig
+from tinkertrace.collector.settings import CollectorSettings
 from tinkertrace.spanstore.convert import compiled_decoder, warm_up_kernels
 from tinkertrace.spanstore.logs import LOGS_FOLDER, convert_logs
 
@@ -66,7 +66,7 @@ def _prepare_converter() -> None:
         )
 
 
-def run_collector(config: CollectorConfig) -> int:
+def run_collector(config: CollectorSettings) -> int:
     """Serve until SIGINT/SIGTERM; returns the process exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not (config.http or config.grpc):
@@ -104,7 +104,7 @@ def run_collector(config: CollectorConfig) -> int:
     return 1 if ingestor.failure or logs.failure else 0
 
 
-def _make_ingestor(config: CollectorConfig) -> Ingestor:
+def _make_ingestor(config: CollectorSettings) -> Ingestor:
     out = config.out.resolve()
     instance = config.resolved_instance()
     return Ingestor(
@@ -123,7 +123,7 @@ def _make_ingestor(config: CollectorConfig) -> Ingestor:
 LOGS_QUEUE_SHARE = 8  # the log ingestor's memory budget: this fraction of the spans'
 
 
-def _make_logs_ingestor(config: CollectorConfig) -> Ingestor:
+def _make_logs_ingestor(config: CollectorSettings) -> Ingestor:
     """The OTLP logs' own durable path: its WAL beside the spans' one, Parquet under ``<out>/_logs``."""
     out = config.out.resolve()
     instance = config.resolved_instance()
@@ -180,7 +180,7 @@ class _Servers:
 
 
 def _start_servers(
-    config: CollectorConfig, ingestor: Ingestor, max_connections: int, logs: Ingestor | None = None
+    config: CollectorSettings, ingestor: Ingestor, max_connections: int, logs: Ingestor | None = None
 ) -> _Servers:
     """Start OTLP/gRPC and OTLP/HTTP as configured; ``OSError`` (with gRPC stopped) if HTTP cannot."""
     servers = _Servers()
@@ -219,7 +219,7 @@ def _start_servers(
     return servers
 
 
-def _announce(config: CollectorConfig, ingestor: Ingestor, limits: str) -> None:
+def _announce(config: CollectorSettings, ingestor: Ingestor, limits: str) -> None:
     where = []
     if config.http:
         where.append(f"OTLP/HTTP http://{config.host}:{config.http_port}/v1/traces")

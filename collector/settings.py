@@ -18,7 +18,7 @@ TOKEN_ENV = "TINKERTRACE_COLLECTOR_TOKEN"
 
 
 @dataclass
-class CollectorConfig:
+class CollectorSettings:
     """Where the collector listens, where its files go, and its limits."""
 
     out: Path = setting(help="Folder the span Parquet files go to (hive date=/hour=).", flags=("--out", "-o"))
@@ -78,7 +78,7 @@ class CollectorConfig:
         raw = self.instance or f"{socket.gethostname()}-{port}"
         return re.sub(r"[^A-Za-z0-9_.]+", "_", raw)
 
-    def validate(self) -> CollectorConfig:
+    def validate(self) -> CollectorSettings:
         """Check ranges; returns self."""
         low, high = ZSTD_LEVELS
         checks = [

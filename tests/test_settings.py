@@ -9,26 +9,26 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tinkertrace.builder.options import BuildOptions
+from tinkertrace.builder.options import BuildSettings
 from tinkertrace.cli.main import app
 from tinkertrace.cli.options import cli_fields
-from tinkertrace.collector.settings import CollectorConfig
+from tinkertrace.collector.settings import CollectorSettings
 from tinkertrace.engine_server.settings import EngineSettings
 from tinkertrace.evaluation.settings import EvalSettings
-from tinkertrace.online.settings import DemoSettings, FollowOptions
+from tinkertrace.online.settings import DemoSettings, FollowSettings
 from tinkertrace.sdk.config import resolve
 from tinkertrace.serving.settings import ProxySettings, ServeSettings
 from tinkertrace.settings import ConfigError, load
-from tinkertrace.training.config import TrainConfig
+from tinkertrace.training.config import TrainSettings
 from tinkertrace.ui.settings import UiSettings
 
 COMMANDS = [
-    (["train"], TrainConfig),
-    (["train"], FollowOptions),
+    (["train"], TrainSettings),
+    (["train"], FollowSettings),
     (["demo"], DemoSettings),
     (["eval"], EvalSettings),
-    (["build-trajectories"], BuildOptions),
-    (["collector"], CollectorConfig),
+    (["build-trajectories"], BuildSettings),
+    (["collector"], CollectorSettings),
     (["serve"], ServeSettings),
     (["proxy"], ProxySettings),
     (["engine"], EngineSettings),
@@ -63,7 +63,7 @@ def test_precedence_defaults_file_environment_given(tmp_path: Path) -> None:
         "collector:\n  out: from-file\n  max_queue_mb: 100\n  token: file-token\n  roll-seconds: 5\n"
     )
     loaded = load(
-        CollectorConfig,
+        CollectorSettings,
         config,
         {"roll_seconds": 2},
         section="collector",
@@ -74,7 +74,7 @@ def test_precedence_defaults_file_environment_given(tmp_path: Path) -> None:
     )  # file over default
     assert loaded.token == "env"  # environment over file
     assert loaded.roll_seconds == 2.0  # given over file
-    assert loaded.http_port == CollectorConfig.http_port  # default
+    assert loaded.http_port == CollectorSettings.http_port  # default
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,7 @@ def test_a_bad_file_value_is_named(tmp_path: Path, text: str, problem: str) -> N
     config = tmp_path / "c.toml" if "=" in text else tmp_path / "c.yaml"
     config.write_text(text)
     with pytest.raises(ConfigError) as caught:
-        load(CollectorConfig, config)
+        load(CollectorSettings, config)
     assert problem in str(caught.value)
 
 
@@ -124,11 +124,11 @@ def test_no_default_is_written_twice() -> None:
     from tinkertrace.collector.ingest import IngestConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(IngestConfig)}
-    assert defaults["max_queue_bytes"] == CollectorConfig(out=Path("x")).max_queue_bytes
-    assert defaults["max_file_bytes"] == CollectorConfig(out=Path("x")).max_file_bytes
+    assert defaults["max_queue_bytes"] == CollectorSettings(out=Path("x")).max_queue_bytes
+    assert defaults["max_file_bytes"] == CollectorSettings(out=Path("x")).max_file_bytes
 
 
-SERVERS = [ServeSettings, ProxySettings, EngineSettings, UiSettings, CollectorConfig]
+SERVERS = [ServeSettings, ProxySettings, EngineSettings, UiSettings, CollectorSettings]
 
 
 @pytest.mark.parametrize("settings", SERVERS)

@@ -27,11 +27,11 @@ from tinkertrace.models.tokenizer import load_tokenizer
 from tinkertrace.netutil import BackgroundServer
 from tinkertrace.online.follow import FollowTrainer
 from tinkertrace.online.publish import holder_publisher
-from tinkertrace.online.settings import FollowOptions
+from tinkertrace.online.settings import FollowSettings
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.serving.recording import CallRecorder
-from tinkertrace.training.config import TrainConfig
+from tinkertrace.training.config import TrainSettings
 
 HERE = Path(__file__).resolve().parent
 AGENT_JS = HERE / "dist" / "agent.js"
@@ -84,7 +84,7 @@ def train(
     )
     recorder = CallRecorder(collector=collector, spans_dir=out / "spans", schedule_delay_s=0.05, roll_s=0.25)
     server = BackgroundServer(create_app(holder, recorder=recorder, default_max_tokens=max_tokens)).start()
-    config = TrainConfig(
+    config = TrainSettings(
         source=out / "spans",
         model=model,
         learning_rate=learning_rate,
@@ -92,7 +92,7 @@ def train(
         log_dir=out / "train",
         engine_dir=out / "engine",
     )
-    options = FollowOptions(
+    options = FollowSettings(
         group_size=group_size, group_timeout_s=10.0, max_staleness=2, poll_s=0.25, max_steps=steps
     )
     trainer = FollowTrainer(config, options, publish=holder_publisher(holder), service=service)

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Status, StatusCode, Tracer
 
 from tinkertrace import semconv as sc
-from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.builder import BuildSettings, build_trajectories
 from tinkertrace.sdk.parquet_exporter import ParquetSpanExporter
 
 
@@ -107,7 +107,7 @@ def test_plain_trace_rollout_status_is_its_root_spans(spans: Path, status: Statu
     trace_id = format(root.get_span_context().trace_id, "032x")
 
     built = {
-        s: build_trajectories(spans, None, BuildOptions(statuses=(s,))).summary.rollout_ids
+        s: build_trajectories(spans, None, BuildSettings(statuses=(s,))).summary.rollout_ids
         for s in (sc.STATUS_FAILED, sc.STATUS_SUCCEEDED, "unknown")
     }
     assert trace_id in built[expected]

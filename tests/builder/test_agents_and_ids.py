@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tinkertrace import semconv as sc
-from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.builder import BuildSettings, build_trajectories
 
 from .conftest import SpanRows
 
@@ -18,7 +18,7 @@ AGL_RESOURCE = {sc.AGL_ROLLOUT_ID: "r1", sc.AGL_ATTEMPT_ID: "0"}
 
 
 def build(folder: Path, **opts: Any) -> Any:
-    return build_trajectories(folder, None, BuildOptions(**opts))
+    return build_trajectories(folder, None, BuildSettings(**opts))
 
 
 class Rollout:

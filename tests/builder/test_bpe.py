@@ -12,7 +12,7 @@ import openai
 import pytest
 
 import tinkertrace
-from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.builder import BuildSettings, build_trajectories
 from tinkertrace.models.tokenizer import load_tokenizer
 from tinkertrace.testing.bpe import save_qwen_tokenizer
 from tinkertrace.testing.openai_server import scripted_responder
@@ -80,7 +80,7 @@ def run(q: dict[str, Any], replies: list[str], questions: list[str]) -> tuple[An
     q["server"].options.responder = scripted_responder(replies)
     chat_rollout(q, questions)
     tinkertrace.flush()
-    result = build_trajectories(q["spans"], None, BuildOptions())
+    result = build_trajectories(q["spans"], None, BuildSettings())
     return result, result.triplets.to_pylist()
 
 

@@ -14,13 +14,13 @@ import pytest
 
 from tinkertrace import schemas
 from tinkertrace import semconv as sc
-from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.builder import BuildSettings, build_trajectories
 
 from .conftest import T0, SpanRows
 
 
 def build(folder: Path, **opts: object):
-    return build_trajectories(folder, None, BuildOptions(**opts))  # type: ignore[arg-type]
+    return build_trajectories(folder, None, BuildSettings(**opts))  # type: ignore[arg-type]
 
 
 def test_empty_and_missing_folder_give_empty_tables(tmp_path: Path) -> None:
@@ -179,7 +179,7 @@ def test_buckets_give_the_same_files_as_one_pass(tmp_path: Path, rows: SpanRows)
         for buckets in (1, 3, 7, 40):
             out = tmp_path / f"{group_by}-{buckets}"
             result = build_trajectories(
-                tmp_path / "spans", out, BuildOptions(group_by=group_by, buckets=buckets)
+                tmp_path / "spans", out, BuildSettings(group_by=group_by, buckets=buckets)
             )
             assert result.summary.buckets == buckets
             assert result.summary.triplets == 40

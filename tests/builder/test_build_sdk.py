@@ -15,7 +15,7 @@ import pytest
 
 import tinkertrace
 from tinkertrace import schemas
-from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.builder import BuildSettings, build_trajectories
 from tinkertrace.testing.openai_server import byte_logprob, render_chat
 
 Msgs = list[dict[str, Any]]
@@ -48,7 +48,7 @@ class Agent:
 
     def build(self, **opts: Any) -> Any:
         tinkertrace.flush()
-        return build_trajectories(self.spans, None, BuildOptions(**opts))
+        return build_trajectories(self.spans, None, BuildSettings(**opts))
 
 
 @pytest.fixture
@@ -383,7 +383,7 @@ def test_failed_rollouts_kept_by_default_and_left_out_by_status(agent: Agent) ->
     assert s.rollouts_filtered == 0
     assert agent.build(statuses=["failed"]).triplets.column("task_id").to_pylist() == ["crashed"]
     with pytest.raises(ValueError, match="statuses"):
-        BuildOptions(statuses=["crashed"])
+        BuildSettings(statuses=["crashed"])
 
 
 def test_abandoned_stream_is_a_truncated_triplet_with_its_reward(agent: Agent, openai_server: Any) -> None:

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 import tinkertrace
-from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.builder import BuildSettings, build_trajectories
 
 ROLLOUTS = 100
 TURNS = 2
@@ -54,7 +54,7 @@ def test_concurrent_agents_get_their_own_rewards(tmp_path: Path, openai_server: 
     finally:
         tinkertrace.shutdown()
     for policy in ("nearest", "link"):
-        result = build_trajectories(spans, None, BuildOptions(reward_policy=policy, group_by="task+agent"))
+        result = build_trajectories(spans, None, BuildSettings(reward_policy=policy, group_by="task+agent"))
         s = result.summary
         calls = ROLLOUTS * len(VALUES) * TURNS
         assert (s.rollouts_built, s.triplets, s.rewards) == (ROLLOUTS, calls, calls)

@@ -16,10 +16,10 @@ from tinkertrace.cli.main import app
 from tinkertrace.cli.options import OptionsOf, cli_fields, with_settings
 from tinkertrace.evaluation.settings import EvalSettings
 from tinkertrace.models.tokenizer import BUILTIN_MODEL
-from tinkertrace.online.settings import DemoSettings, FollowOptions
+from tinkertrace.online.settings import DemoSettings, FollowSettings
 from tinkertrace.settings import setting
 from tinkertrace.training.advantages import ADVANTAGE_MODES
-from tinkertrace.training.config import TrainConfig
+from tinkertrace.training.config import TrainSettings
 from tinkertrace.training.datums import LOSS_FUNCTIONS
 
 
@@ -88,7 +88,7 @@ def _options_of(command: str) -> set[str]:
 
 @pytest.mark.parametrize(
     ("command", "settings"),
-    [("train", TrainConfig), ("train", FollowOptions), ("demo", DemoSettings), ("eval", EvalSettings)],
+    [("train", TrainSettings), ("train", FollowSettings), ("demo", DemoSettings), ("eval", EvalSettings)],
 )
 def test_every_command_line_field_is_an_option_with_help(command: str, settings: type) -> None:
     listed = _options_of(command)
@@ -103,16 +103,16 @@ def test_every_command_line_field_is_an_option_with_help(command: str, settings:
 
 def test_train_help_names_the_file_only_settings() -> None:
     result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "300"})
-    for field in dataclasses.fields(TrainConfig):
+    for field in dataclasses.fields(TrainSettings):
         if not field.metadata["cli"]:
             assert field.name in result.output
 
 
 def test_config_choices_match_what_the_training_code_accepts() -> None:
-    hints = typing.get_type_hints(TrainConfig)
+    hints = typing.get_type_hints(TrainSettings)
     assert set(typing.get_args(hints["loss"])) == set(LOSS_FUNCTIONS)  # derived from one Literal
     assert set(typing.get_args(hints["advantage"])) == set(ADVANTAGE_MODES)
-    assert TrainConfig().model == BUILTIN_MODEL
+    assert TrainSettings().model == BUILTIN_MODEL
 
 
 def test_a_config_file_value_is_not_overridden_by_an_option_left_at_its_default(tmp_path: Path) -> None:

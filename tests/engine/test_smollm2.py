@@ -17,7 +17,7 @@ import openai
 import pytest
 
 import tinkertrace
-from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.builder import BuildSettings, build_trajectories
 from tinkertrace.models import catalog as models
 from tinkertrace.models.tokenizer import CHATML_TEMPLATE, TokenizerNotFoundError, load_tokenizer
 from tinkertrace.serving.tool_parsers import make_tool_parser
@@ -165,7 +165,7 @@ def run(chat: dict[str, Any], replies: list[str], questions: list[str], tools: A
 
     solve({"id": "smollm2"})
     tinkertrace.flush()
-    result = build_trajectories(chat["spans"], None, BuildOptions())
+    result = build_trajectories(chat["spans"], None, BuildSettings())
     return result, result.triplets.to_pylist()
 
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 import tinkertrace
-from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.builder import BuildSettings, build_trajectories
 from tinkertrace.evaluation.rollouts import RolloutResult, load_ref, run_rollouts
 from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.netutil import BackgroundServer
@@ -124,10 +124,10 @@ def test_twenty_questions_player_only_with_search_tool(openai_server, tmp_path: 
         m["content"] for r in openai_server.requests for m in r["messages"] if "Results:" in m["content"]
     ]
     assert tool_result and "cat" in tool_result[0] and "dog" in tool_result[0]
-    everything = build_trajectories(spans, options=BuildOptions(group_by="task+agent", reward_policy="link"))
+    everything = build_trajectories(spans, options=BuildSettings(group_by="task+agent", reward_policy="link"))
     assert set(everything.triplets["agent_name"].to_pylist()) == {"player", "answerer"}
     player = build_trajectories(
-        spans, options=BuildOptions(agent="^player$", group_by="task+agent", reward_policy="link")
+        spans, options=BuildSettings(agent="^player$", group_by="task+agent", reward_policy="link")
     ).trajectories
     assert set(player["agent_name"].to_pylist()) == {"player"}
     assert player["group_key"].to_pylist()[0] == "20q-cat::player"

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.builder import BuildSettings, build_trajectories
 from tinkertrace.cli.main import app
 from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.spanstore.logs import LOGS_FOLDER
@@ -56,7 +56,7 @@ def test_stock_instrumentation_becomes_triplets(
         assert events["gen_ai.user.message"] == events["gen_ai.choice"] == ROLLOUTS * CALLS, events
     assert len(prompts) == ROLLOUTS * CALLS and [r["reward"] for r in results] == [1.0] * ROLLOUTS
 
-    options = BuildOptions(task_key="task.id", tokenizer=BUILTIN_MODEL, reward_policy="link")
+    options = BuildSettings(task_key="task.id", tokenizer=BUILTIN_MODEL, reward_policy="link")
     built = build_trajectories(tmp_path / "spans", tmp_path / "out", options)
     summary = built.summary
     assert (summary.rollouts_built, summary.llm_calls, summary.triplets) == (ROLLOUTS, 9, 9), summary
@@ -113,7 +113,7 @@ def test_event_mode_content_arrives_as_otlp_logs_and_joins_its_spans(
     agent("openai-v2-events", 2, tmp_path / "spans", endpoint.url)
     prompts, responses = (ids[first:] for ids in sampled(endpoint))
     assert list((tmp_path / "spans" / "_logs").rglob("*.parquet"))
-    options = BuildOptions(task_key="task.id", tokenizer=BUILTIN_MODEL)
+    options = BuildSettings(task_key="task.id", tokenizer=BUILTIN_MODEL)
     built = build_trajectories(tmp_path / "spans", tmp_path / "out", options)
     assert (built.summary.triplets, built.summary.llm_calls_retokenized) == (6, 6), built.summary
     assert (built.summary.rewards, built.summary.rewards_matched) == (4, 4)

@@ -14,10 +14,10 @@ import pytest
 
 from tinkertrace.online.follow import FollowTrainer
 from tinkertrace.online.runner import OnlineStack
-from tinkertrace.online.settings import FollowOptions
+from tinkertrace.online.settings import FollowSettings
 from tinkertrace.testing.waiting import wait_until
 from tinkertrace.training.checkpoints import read_checkpoints
-from tinkertrace.training.config import TrainConfig
+from tinkertrace.training.config import TrainSettings
 from tinkertrace.training.metrics import read_metrics
 from tinkertrace.training.outcomes import read_outcomes
 
@@ -65,12 +65,12 @@ def test_follow_kill_and_restart_trains_each_rollout_once(stack: OnlineStack, tm
 
 def test_stale_rollouts_are_dropped_and_counted(stack: OnlineStack, tmp_path: Path) -> None:
     make_rollouts(stack, "s", groups=2)  # sampled by policy version 0 (nothing publishes here)
-    config = TrainConfig(
+    config = TrainSettings(
         source=stack.settings.spans_dir, model=MODEL, groups_per_batch=1, log_dir=tmp_path / "stale",
         engine_dir=stack.settings.engine_dir, learning_rate=1e-3, remove_constant_reward_groups=False,
     )  # fmt: skip
     # max_staleness 0: after the first step (version 1) every version-0 rollout left is too old.
-    options = FollowOptions(group_size=4, max_staleness=0, poll_s=0.2, max_steps=3, idle_timeout_s=3)
+    options = FollowSettings(group_size=4, max_staleness=0, poll_s=0.2, max_steps=3, idle_timeout_s=3)
     result = FollowTrainer(config, options).run(progress=False)
     assert result.steps == 1
     assert result.rollouts_trained == 4
@@ -93,7 +93,7 @@ def test_rows_of_consumed_rollouts_are_never_buffered_again(tmp_path: Path) -> N
     were trained or dropped before, in this run or a recorded one."""
     import pyarrow as pa
 
-    trainer = FollowTrainer(TrainConfig(source=tmp_path, log_dir=tmp_path / "train"), FollowOptions())
+    trainer = FollowTrainer(TrainSettings(source=tmp_path, log_dir=tmp_path / "train"), FollowSettings())
     trainer.consumed |= {"trained-before", "dropped-before"}
     rebuilt = pa.table(
         {"rollout_id": ["trained-before", "new", "dropped-before", "new"], "turn": [0, 0, 0, 1]}
@@ -107,10 +107,10 @@ def test_a_rollout_whose_agents_train_in_different_steps_keeps_its_arrival_time(
     rows still waiting keep the rollout's arrival time (a resumed solver_judge run failed on this)."""
     import pyarrow as pa
 
-    config = TrainConfig(
+    config = TrainSettings(
         source=tmp_path, log_dir=tmp_path / "train", group_by="task+agent", groups_per_batch=1
     )
-    trainer = FollowTrainer(config, FollowOptions(group_size=2))
+    trainer = FollowTrainer(config, FollowSettings(group_size=2))
     rows = pa.table(
         {
             "rollout_id": ["r1", "r1", "r2", "r2"],

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import tinkertrace
-from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.builder import BuildSettings, build_trajectories
 from tinkertrace.evaluation.rollouts import RolloutResult, run_rollouts
 from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.netutil import BackgroundServer
@@ -74,7 +74,7 @@ def test_rewards_land_on_the_calls_that_earned_them(
     results = episodes(tmp_path / "spans", endpoint, ref, "whodunit", 2)
     assert [r.error for r in results] == [None, None]
     assert all(r.info["finished"] and r.info["rewards"] == [0.1, 0.1, 1.0] for r in results)
-    triplets = build_trajectories(tmp_path / "spans", None, BuildOptions()).triplets
+    triplets = build_trajectories(tmp_path / "spans", None, BuildSettings()).triplets
     calls = sorted(tuple(row.values()) for row in triplets.select(["task_id", "turn", "reward"]).to_pylist())
     assert calls == [
         (f"whodunit/train-{i}/r0", turn, r) for i in range(2) for turn, r in enumerate([0.1, 0.1, 1.0])

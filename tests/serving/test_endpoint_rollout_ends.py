@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tinkertrace.builder import build_trajectories
-from tinkertrace.builder.options import BuildOptions
+from tinkertrace.builder.options import BuildSettings
 from tinkertrace.cli.main import app
 
 MODEL = "scripted-model"
@@ -55,7 +55,7 @@ def test_the_docs_examples_build_with_every_reward_matched(
         "rewards": 2,
     }
     assert endpoint.recorder.flush(30)
-    result = build_trajectories(endpoint.spans, tmp_path / "out", BuildOptions(reward_policy="link"))
+    result = build_trajectories(endpoint.spans, tmp_path / "out", BuildSettings(reward_policy="link"))
     summary = result.summary
     assert (summary.rewards, summary.rewards_matched, summary.rewards_unmatched) == (4, 4, 0)
     assert summary.rollouts_built == 3 and summary.incomplete_rollout_ids == []

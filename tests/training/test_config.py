@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from tinkertrace.settings import ConfigError, parse_key_values
-from tinkertrace.training.config import TrainConfig, make_config
+from tinkertrace.training.config import TrainSettings, make_config
 
 
 def test_defaults_are_valid() -> None:
     config = make_config()
-    assert config == TrainConfig()
+    assert config == TrainSettings()
     assert config.advantage == "group" and config.backend == "auto"  # tinker with TINKER_API_KEY, else local
 
 

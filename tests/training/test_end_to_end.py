@@ -20,7 +20,7 @@ import tinkertrace
 from tinkertrace.engine import ServiceClient
 from tinkertrace.online.demo_agent import QUESTIONS, identity_reward, introduce
 from tinkertrace.online.runner import serve_policy
-from tinkertrace.training.config import TrainConfig, make_config
+from tinkertrace.training.config import TrainSettings, make_config
 from tinkertrace.training.loop import run_training
 
 pytestmark = pytest.mark.slow
@@ -79,7 +79,7 @@ def _mean_reward(client: OpenAI) -> float:
     return float(np.mean(rewards))
 
 
-def _config(tmp_path: Path, name: str) -> TrainConfig:
+def _config(tmp_path: Path, name: str) -> TrainSettings:
     return make_config(
         None,
         {

@@ -21,7 +21,7 @@ import tinkertrace
 from tinkertrace.builder import build_trajectories
 from tinkertrace.online.follow import FollowResult, FollowTrainer
 from tinkertrace.online.group_staging import GroupStager, select_by_weight
-from tinkertrace.online.settings import FollowOptions, make_follow_options
+from tinkertrace.online.settings import FollowSettings, make_follow_options
 from tinkertrace.online.tail import TailPoll
 from tinkertrace.settings import ConfigError
 from tinkertrace.training.config import Environment, make_config
@@ -180,7 +180,7 @@ def test_follow_holds_groups_until_complete(spans: Path) -> None:
 def test_follow_trainer_stages_then_shares_by_weight(spans: Path, tmp_path: Path) -> None:
     config = make_config(None, {"source": spans, "log_dir": tmp_path / "run", "groups_per_batch": 2})
     config.environments = [Environment(name="alpha", group_size=3), Environment(name="beta", group_size=2)]
-    trainer = FollowTrainer(config, FollowOptions(group_timeout_s=60))
+    trainer = FollowTrainer(config, FollowSettings(group_timeout_s=60))
     built = build_trajectories(spans).trajectories
     result = FollowResult(log_dir=tmp_path, start_step=0)
     trainer._collect([TailPoll(built)], result)

@@ -16,7 +16,7 @@ from tinkertrace.engine import ServiceClient
 from tinkertrace.settings import ConfigError
 from tinkertrace.training import loop
 from tinkertrace.training.checkpoints import read_checkpoints
-from tinkertrace.training.config import TrainConfig, make_config
+from tinkertrace.training.config import TrainSettings, make_config
 from tinkertrace.training.errors import BackendError
 from tinkertrace.training.metrics import read_metrics
 from tinkertrace.training.outcomes import read_outcomes
@@ -30,7 +30,7 @@ def trained_rollouts(log_dir: Path) -> set[str]:
     return {rid for record in read_checkpoints(log_dir) for rid in record.get("trained_rollout_ids", [])}
 
 
-def _config(tmp_path: Path, source: Path, name: str, **overrides: object) -> TrainConfig:
+def _config(tmp_path: Path, source: Path, name: str, **overrides: object) -> TrainSettings:
     settings = {
         "source": source,
         "model": MODEL,

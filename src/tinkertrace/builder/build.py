@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from tinkertrace import schemas
 from tinkertrace.builder import stages, stream, views
-from tinkertrace.builder.options import BuildOptions
+from tinkertrace.builder.options import BuildSettings
 from tinkertrace.builder.output import AtomicParquetWriter
 from tinkertrace.builder.retokenize import retokenize
 from tinkertrace.builder.rewards import assign_rewards
@@ -58,7 +58,7 @@ class BuildResult:
         return self._table("trajectories", self.trajectories_path)
 
 
-def connect(options: BuildOptions, temp_dir: Path) -> duckdb.DuckDBPyConnection:
+def connect(options: BuildSettings, temp_dir: Path) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with the build's memory limit, threads and spill folder."""
     con = duckdb.connect(
         config={
@@ -115,7 +115,7 @@ def _sort_trajectories(
 
 
 def _sources(
-    con: duckdb.DuckDBPyConnection, spans_dir: Path, options: BuildOptions, summary: BuildSummary
+    con: duckdb.DuckDBPyConnection, spans_dir: Path, options: BuildSettings, summary: BuildSummary
 ) -> views.Sources:
     """The span and log files under ``spans_dir`` as views; how many token buckets their size needs."""
     sources = views.open_sources(con, spans_dir, options.files)
@@ -128,7 +128,7 @@ def _sources(
 
 
 def _retokenized(
-    con: duckdb.DuckDBPyConnection, typed: views.Relation, logs: views.Relation, options: BuildOptions,
+    con: duckdb.DuckDBPyConnection, typed: views.Relation, logs: views.Relation, options: BuildSettings,
     summary: BuildSummary,
 ) -> views.Relation | None:  # fmt: skip
     """Token ids for the text-only calls of ``typed`` from ``options.tokenizer`` (None: none rebuilt)."""
@@ -150,7 +150,7 @@ def _retokenized(
     return table
 
 
-def _build_into(spans_dir: Path, out_dir: Path, options: BuildOptions, work: Path) -> BuildSummary:
+def _build_into(spans_dir: Path, out_dir: Path, options: BuildSettings, work: Path) -> BuildSummary:
     """The build: each stage takes the relations it reads and returns the one it made (filling the
     summary's counts on the way)."""
     summary = BuildSummary()
@@ -182,7 +182,7 @@ def _build_into(spans_dir: Path, out_dir: Path, options: BuildOptions, work: Pat
 
 def _write(
     con: duckdb.DuckDBPyConnection, triplets: Iterator[pa.RecordBatch], out_dir: Path,
-    options: BuildOptions, summary: BuildSummary, work: Path,
+    options: BuildSettings, summary: BuildSummary, work: Path,
 ) -> None:  # fmt: skip
     """Write ``triplets`` and the trajectories merged from them into ``out_dir`` (atomically); count
     what was written."""
@@ -226,7 +226,7 @@ def _write(
 
 
 def build_trajectories(
-    spans_dir: Path, out_dir: Path | None = None, options: BuildOptions | None = None
+    spans_dir: Path, out_dir: Path | None = None, options: BuildSettings | None = None
 ) -> BuildResult:
     """Build triplets and trajectories from the spans under ``spans_dir``.
 
@@ -234,7 +234,7 @@ def build_trajectories(
     the result reads them lazily; without, the tables are built in a temporary folder and returned
     in memory. Re-running on the same input gives identical files.
     """
-    options = options or BuildOptions()
+    options = options or BuildSettings()
     spans_dir = Path(spans_dir)
     with tempfile.TemporaryDirectory(prefix="tinkertrace-build-") as tmp:
         work = Path(tmp)

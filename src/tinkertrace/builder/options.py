@@ -23,7 +23,7 @@ MAX_BUCKETS = 256
 
 
 @dataclass(frozen=True)
-class BuildOptions:
+class BuildSettings:
     """Options of :func:`tinkertrace.builder.build_trajectories` (and of ``build-trajectories``: each
     field with help text is an option and a ``--config`` key).
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 from tinkertrace import semconv as sc
 from tinkertrace.builder import views
 from tinkertrace.builder.adapters import OURS
-from tinkertrace.builder.options import BuildOptions
+from tinkertrace.builder.options import BuildSettings
 from tinkertrace.builder.summary import BuildSummary
 from tinkertrace.builder.views import Relation, Sources
 from tinkertrace.schemas.columns import TOKEN_COLUMNS
@@ -114,7 +114,7 @@ def _add_event_rewards(con: duckdb.DuckDBPyConnection, table: Relation, sources:
 
 
 def rollouts(
-    con: duckdb.DuckDBPyConnection, spans: Relation, options: BuildOptions, summary: BuildSummary
+    con: duckdb.DuckDBPyConnection, spans: Relation, options: BuildSettings, summary: BuildSummary
 ) -> Relation:
     """The rollouts of ``spans`` to build (``views.rollouts_sql`` rows), after the options' filters;
     counts what each filter left out."""
@@ -185,7 +185,7 @@ def parents(
     con: duckdb.DuckDBPyConnection,
     spans: Relation,
     rollouts: Relation,
-    options: BuildOptions,
+    options: BuildSettings,
     summary: BuildSummary,
 ) -> Relation | None:
     """Count spans of the built rollouts whose parent is missing; for the ``sibling`` policy (the only
@@ -332,7 +332,7 @@ def rewards(
     rollouts: Relation,
     scopes: Relation,
     parents: Relation | None,
-    options: BuildOptions,
+    options: BuildSettings,
     summary: BuildSummary,
 ) -> Relation:
     """The reward spans of the built rollouts (``views.rewards_sql``) with their scope, parent and
@@ -362,7 +362,7 @@ def count_rewards(
     calls: Relation,
     rewards: Relation,
     assigned: Relation,
-    options: BuildOptions,
+    options: BuildSettings,
     summary: BuildSummary,
 ) -> None:
     """Count the rewards matched to a call, superseded (``final``) or unmatched (listed)."""
@@ -395,7 +395,7 @@ def chosen_calls(
     con: duckdb.DuckDBPyConnection,
     calls: Relation,
     assigned: Relation,
-    options: BuildOptions,
+    options: BuildSettings,
     summary: BuildSummary,
     buckets: int,
 ) -> Relation:

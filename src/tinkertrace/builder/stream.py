@@ -7,7 +7,7 @@ holds one bucket's token lists. One scan of the span files joins the calls with 
 (DuckDB) and appends each row to its bucket's temporary Arrow IPC file; each bucket is then
 read back, put in ``call_no`` order with one Arrow ``take`` and streamed as record batches.
 K comes from the token data's size in the span files' Parquet metadata and the DuckDB memory limit
-(or ``BuildOptions.buckets``).
+(or ``BuildSettings.buckets``).
 """
 
 from __future__ import annotations

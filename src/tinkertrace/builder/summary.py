@@ -17,7 +17,7 @@ class BuildSummary:
     spans: int = 0
     spans_without_rollout: int = 0
     rollouts_seen: int = 0
-    rollouts_excluded: int = 0  # in BuildOptions.exclude_rollouts (already built)
+    rollouts_excluded: int = 0  # in BuildSettings.exclude_rollouts (already built)
     rollouts_incomplete: dict[str, int] = field(default_factory=dict)  # reason -> count
     rollouts_status_filtered: int = 0  # left out by --status (counted before the other filters)
     rollouts_filtered: int = 0  # left out by --since/--until/--split/--task

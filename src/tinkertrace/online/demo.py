@@ -22,8 +22,8 @@ from tinkertrace.online.follow import FollowTrainer
 from tinkertrace.online.publish import holder_publisher
 from tinkertrace.online.report import REWARD_KEY, first_last, summarize, summary_table, write_report
 from tinkertrace.online.runner import OnlineStack
-from tinkertrace.online.settings import DemoSettings, FollowOptions, StackSettings
-from tinkertrace.training.config import TrainConfig
+from tinkertrace.online.settings import DemoSettings, FollowSettings, StackSettings
+from tinkertrace.training.config import TrainSettings
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -113,7 +113,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
     return summary
 
 
-def demo_configs(settings: DemoSettings) -> tuple[StackSettings, TrainConfig, FollowOptions]:
+def demo_configs(settings: DemoSettings) -> tuple[StackSettings, TrainSettings, FollowSettings]:
     """The stack, training and follow settings of a demo run."""
     s = settings
     stack = StackSettings(
@@ -125,7 +125,7 @@ def demo_configs(settings: DemoSettings) -> tuple[StackSettings, TrainConfig, Fo
         roll_seconds=s.roll_seconds,
         export_delay_s=s.export_delay_s,
     )
-    config = TrainConfig(
+    config = TrainSettings(
         source=stack.spans_dir,
         model=s.model,
         learning_rate=s.learning_rate or s.preset.learning_rate,
@@ -135,7 +135,7 @@ def demo_configs(settings: DemoSettings) -> tuple[StackSettings, TrainConfig, Fo
         log_dir=s.out / "train",
         engine_dir=stack.engine_dir,
     )
-    options = FollowOptions(
+    options = FollowSettings(
         group_size=s.group_size,
         group_timeout_s=10.0,
         max_staleness=s.max_staleness,
@@ -147,7 +147,11 @@ def demo_configs(settings: DemoSettings) -> tuple[StackSettings, TrainConfig, Fo
 
 
 def _train_live(
-    stack: OnlineStack, settings: DemoSettings, config: TrainConfig, options: FollowOptions, console: Console
+    stack: OnlineStack,
+    settings: DemoSettings,
+    config: TrainSettings,
+    options: FollowSettings,
+    console: Console,
 ) -> Any:
     """Follow-train on the agents' rollouts, publishing into the stack's endpoint, under a live view."""
     display = _Display(stack, settings)

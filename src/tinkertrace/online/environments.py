@@ -19,13 +19,13 @@ from typing import Any
 from tinkertrace.online.env_worker import SPEC_ENV
 from tinkertrace.ors.upload import upload_settings, upload_spool
 from tinkertrace.settings import ConfigError
-from tinkertrace.training.config import Environment, TrainConfig
+from tinkertrace.training.config import Environment, TrainSettings
 
 WORKER_MODULE = "tinkertrace.online.env_worker"
 
 
 def train_with_agents(
-    config: TrainConfig, options: Any, *, console: Any = None, progress: bool = True, stop: Any = None
+    config: TrainSettings, options: Any, *, console: Any = None, progress: bool = True, stop: Any = None
 ) -> tuple[Any, dict[str, Any]]:
     """Follow mode with the environments' agents run here: collector, endpoint and ``workers`` agent
     worker processes under ``config.log_dir`` (``spans/``, ``agents/``, ``engine/``), trained until
@@ -116,7 +116,7 @@ def check_openreward(env: Environment) -> None:
         raise ConfigError(f"environment {env.name!r}: its server lists no tasks in split {env.split!r}")
 
 
-def worker_spec(config: TrainConfig, uploads: dict[str, Any] | None = None) -> dict[str, Any]:
+def worker_spec(config: TrainSettings, uploads: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the agent workers need: the model to request, the seed, this run's id, the environments
     (an OpenReward environment's agent also gets the ``uploads`` arguments)."""
     environments = [dataclasses.asdict(env) for env in config.environments]

@@ -37,11 +37,11 @@ from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from tinkertrace.online.group_staging import GroupStager, rollouts_per_step, select_by_weight
 from tinkertrace.online.publish import Publisher, admin_publisher, consumed_ids
-from tinkertrace.online.settings import FollowOptions
+from tinkertrace.online.settings import FollowSettings
 from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll
 from tinkertrace.settings import ConfigError
 from tinkertrace.training.checkpoints import read_checkpoints
-from tinkertrace.training.config import TrainConfig
+from tinkertrace.training.config import TrainSettings
 from tinkertrace.training.dataset import DataReport, TrainingData, group_keys
 from tinkertrace.training.environments import WeightedTurns, group_environments
 from tinkertrace.training.errors import DataError
@@ -85,15 +85,15 @@ class FollowTrainer:
 
     def __init__(
         self,
-        config: TrainConfig,
-        options: FollowOptions | None = None,
+        config: TrainSettings,
+        options: FollowSettings | None = None,
         *,
         publish: Publisher | None = None,
         service: Any = None,
         on_step: StepCallback | None = None,
     ) -> None:
         self.config = config.validate()
-        self.options = (options or FollowOptions()).validate()
+        self.options = (options or FollowSettings()).validate()
         if config.source is None:
             raise ConfigError("follow mode needs a spans folder to follow")
         if publish is None and self.options.publish_url:

@@ -18,8 +18,8 @@ from tinkertrace.settings import check_choices, load, raise_problems, setting
 
 
 @dataclass
-class FollowOptions:
-    """Follow-mode settings (the rest comes from :class:`~tinkertrace.training.config.TrainConfig`)."""
+class FollowSettings:
+    """Follow-mode settings (the rest comes from :class:`~tinkertrace.training.config.TrainSettings`)."""
 
     group_size: int = setting(4, "Rollouts a group needs before it is trained (environments set their own).")
     group_timeout_s: float = setting(
@@ -68,7 +68,7 @@ class FollowOptions:
         "sampling rollouts that would be dropped as stale).",
     )
 
-    def validate(self) -> FollowOptions:
+    def validate(self) -> FollowSettings:
         """Check ranges; returns self."""
         checks = [
             (self.group_size >= 1, "group_size must be at least 1"),
@@ -85,10 +85,10 @@ class FollowOptions:
         return self
 
 
-def make_follow_options(file: Path | None = None, overrides: dict[str, Any] | None = None) -> FollowOptions:
+def make_follow_options(file: Path | None = None, overrides: dict[str, Any] | None = None) -> FollowSettings:
     """Defaults, updated by the ``follow`` table of the config ``file``, then by ``overrides``; a
     ``worker_python`` from the file is relative to it."""
-    options = load(FollowOptions, file, overrides, section="follow", flat=False, what="option")
+    options = load(FollowSettings, file, overrides, section="follow", flat=False, what="option")
     if file is not None and options.worker_python:  # a file-only setting
         # absolute, not resolved: a virtualenv's python is a symlink, and resolving it leaves the env
         options.worker_python = os.path.normpath(Path(file).parent.absolute() / options.worker_python)

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tinkertrace import schemas
-from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.builder import BuildSettings, build_trajectories
 from tinkertrace.spanstore.reader import check_file, list_span_files
 
 
@@ -90,7 +90,7 @@ class SpanTail:
         if not new or not self._pending:
             return TailPoll(empty, new_files=len(new), skipped_files=skipped)
         files = tuple(sorted(self._pending))
-        options = BuildOptions(
+        options = BuildSettings(
             files=files,
             exclude_rollouts=frozenset(self.resolved),
             group_by=self.group_by,  # type: ignore[arg-type]

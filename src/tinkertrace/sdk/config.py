@@ -24,7 +24,7 @@ Protocol = Literal["http", "grpc"]
 
 
 @dataclass(frozen=True)
-class TraceConfig:
+class TraceSettings:
     """The resolved SDK configuration: each field an argument of :func:`tinkertrace.init`, the documented
     ones also set by their environment variable (an argument wins)."""
 
@@ -92,12 +92,12 @@ def tinkertrace_home() -> Path:
     return Path(os.environ.get(ENV_HOME) or Path.home() / ".cache" / "tinkertrace")
 
 
-def resolve(**given: Any) -> TraceConfig:
+def resolve(**given: Any) -> TraceSettings:
     """Merge explicit ``init()`` arguments (``None`` = not given) over the environment and defaults."""
-    unknown = set(given) - {f.name for f in fields(TraceConfig)}
+    unknown = set(given) - {f.name for f in fields(TraceSettings)}
     if unknown:
         raise TypeError(f"unknown tinkertrace.init() option(s): {', '.join(sorted(unknown))}")
-    config = load(TraceConfig, given=given, what="tinkertrace.init() argument")
+    config = load(TraceSettings, given=given, what="tinkertrace.init() argument")
     if config.endpoint is None and config.spans_dir is None:
         config = replace(config, spans_dir=Path(DEFAULT_SPANS_DIR))
     if config.spool_dir is None and config.endpoint is not None:

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from tinkertrace.sdk.config import TraceConfig
+from tinkertrace.sdk.config import TraceSettings
 from tinkertrace.sdk.export import encode_batch
 from tinkertrace.sdk.spool import Spool
 from tinkertrace.sdk.stats import ExportStats
@@ -193,7 +193,7 @@ class OtlpSpoolingExporter(SpanExporter):
         self._thread.start()
 
     @classmethod
-    def from_config(cls, config: TraceConfig, stats: ExportStats) -> OtlpSpoolingExporter:
+    def from_config(cls, config: TraceSettings, stats: ExportStats) -> OtlpSpoolingExporter:
         """The exporter to ``config``'s endpoint (its URL, protocol, spool, headers and timings)."""
         assert config.otlp_url is not None and config.spool_dir is not None
         return cls(

@@ -41,7 +41,7 @@ SCOPE_NAME = "tinkertrace.sdk"
 class Instrumentation:
     """What ``init()`` installs (when ``enabled(config)``) and ``shutdown()`` removes."""
 
-    enabled: Callable[[cfg.TraceConfig], bool]
+    enabled: Callable[[cfg.TraceSettings], bool]
     install: Callable[[], object]
     uninstall: Callable[[], None]
 
@@ -58,7 +58,7 @@ def register_instrumentation(instrumentation: Instrumentation) -> None:
 class Runtime:
     """What ``init()`` set up; replaced as a whole by the next ``init()``."""
 
-    config: cfg.TraceConfig
+    config: cfg.TraceSettings
     provider: TracerProvider
     tracer: trace.Tracer
     processor: SynchronousMultiSpanProcessor  # every span processor, for spans made without the tracer
@@ -127,7 +127,7 @@ def init(
     headers: dict[str, str] | None = None,
     exporters: Sequence[SpanExporter] = (),
     **options: Any,
-) -> cfg.TraceConfig:
+) -> cfg.TraceSettings:
     """Configure tracing for this process; calling it again replaces the previous configuration.
 
     endpoint: OTLP endpoint (``http://host:4318`` for HTTP/protobuf, ``host:4317`` with
@@ -141,7 +141,7 @@ def init(
     exporters: more OpenTelemetry ``SpanExporter`` objects (console, Jaeger, Phoenix, a second OTLP
     endpoint...) that receive every span too, each through its own ``BatchSpanProcessor``; they are
     shut down with this configuration. Further options: the fields of
-    :class:`~tinkertrace.sdk.config.TraceConfig`.
+    :class:`~tinkertrace.sdk.config.TraceSettings`.
     """
     config = cfg.resolve(
         endpoint=endpoint,
@@ -168,7 +168,7 @@ def init(
     return config
 
 
-def _own_exporters(config: cfg.TraceConfig, stats: ExportStats) -> list[SpanExporter]:
+def _own_exporters(config: cfg.TraceSettings, stats: ExportStats) -> list[SpanExporter]:
     exporters: list[SpanExporter] = []
     if config.spans_dir is not None:
         from tinkertrace.extras import require  # here: it reads package metadata (~20 ms)
@@ -194,7 +194,7 @@ def _scope() -> InstrumentationScope:
     return InstrumentationScope(SCOPE_NAME, __version__)
 
 
-def _build(config: cfg.TraceConfig, sink: SpanProcessor | None = None) -> Runtime:
+def _build(config: cfg.TraceSettings, sink: SpanProcessor | None = None) -> Runtime:
     """The runtime of ``config``; with ``sink``, spans go to it instead of the SDK's own exporters."""
     stats = ExportStats()
     queue, batch, delay_s = config.max_queue_spans, config.batch_size, config.schedule_delay_s

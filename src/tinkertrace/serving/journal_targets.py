@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tinkertrace.collector.ingest import file_tag, remove_segment_files
-from tinkertrace.sdk.config import TraceConfig
+from tinkertrace.sdk.config import TraceSettings
 from tinkertrace.sdk.otlp import OtlpSpoolingExporter
 from tinkertrace.sdk.stats import ExportStats
 from tinkertrace.spanstore.convert import body_to_table
@@ -86,7 +86,7 @@ class ParquetTarget:
 class CollectorTarget:
     """Span records sent to an OTLP endpoint; what it cannot take now waits in the spool."""
 
-    def __init__(self, config: TraceConfig, stats: ExportStats) -> None:
+    def __init__(self, config: TraceSettings, stats: ExportStats) -> None:
         self.exporter = OtlpSpoolingExporter.from_config(config, stats)
 
     def __repr__(self) -> str:
@@ -120,7 +120,7 @@ def span_count(payload: bytes) -> int:
     return sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
 
 
-def targets_for(config: TraceConfig, stats: ExportStats, instance: str) -> list[Target]:
+def targets_for(config: TraceSettings, stats: ExportStats, instance: str) -> list[Target]:
     """The targets of an endpoint recording with ``config``: its spans folder, its collector, or both."""
     targets: list[Target] = []
     if config.spans_dir is not None:
@@ -130,7 +130,7 @@ def targets_for(config: TraceConfig, stats: ExportStats, instance: str) -> list[
     return targets
 
 
-def default_journal_dir(config: TraceConfig, instance: str) -> Path:
+def default_journal_dir(config: TraceSettings, instance: str) -> Path:
     """``<spans folder>/_journal/<instance>`` (readers skip folders named ``_*``), or, recording to a
     collector only, ``<spool folder>/journal/<instance>`` (the spool's default is per collector URL)."""
     if config.spans_dir is not None:

@@ -148,7 +148,7 @@ class Environment:
 
 
 @dataclass
-class TrainConfig:
+class TrainSettings:
     """Everything one training run needs; each field's help is its documentation."""
 
     source: Path | None = setting(
@@ -242,7 +242,7 @@ class TrainConfig:
         default_factory=list,
     )
 
-    def validate(self) -> TrainConfig:
+    def validate(self) -> TrainSettings:
         """Check value ranges and choices; returns self."""
         checks = [
             (self.epochs >= 1, "epochs must be at least 1"),
@@ -269,17 +269,17 @@ def _unique_names(environments: list[Environment]) -> list[tuple[bool, str]]:
     return [(names.count(n) == 1, f"environment {n!r} is listed twice") for n in sorted(set(names))]
 
 
-OTHER_SECTIONS = ("follow",)  # config-file tables that other settings read (online.settings.FollowOptions)
+OTHER_SECTIONS = ("follow",)  # config-file tables that other settings read (online.settings.FollowSettings)
 
 
 def make_config(
     file: Path | None = None, overrides: dict[str, Any] | None = None, edits: dict[str, Any] | None = None
-) -> TrainConfig:
+) -> TrainSettings:
     """Defaults, updated by ``file`` (flat, or its ``train`` table) with ``edits`` (``--set``, dotted
     keys) laid over it, then by ``overrides`` (None: unset). Environments' ``file.py:function``
     references are relative to the file."""
     config = load(
-        TrainConfig, file, overrides, section="train", skip=OTHER_SECTIONS, what="option", edits=edits
+        TrainSettings, file, overrides, section="train", skip=OTHER_SECTIONS, what="option", edits=edits
     )
     if file is not None:
         for env in config.environments:

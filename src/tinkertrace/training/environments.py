@@ -139,7 +139,7 @@ def environment_rows(
     import duckdb
 
     from tinkertrace import schemas
-    from tinkertrace.builder import BuildOptions, build_trajectories
+    from tinkertrace.builder import BuildSettings, build_trajectories
     from tinkertrace.builder.views import open_views
 
     con = duckdb.connect()
@@ -167,7 +167,7 @@ def environment_rows(
         if not tasks:
             return EnvironmentRows(schemas.trajectories().empty_table(), dict.fromkeys(STAT_KEYS, 0))
         try:
-            options = BuildOptions(
+            options = BuildSettings(
                 tasks=tuple(tasks),
                 exclude_rollouts=exclude,
                 files=files,

@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 
 from tinkertrace.settings import ConfigError
 from tinkertrace.training.checkpoints import read_checkpoints
-from tinkertrace.training.config import TrainConfig
+from tinkertrace.training.config import TrainSettings
 from tinkertrace.training.dataset import (
     DataReport,
     TrainingData,
@@ -57,7 +57,7 @@ class TrainResult:
         return self.checkpoints[-1] if self.checkpoints else None
 
 
-def _order_settings(config: TrainConfig, data: TrainingData) -> dict[str, Any]:
+def _order_settings(config: TrainSettings, data: TrainingData) -> dict[str, Any]:
     """What fixes the data order; recorded with each checkpoint and checked on resume."""
     order = {
         "data_fingerprint": data.fingerprint,
@@ -70,7 +70,7 @@ def _order_settings(config: TrainConfig, data: TrainingData) -> dict[str, Any]:
     return order
 
 
-def _resume_point(config: TrainConfig, data: TrainingData) -> dict[str, Any] | None:
+def _resume_point(config: TrainSettings, data: TrainingData) -> dict[str, Any] | None:
     records = read_checkpoints(config.log_dir)
     if not records:
         return None
@@ -92,7 +92,7 @@ def _resume_point(config: TrainConfig, data: TrainingData) -> dict[str, Any] | N
 class _Plan:
     """Which rows each step trains: ``groups_per_batch`` groups, in a seeded order per epoch."""
 
-    def __init__(self, data: TrainingData, config: TrainConfig) -> None:
+    def __init__(self, data: TrainingData, config: TrainSettings) -> None:
         self.data, self.config = data, config
         self.per_epoch = steps_per_epoch(data.num_groups, config.groups_per_batch)
         self.total = self.per_epoch * config.epochs
@@ -126,7 +126,7 @@ class _Plan:
         return bool(every and done % every == 0) or done == self.total
 
 
-def _load(config: TrainConfig) -> tuple[TrainingData, list[str]]:
+def _load(config: TrainSettings) -> tuple[TrainingData, list[str]]:
     """The prepared training data of ``config.source``, and notes on what was left out."""
     config.validate()
     if config.source is None:
@@ -162,7 +162,7 @@ def _progress(enabled: bool, console: Console | None, plan: _Plan, start: int) -
 
 
 def run_training(
-    config: TrainConfig, *, progress: bool = True, console: Console | None = None
+    config: TrainSettings, *, progress: bool = True, console: Console | None = None
 ) -> TrainResult:
     """Train on ``config.source`` for ``config.epochs`` epochs; see the module docstring."""
     data, notes = _load(config)

@@ -34,7 +34,7 @@ from tinker import types
 from tinkertrace.training.advantages import group_outcome_fractions
 from tinkertrace.training.backends import close_service, make_service_client
 from tinkertrace.training.checkpoints import append_checkpoint
-from tinkertrace.training.config import TrainConfig
+from tinkertrace.training.config import TrainSettings
 from tinkertrace.training.dataset import DataReport, TrainingData, prepare
 from tinkertrace.training.datums import DatumBatch, build_datums
 from tinkertrace.training.environments import environment_metrics
@@ -45,14 +45,16 @@ from tinkertrace.training.outcomes import TRAINED, OutcomeLog, dropped_where, ou
 ADAM_FIELDS = ("beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
 
 
-def adam_params(config: TrainConfig) -> types.AdamParams:
+def adam_params(config: TrainSettings) -> types.AdamParams:
     """Tinker's ``AdamParams`` from the config's learning rate and AdamW settings."""
     return types.AdamParams(
         learning_rate=config.learning_rate, **{name: getattr(config, name) for name in ADAM_FIELDS}
     )
 
 
-def open_training_client(service: Any, config: TrainConfig, resume_from: dict[str, Any] | None = None) -> Any:
+def open_training_client(
+    service: Any, config: TrainSettings, resume_from: dict[str, Any] | None = None
+) -> Any:
     """A new LoRA training client of ``config.model`` (rank ``config.lora_rank``, seeded), or, with
     ``resume_from`` (a checkpoint record; else ``config.resume_from``, a state path), the saved state
     with its optimizer."""
@@ -73,7 +75,7 @@ def open_training_client(service: Any, config: TrainConfig, resume_from: dict[st
         ) from None
 
 
-def open_metrics_logger(config: TrainConfig, log_dir: Path, start_step: int) -> MetricsLogger:
+def open_metrics_logger(config: TrainSettings, log_dir: Path, start_step: int) -> MetricsLogger:
     """The ``metrics.jsonl`` (and optional W&B) logger of a run starting at ``start_step``."""
     return MetricsLogger(
         log_dir,
@@ -84,7 +86,7 @@ def open_metrics_logger(config: TrainConfig, log_dir: Path, start_step: int) -> 
     )
 
 
-def prepare_data(table: pa.Table, config: TrainConfig, report: DataReport | None = None) -> TrainingData:
+def prepare_data(table: pa.Table, config: TrainSettings, report: DataReport | None = None) -> TrainingData:
     """Trajectory rows → :class:`TrainingData` with the config's group key, advantage mode and
     constant-reward-group policy."""
     return prepare(
@@ -96,7 +98,7 @@ def prepare_data(table: pa.Table, config: TrainConfig, report: DataReport | None
     )
 
 
-def build_batch(data: TrainingData, rows: np.ndarray, config: TrainConfig) -> DatumBatch:
+def build_batch(data: TrainingData, rows: np.ndarray, config: TrainSettings) -> DatumBatch:
     """The Datums of ``rows`` (indices into ``data.table``) for ``config.loss``, each sequence cut to
     ``config.max_tokens_per_datum`` tokens."""
     table = data.table.take(rows)
@@ -141,7 +143,7 @@ def batch_metrics(data: TrainingData, rows: np.ndarray, batch: DatumBatch) -> di
 
 
 def train_step(
-    training_client: Any, batch: DatumBatch, config: TrainConfig, adam: types.AdamParams
+    training_client: Any, batch: DatumBatch, config: TrainSettings, adam: types.AdamParams
 ) -> dict[str, float]:
     """One optimiser step on ``batch``: submit forward_backward and optim_step, then await both."""
     fb_future = training_client.forward_backward(batch.data, config.loss, dict(config.loss_config) or None)
@@ -181,7 +183,7 @@ class TrainingSession:
 
     def __init__(
         self,
-        config: TrainConfig,
+        config: TrainSettings,
         *,
         start_step: int = 0,
         resume_from: dict[str, Any] | None = None,

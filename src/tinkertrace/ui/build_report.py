@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tinkertrace.builder import BuildOptions, BuildSummary, build_trajectories
+from tinkertrace.builder import BuildSettings, BuildSummary, build_trajectories
 from tinkertrace.ui.index import RunIndex
 
 LISTED = 200  # rollouts listed per problem (the counts are complete)
@@ -81,7 +81,7 @@ class BuildReports:
         try:
             for spans_dir in list(self.index.sources.spans_dirs):
                 with tempfile.TemporaryDirectory(prefix="tinkertrace-ui-build-") as tmp:
-                    options = BuildOptions(reward_policy=report.policy, group_by=group_by)  # type: ignore[arg-type]
+                    options = BuildSettings(reward_policy=report.policy, group_by=group_by)  # type: ignore[arg-type]
                     result = build_trajectories(spans_dir, Path(tmp), options)
                     report.summaries.append((spans_dir, result.summary))
         except Exception as exc:  # shown on the page; the app keeps serving

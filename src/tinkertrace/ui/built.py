@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tinkertrace import schemas
-from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.builder import BuildSettings, build_trajectories
 from tinkertrace.builder.options import REWARD_POLICIES
 from tinkertrace.training.dataset import prepare
 from tinkertrace.training.errors import DataError
@@ -120,7 +120,7 @@ class RolloutBuilds:
         if spans_dir is None:
             empty = schemas.trajectories().empty_table()
             return self._assemble(rollout_id, policy, "no span files", empty, pa.table({}), set(), True)
-        options = BuildOptions(
+        options = BuildSettings(
             files=files,
             tasks=(task_id,) if task_id is not None else (),
             reward_policy=policy,  # type: ignore[arg-type]
