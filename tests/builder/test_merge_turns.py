@@ -165,6 +165,7 @@ def test_merge_turns_matches_the_reference(rows: list[Row]) -> None:
     assert missing == want_missing
 
 
+@pytest.mark.slow  # a search over generated rollouts (~35 s each on 2 cores)
 @pytest.mark.parametrize("reason", ["other", "retokenization_drift", "template_change"])
 def test_the_generator_reaches_every_split_reason(reason: str) -> None:
     """So the property above covers each classification (``find`` fails if none is generated)."""
