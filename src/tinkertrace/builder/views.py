@@ -176,8 +176,11 @@ def llm_truncated_sql() -> str:
     theirs = "".join(f" OR {reason} IN ({cut})" for reason in adapters.finish_reasons())
     length = f"(list_has_any(TRY_CAST({reasons} AS VARCHAR[]), [{cut}]){theirs})"
     closed = f"TRY_CAST({_attr(sc.LLM_CLOSED_EARLY)} AS BOOLEAN)"
-    # only spans whose attributes mention either key pay for the JSON parsing
-    mentioned = "(contains(attributes, 'finish_reason') OR contains(attributes, 'closed_early'))"
+    # only other producers' spans and ours whose attributes mention either key pay for the JSON parsing
+    mentioned = (
+        f"(producer IS DISTINCT FROM '{OURS}' "
+        "OR contains(attributes, 'finish_reason') OR contains(attributes, 'closed_early'))"
+    )
     return f"""CASE WHEN span_type = '{sc.TYPE_LLM}' THEN
         COALESCE(CASE WHEN {mentioned} THEN COALESCE({length}, false) OR COALESCE({closed}, false) END,
                  false) END"""
