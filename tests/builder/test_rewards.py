@@ -11,7 +11,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from tinkertrace.builder import BuildOptions, build_trajectories
+from tinkertrace.builder import BuildSettings, build_trajectories
 from tinkertrace.builder.rewards import assign_rewards, count_rewards
 from tinkertrace.builder.summary import BuildSummary
 
@@ -70,7 +70,7 @@ def test_final_gives_the_final_reward_to_every_call_and_supersedes_the_others() 
     rows = con.execute(f"SELECT reward_span_id, call_span_id, v FROM {assigned} ORDER BY 2").fetchall()
     assert rows == [("w1", "c0", 1.0), ("w1", "c1", 1.0)]
     summary = BuildSummary()
-    count_rewards(con, "calls", "rewards", assigned, BuildOptions(reward_policy="final"), summary)
+    count_rewards(con, "calls", "rewards", assigned, BuildSettings(reward_policy="final"), summary)
     assert (summary.rewards_matched, summary.rewards_superseded, summary.rewards_unmatched) == (1, 1, 0)
 
 
@@ -101,7 +101,7 @@ def test_untrainable_calls_take_no_reward_and_unmatched_rewards_are_listed() -> 
         "w0": "c0"
     }
     summary = BuildSummary()
-    count_rewards(con, "calls", "rewards", assigned, BuildOptions(), summary)
+    count_rewards(con, "calls", "rewards", assigned, BuildSettings(), summary)
     assert (summary.rewards_matched, summary.rewards_unmatched) == (1, 1)
     assert summary.unmatched_rewards == [("r1", "w1")]  # a reward without a value is not counted
 
@@ -117,7 +117,7 @@ def test_rewards_stay_in_their_agent_span(tmp_path: Path, rows: SpanRows) -> Non
     rows.reward("r1", a, 1.0, at=10, agent="a")  # after b's call, but a's own
     rows.write(tmp_path)
     for policy in ("nearest", "sibling", "link"):
-        result = build_trajectories(tmp_path, None, BuildOptions(reward_policy=policy))  # type: ignore[arg-type]
+        result = build_trajectories(tmp_path, None, BuildSettings(reward_policy=policy))  # type: ignore[arg-type]
         assert result.triplets.column("reward").to_pylist() == [1.0, None]
     # a second reward in a's span finds a's only call taken: it falls back to the rollout's nearest
     rows.reward("r1", a, 0.5, at=11, agent="a")

@@ -11,7 +11,7 @@ import duckdb
 import pytest
 
 from tinkertrace import semconv as sc
-from tinkertrace.builder import BuildOptions, stages, views
+from tinkertrace.builder import BuildSettings, stages, views
 from tinkertrace.builder.event_rewards import add_event_rewards
 from tinkertrace.builder.sources import Sources, open_sources
 from tinkertrace.builder.summary import BuildSummary
@@ -26,7 +26,7 @@ class Built:
 
     def __init__(self, folder: Path, **options: Any) -> None:
         self.con = duckdb.connect()
-        self.options = BuildOptions(**options)
+        self.options = BuildSettings(**options)
         self.summary = BuildSummary()
         self.sources: Sources = open_sources(self.con, folder)
         typed = views.create_typed(self.con, self.sources.raw)

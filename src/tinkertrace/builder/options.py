@@ -125,4 +125,4 @@ class BuildSettings:
             (bool(self.task_key), "task_key must name an attribute"),
             (not unknown, f"statuses must be among {', '.join(STATUSES)}, got {', '.join(unknown)}"),
         ]
-        raise_problems(checks, "invalid build options")
+        raise_problems(checks, "invalid build settings")

@@ -34,7 +34,9 @@ ADAPTERS: tuple[Adapter, ...] = (
 OURS = "tinkertrace"  # the producer column of spans our SDK (or endpoint) wrote
 
 __all__ = ["ADAPTERS", "OURS", "Adapter", "Conversation", "by_name"]
+
 ProcessField = Literal["rollout_id", "attempt", "agent_name"]
+"""The adapters' process-level fields (read on any row not ours)."""
 
 
 def by_name(name: str) -> Adapter:
@@ -55,7 +57,8 @@ def producer_sql() -> str:
 def column_sql(column: str, producer: str = "producer") -> str | None:
     """SQL: the adapters' expression for ``column``, each for its own rows (``producer`` names the
     row's adapter); None when no adapter maps the column."""
-    return _by_producer({a.name: a.columns[column] for a in ADAPTERS if column in a.columns}, producer)
+    branches = " ".join(f"WHEN '{a.name}' THEN {a.columns[column]}" for a in ADAPTERS if column in a.columns)
+    return f"CASE {producer} {branches} END" if branches else None
 
 
 def dimensions_sql(producer: str = "producer", process: str = "process_producer") -> str | None:
@@ -90,10 +93,3 @@ def process_producer_sql() -> str:
 def unchecked_producers() -> tuple[str, ...]:
     """Adapters whose rollouts (process-level ids) carry no completeness record: always complete."""
     return tuple(a.name for a in ADAPTERS if a.rollout_id is not None and not a.completeness_record)
-
-
-def _by_producer(exprs: dict[str, str], producer: str) -> str | None:
-    if not exprs:
-        return None
-    branches = " ".join(f"WHEN '{name}' THEN {expr}" for name, expr in exprs.items())
-    return f"CASE {producer} {branches} END"
