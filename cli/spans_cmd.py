@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from tinkertrace.cli.extras import needs_extra
-from tinkertrace.spanstore import ZSTD_LEVELS
+from tinkertrace.cli.options import OptionsOf, validated, with_settings
+from tinkertrace.spanstore.settings import CompactSettings
 
 spans_app = typer.Typer(
     help="Inspect and maintain span Parquet folders (written by the collector or the SDK)."
@@ -19,35 +20,21 @@ SpansDir = Annotated[Path, typer.Argument(help="Folder of span Parquet files (hi
 
 @spans_app.command()
 @needs_extra("build", "spans compact")
-def compact(
-    spans_dir: SpansDir,
-    small_mb: Annotated[float, typer.Option(help="Merge files smaller than this, MiB.")] = 64,
-    target_mb: Annotated[float, typer.Option(help="Aim for merged files of about this size, MiB.")] = 256,
-    grace_seconds: Annotated[
-        float, typer.Option(help="Only touch partitions whose hour ended at least this long ago.")
-    ] = 300,
-    zstd_level: Annotated[
-        int,
-        typer.Option(
-            min=ZSTD_LEVELS[0],
-            max=ZSTD_LEVELS[1],
-            help="zstd level of the merged files (the collector writes level 1; higher levels, e.g. 3 to "
-            "9, store closed hours smaller for more CPU once).",
-        ),
-    ] = 1,
-) -> None:
+@with_settings
+def compact(spans_dir: SpansDir, settings: dict[str, Any] = OptionsOf(CompactSettings)) -> None:
     """Merge small files of closed partitions (atomic, no duplicates, safe while a collector runs)."""
     from rich.console import Console
 
     from tinkertrace.collector.settings import MiB
     from tinkertrace.spanstore.compact import compact as run_compact
 
+    checked = validated(CompactSettings, settings)
     report = run_compact(
         spans_dir,
-        small_file_bytes=int(small_mb * MiB),
-        target_file_bytes=int(target_mb * MiB),
-        grace_s=grace_seconds,
-        zstd_level=zstd_level,
+        small_file_bytes=int(checked.small_mb * MiB),
+        target_file_bytes=int(checked.target_mb * MiB),
+        grace_s=checked.grace_seconds,
+        zstd_level=checked.zstd_level,
     )
     console = Console()
     console.print(

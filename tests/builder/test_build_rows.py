@@ -32,27 +32,6 @@ def test_empty_and_missing_folder_give_empty_tables(tmp_path: Path) -> None:
         assert result.summary.rollouts_seen == 0
 
 
-def test_rewards_stay_in_their_agent_span(tmp_path: Path, rows: SpanRows) -> None:
-    root = rows.rollout("r1", llm_calls=2, rewards=1)
-    a = rows.span(trace="r1", name="invoke_agent a", start=1, end=50, parent=root, span_type="agent",
-                  rollout_id="r1", agent_name="a")  # fmt: skip
-    rows.llm("r1", a, [1, 2], [3], start=2, end=3, agent="a")
-    b = rows.span(trace="r1", name="invoke_agent b", start=4, end=9, parent=root, span_type="agent",
-                  rollout_id="r1", agent_name="b")  # fmt: skip
-    rows.llm("r1", b, [5, 6], [7], start=5, end=6, agent="b")
-    rows.reward("r1", a, 1.0, at=10, agent="a")  # after b's call, but a's own
-    rows.write(tmp_path)
-    for policy in ("nearest", "sibling", "link"):
-        assert build(tmp_path, reward_policy=policy).triplets.column("reward").to_pylist() == [1.0, None]
-    # a second reward in a's span finds a's only call taken: it falls back to the rollout's nearest
-    rows.reward("r1", a, 0.5, at=11, agent="a")
-    rows.reward("r1", root, 0.25, at=60)  # outside any agent span: nearest free call, none left
-    rows.write(tmp_path, "part-1.parquet")
-    result = build(tmp_path)
-    assert result.triplets.column("reward").to_pylist() == [1.0, 0.5]
-    assert (result.summary.rewards_matched, result.summary.rewards_unmatched) == (2, 1)
-
-
 def test_nested_llm_span_of_the_same_call_is_ignored(tmp_path: Path, rows: SpanRows) -> None:
     root = rows.rollout("r1", llm_calls=2)
     outer = rows.llm("r1", root, [1, 2], [3], start=1, end=5, response_id="x")

@@ -93,3 +93,11 @@ def test_cli_compact_zstd_level(tmp_path: Path) -> None:
     assert sizes["19"] < 0.97 * sizes["-7"]
     for command in (spans_cmd.compact, collector_cmd.collector):
         assert inspect.signature(command).parameters["zstd_level"].default == ZSTD_LEVEL
+
+
+def test_cli_compact_rejects_out_of_range_settings(tmp_path: Path) -> None:
+    """``spans compact``'s options come from ``CompactSettings``: its checks, named as the options."""
+    for args, problem in ((["--zstd-level", "23"], "--zstd-level must be in"),
+                          (["--small-mb", "0"], "--small-mb must be positive")):  # fmt: skip
+        result = CliRunner().invoke(app, ["spans", "compact", str(tmp_path), *args], env={"COLUMNS": "300"})
+        assert result.exit_code == 2 and problem in result.output, result.output

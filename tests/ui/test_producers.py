@@ -13,7 +13,7 @@ import pytest
 
 from tinkertrace import schemas
 from tinkertrace import semconv as sc
-from tinkertrace.builder.views import open_views
+from tinkertrace.builder.query import open_views
 from tinkertrace.ui.server import UiServer
 
 from .conftest import span

@@ -1,10 +1,11 @@
 """`build_trajectories`: spans folder → triplets.parquet and trajectories.parquet.
 
-The build is one pass over named stages (:func:`_build_into`): sources → spans → rollouts → calls →
-rewards → triplets → trajectories. Each stage takes the DuckDB relations it reads and returns the one
-it created (:mod:`.views` for the views over the files, :mod:`.stages` for the token-free tables,
-:mod:`.rewards` for the assignment, :mod:`.stream` for the token join, :mod:`.trajectories` for the
-merge), so what each reads is in its call.
+The build is one pass over named stages (:func:`_build_into`): sources → re-tokenised ids → typed
+spans → spans → rollouts → calls → rewards → triplets → trajectories. Each stage takes the DuckDB
+relations it reads and returns the one it created (:mod:`.sources` for the files, :mod:`.retokenize`
+for text-only calls' ids, :mod:`.views` for the views over the files, :mod:`.stages` and
+:mod:`.event_rewards` for the token-free tables, :mod:`.rewards` for the assignment, :mod:`.stream`
+for the token join, :mod:`.trajectories` for the merge), so what each reads is in its call.
 """
 
 from __future__ import annotations
@@ -21,16 +22,17 @@ import pyarrow.parquet as pq
 
 from tinkertrace import schemas
 from tinkertrace.builder import stages, stream, views
+from tinkertrace.builder.event_rewards import add_event_rewards
 from tinkertrace.builder.options import BuildSettings
 from tinkertrace.builder.output import AtomicParquetWriter
 from tinkertrace.builder.retokenize import retokenize
-from tinkertrace.builder.rewards import assign_rewards
+from tinkertrace.builder.rewards import assign_rewards, count_rewards
+from tinkertrace.builder.sources import Sources, open_sources
 from tinkertrace.builder.summary import BuildSummary
 from tinkertrace.builder.trajectories import merge_turns
 
 TRIPLETS_FILE = "triplets.parquet"
 TRAJECTORIES_FILE = "trajectories.parquet"
-WITH_IDS_VIEW = "spans_with_ids"  # spans_typed with the re-tokenised calls' ids
 
 
 @dataclass
@@ -116,22 +118,24 @@ def _sort_trajectories(
 
 def _sources(
     con: duckdb.DuckDBPyConnection, spans_dir: Path, options: BuildSettings, summary: BuildSummary
-) -> views.Sources:
-    """The span and log files under ``spans_dir`` as views; how many token buckets their size needs."""
-    sources = views.open_sources(con, spans_dir, options.files)
+) -> tuple[Sources, int]:
+    """The span and log files under ``spans_dir`` as views, and how many token buckets their size
+    needs (``options.buckets`` when given)."""
+    sources = open_sources(con, spans_dir, options.files)
     summary.files = len(sources.report.files)
     summary.corrupt_files = list(sources.report.skipped)
-    summary.buckets = options.buckets or stream.choose_buckets(
+    buckets = options.buckets or stream.choose_buckets(
         stream.token_bytes(con, sources.report.files), stream.memory_limit_bytes(con)
     )
-    return sources
+    summary.buckets = buckets  # reported; the stages are given the value itself
+    return sources, buckets
 
 
 def _retokenized(
-    con: duckdb.DuckDBPyConnection, typed: views.Relation, logs: views.Relation, options: BuildSettings,
-    summary: BuildSummary,
-) -> views.Relation | None:  # fmt: skip
-    """Token ids for the text-only calls of ``typed`` from ``options.tokenizer`` (None: none rebuilt)."""
+    con: duckdb.DuckDBPyConnection, sources: Sources, options: BuildSettings, summary: BuildSummary
+) -> views.Relation | None:
+    """Token ids for the text-only calls of ``sources`` from ``options.tokenizer`` (None: none
+    rebuilt)."""
     tokenizer = None
     if options.tokenizer is not None:
         from tinkertrace.models.tokenizer import (  # transformers: only here
@@ -143,7 +147,7 @@ def _retokenized(
             tokenizer = load_tokenizer(options.tokenizer)
         except TokenizerNotFoundError as exc:
             raise ValueError(str(exc)) from exc
-    table, not_rebuilt = retokenize(con, typed, logs, tokenizer)
+    table, not_rebuilt = retokenize(con, sources.raw, sources.logs, tokenizer)
     summary.llm_calls_not_rebuilt = dict(sorted(not_rebuilt.items()))
     if table is not None:
         summary.llm_calls_retokenized = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
@@ -156,13 +160,12 @@ def _build_into(spans_dir: Path, out_dir: Path, options: BuildSettings, work: Pa
     summary = BuildSummary()
     con = connect(options, work)
     try:
-        sources = _sources(con, spans_dir, options, summary)  # span files, log files
-        typed = views.create_typed(con, sources.raw)  # each producer's spans in our columns
-        rebuilt = _retokenized(con, typed, sources.logs, options, summary)  # ids of text-only calls
-        if rebuilt is not None:
-            typed = views.create_typed(con, sources.raw, rebuilt, name=WITH_IDS_VIEW)
+        sources, buckets = _sources(con, spans_dir, options, summary)  # span files, log files
+        rebuilt = _retokenized(con, sources, options, summary)  # ids of text-only calls
+        typed = views.create_typed(con, sources.raw, rebuilt)  # each producer's spans in our columns
         spans_view = views.create_spans(con, sources.raw, typed, task_key=options.task_key)
-        spans = stages.spans(con, spans_view, sources, summary)  # token-free, GenAI event rewards added
+        spans = stages.spans(con, spans_view, summary)  # token-free
+        spans = add_event_rewards(con, spans, sources)  # GenAI evaluation events as reward rows
         rollouts = stages.rollouts(con, spans, options, summary)
         scopes = stages.agent_scopes(con, spans, rollouts)
         parents = stages.parents(con, spans, rollouts, options, summary)
@@ -170,10 +173,10 @@ def _build_into(spans_dir: Path, out_dir: Path, options: BuildSettings, work: Pa
         rewards = stages.rewards(con, spans, rollouts, scopes, parents, options, summary)
         stages.drop(con, spans, rollouts, scopes, parents)  # read by no later stage: their memory goes on
         assigned = assign_rewards(con, calls, rewards, options.reward_policy)
-        stages.count_rewards(con, calls, rewards, assigned, options, summary)
-        chosen = stages.chosen_calls(con, calls, assigned, options, summary, summary.buckets)
+        count_rewards(con, calls, rewards, assigned, options, summary)
+        chosen = stages.chosen_calls(con, calls, assigned, options, summary, buckets)
         stages.drop(con, calls, rewards, assigned)
-        triplets = stream.triplet_stream(con, chosen, typed, options.batch_rows, summary.buckets, work)
+        triplets = stream.triplet_stream(con, chosen, typed, options.batch_rows, buckets, work)
         _write(con, triplets, out_dir, options, summary, work)  # triplets, merged into trajectories
     finally:
         con.close()

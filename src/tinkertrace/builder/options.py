@@ -5,16 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from tinkertrace import semconv
-from tinkertrace.settings import setting
+from tinkertrace.settings import check_choices, raise_problems, setting
 
 RewardPolicy = Literal["nearest", "sibling", "link", "final"]
 GroupBy = Literal["task", "task+agent"]
+REWARD_POLICIES: tuple[str, ...] = get_args(RewardPolicy)  # the ui's menu (the Literal is the list)
 
-REWARD_POLICIES: tuple[str, ...] = ("nearest", "sibling", "link", "final")
-GROUP_BYS: tuple[str, ...] = ("task", "task+agent")
 # Rollout statuses `statuses` selects: the root span's tinkertrace.rollout.status ("timed_out": closed by
 # the endpoint after its idle time), or "unknown" when the rollout has no root or its producer records
 # none (Agent-lightning).
@@ -108,23 +107,22 @@ class BuildSettings:
     )
 
     def __post_init__(self) -> None:
-        if self.reward_policy not in REWARD_POLICIES:
-            raise ValueError(f"reward_policy must be one of {REWARD_POLICIES}, got {self.reward_policy!r}")
-        if self.group_by not in GROUP_BYS:
-            raise ValueError(f"group_by must be one of {GROUP_BYS}, got {self.group_by!r}")
-        if self.batch_rows < 1:
-            raise ValueError(f"batch_rows must be positive, got {self.batch_rows}")
-        if self.buckets is not None and not 1 <= self.buckets <= MAX_BUCKETS:
-            raise ValueError(f"buckets must be between 1 and {MAX_BUCKETS}, got {self.buckets}")
-        if not self.task_key:
-            raise ValueError("task_key must name an attribute")
-        unknown = sorted(set(self.statuses) - set(STATUSES))
-        if unknown:
-            raise ValueError(f"statuses must be among {STATUSES}, got {unknown}")
-        # Accept any iterable for the collection fields, store them immutably.
-        object.__setattr__(self, "splits", tuple(self.splits))
-        object.__setattr__(self, "statuses", tuple(self.statuses))
-        object.__setattr__(self, "tasks", tuple(self.tasks))
+        """Store the collection fields immutably (any iterable is accepted); check the values (a
+        ConfigError naming each problem): options built in code are checked as a command's are."""
+        for name in ("splits", "statuses", "tasks"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "exclude_rollouts", frozenset(self.exclude_rollouts))
         if self.files is not None:
             object.__setattr__(self, "files", tuple(Path(f) for f in self.files))
+        unknown = sorted(set(self.statuses) - set(STATUSES))
+        checks = [
+            *check_choices(self),  # reward_policy, group_by: their Literals
+            (self.batch_rows >= 1, f"batch_rows must be positive, got {self.batch_rows}"),
+            (
+                self.buckets is None or 1 <= self.buckets <= MAX_BUCKETS,
+                f"buckets must be between 1 and {MAX_BUCKETS}, got {self.buckets}",
+            ),
+            (bool(self.task_key), "task_key must name an attribute"),
+            (not unknown, f"statuses must be among {', '.join(STATUSES)}, got {', '.join(unknown)}"),
+        ]
+        raise_problems(checks, "invalid build settings")

@@ -9,7 +9,8 @@ from typing import Literal
 import duckdb
 import pyarrow as pa
 
-from tinkertrace.builder.views import open_views
+from tinkertrace.builder import views
+from tinkertrace.builder.sources import open_sources
 from tinkertrace.spanstore.reader import ReadReport
 from tinkertrace.spanstore.sql import literal
 
@@ -19,6 +20,22 @@ _COPY_OPTIONS = {"csv": "FORMAT csv, HEADER true", "json": "FORMAT json", "parqu
 
 class QueryError(ValueError):
     """The SQL could not be run; the message says why."""
+
+
+def open_views(
+    con: duckdb.DuckDBPyConnection,
+    spans_dir: Path,
+    files: tuple[Path, ...] | None = None,
+    *,
+    task_key: str = views.DEFAULT_TASK_KEY,
+) -> ReadReport:
+    """Open ``spans_dir`` (or just ``files``) for ad-hoc SQL: the views ``spans_raw``, ``logs``,
+    ``spans_typed``, ``spans``, ``llm_calls``, ``rewards`` and ``rollouts``; returns the reader's
+    report."""
+    sources = open_sources(con, spans_dir, files)
+    typed = views.create_typed(con, sources.raw)
+    views.create_derived_views(con, views.create_spans(con, sources.raw, typed, task_key=task_key))
+    return sources.report
 
 
 def open_query_views(spans_dir: Path) -> tuple[duckdb.DuckDBPyConnection, ReadReport]:

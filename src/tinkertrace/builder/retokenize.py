@@ -23,7 +23,7 @@ from tinkertrace import semconv as sc
 from tinkertrace.builder.adapters import ADAPTERS
 from tinkertrace.builder.adapters.genai import MESSAGE_EVENT_NAMES, MESSAGE_EVENTS
 from tinkertrace.builder.summary import NO_TOKENIZER_REASON
-from tinkertrace.builder.views import Relation
+from tinkertrace.builder.views import Relation, typed_sql
 from tinkertrace.spanstore.sql import literal_list
 
 TABLE = "_retokenized"
@@ -33,17 +33,19 @@ NO_MESSAGES = "no ids and no message content recorded"
 TEMPLATE_FAILED = "chat template failed on the messages"
 
 
-def text_only_calls_sql(typed: Relation, logs: Relation) -> str:
-    """SQL: LLM spans of ``typed`` from producers that can give their messages, without token ids of
-    their own; their attributes completed by their GenAI event log records in ``logs``. The official
-    instrumentation in ``event_only`` mode sends the messages as one log record of the call's span
-    (its attributes merged in; the span's own win); in its default mode, one record per message and
-    per choice (the list of ``{name, body}`` in emission order under ``genai.MESSAGE_EVENTS``)."""
+def text_only_calls_sql(raw: Relation, logs: Relation) -> str:
+    """SQL: LLM spans of ``raw`` (mapped by their adapters:
+    :func:`~tinkertrace.builder.views.typed_sql`) from producers that can give their messages, without
+    token ids of their own; their attributes completed by their GenAI event log records in ``logs``.
+    The official instrumentation in ``event_only`` mode sends the messages as one log record of the
+    call's span (its attributes merged in; the span's own win); in its default mode, one record per
+    message and per choice (the list of ``{name, body}`` in emission order under
+    ``genai.MESSAGE_EVENTS``)."""
     producers = ", ".join(f"'{a.name}'" for a in ADAPTERS if a.conversation is not None)
     return f"""
     WITH calls AS (
-        SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, producer, attributes FROM {typed}
-        WHERE span_type = '{sc.TYPE_LLM}' AND producer IN ({producers})
+        SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, producer, attributes
+        FROM ({typed_sql(raw)}) WHERE span_type = '{sc.TYPE_LLM}' AND producer IN ({producers})
           AND (prompt_token_ids IS NULL OR response_token_ids IS NULL)
     ), details AS (
         SELECT trace_id, span_id, list(attributes ORDER BY time, received_at) AS records FROM {logs}
@@ -88,14 +90,15 @@ def call_ids(tokenizer: Any, conversation: Any) -> tuple[list[int], list[int]]:
 
 
 def retokenize(
-    con: duckdb.DuckDBPyConnection, typed: Relation, logs: Relation, tokenizer: Any | None
+    con: duckdb.DuckDBPyConnection, raw: Relation, logs: Relation, tokenizer: Any | None
 ) -> tuple[Relation | None, Counter[str]]:
-    """Rebuild the token ids of the text-only calls of ``typed`` (their content completed by ``logs``)
-    into table :data:`TABLE` (``trace_id, span_id, prompt_token_ids, response_token_ids,
-    response_logprobs, token_source``); returns its name (None when no call was rebuilt) and the count
-    of calls that could not be, by reason."""
+    """Rebuild the token ids of the text-only calls of the span rows ``raw`` (their content completed
+    by ``logs``) into table :data:`TABLE` (``trace_id, span_id, prompt_token_ids, response_token_ids,
+    response_logprobs, token_source``, which the ``spans_typed`` view joins in:
+    :func:`~tinkertrace.builder.views.create_typed`); returns its name (None when no call was rebuilt)
+    and the count of calls that could not be, by reason."""
     not_rebuilt: Counter[str] = Counter()
-    calls = con.sql(text_only_calls_sql(typed, logs)).to_arrow_table().to_pylist()
+    calls = con.sql(text_only_calls_sql(raw, logs)).to_arrow_table().to_pylist()
     if not calls:
         return None, not_rebuilt
     if tokenizer is None:

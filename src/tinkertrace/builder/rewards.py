@@ -23,13 +23,17 @@ others fall back to (scoped) ``nearest`` among the calls no link took.
 
 ``final``: the rollout's final reward (the latest one flagged final, else the latest one) goes to
 every call of the rollout; its other rewards are superseded.
+
+:func:`count_rewards` then counts what the assignment matched, superseded and left unmatched.
 """
 
 from __future__ import annotations
 
 import duckdb
 
-from tinkertrace.builder.options import RewardPolicy
+from tinkertrace.builder.options import BuildSettings, RewardPolicy
+from tinkertrace.builder.stages import drop, scalar
+from tinkertrace.builder.summary import BuildSummary
 from tinkertrace.builder.views import Relation
 
 ASSIGNED = "_assigned"
@@ -139,3 +143,37 @@ def assign_rewards(
     """)
     con.execute("DROP TABLE IF EXISTS _nearest; DROP TABLE IF EXISTS _unlinked; DROP TABLE IF EXISTS _linked")
     return ASSIGNED
+
+
+def count_rewards(
+    con: duckdb.DuckDBPyConnection,
+    calls: Relation,
+    rewards: Relation,
+    assigned: Relation,
+    options: BuildSettings,
+    summary: BuildSummary,
+) -> None:
+    """Count the rewards matched to a call, superseded (``final``) or unmatched (listed)."""
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _reward_state AS
+        SELECT w.rollout_id, w.span_id, w.v,
+               EXISTS (SELECT 1 FROM {assigned} a WHERE a.reward_trace_id = w.trace_id
+                       AND a.reward_span_id = w.span_id) AS matched,
+               EXISTS (SELECT 1 FROM {calls} c WHERE c.rollout_id = w.rollout_id AND c.trainable)
+                   AS rollout_has_calls
+        FROM {rewards} w WHERE w.v IS NOT NULL""")
+    summary.rewards_matched = scalar(con, "SELECT count(*) FROM _reward_state WHERE matched")
+    unmatched = "NOT matched"
+    if options.reward_policy == "final":
+        summary.rewards_superseded = scalar(
+            con, "SELECT count(*) FROM _reward_state WHERE NOT matched AND rollout_has_calls"
+        )
+        unmatched = "NOT matched AND NOT rollout_has_calls"
+    summary.unmatched_rewards = [
+        (r[0], r[1])
+        for r in con.execute(
+            f"SELECT rollout_id, span_id FROM _reward_state WHERE {unmatched} ORDER BY 1, 2"
+        ).fetchall()
+    ]
+    summary.rewards_unmatched = len(summary.unmatched_rewards)
+    drop(con, "_reward_state")

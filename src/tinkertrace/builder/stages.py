@@ -3,8 +3,9 @@
 Each stage takes the relations it reads as arguments, creates one table (named after what it holds)
 and returns its name; the working tables a stage needs on the way are its own and dropped before it
 returns. Each also fills the summary counts it knows. :func:`tinkertrace.builder.build` runs them in
-order and :func:`tinkertrace.builder.stream.triplet_stream` then joins the chosen calls with their
-token columns, bucket by bucket.
+order (:mod:`.event_rewards` after :func:`spans`, :mod:`.rewards` after :func:`rewards`) and
+:func:`tinkertrace.builder.stream.triplet_stream` then joins the chosen calls with their token
+columns, bucket by bucket.
 """
 
 from __future__ import annotations
@@ -17,26 +18,23 @@ from tinkertrace.builder import views
 from tinkertrace.builder.adapters import OURS
 from tinkertrace.builder.options import BuildSettings
 from tinkertrace.builder.summary import BuildSummary
-from tinkertrace.builder.views import Relation, Sources
+from tinkertrace.builder.views import Relation
 from tinkertrace.schemas.columns import TOKEN_COLUMNS
-from tinkertrace.spanstore.sql import attr
 
 SPANS, ROLLOUTS, SCOPES, PARENTS = "_spans", "_rollouts", "_scopes", "_parents"
 CALLS, REWARDS, CHOSEN = "_calls", "_rewards", "_chosen"
 
 
-def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object] | None = None) -> int:
+def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object] | None = None) -> int:
+    """The integer ``sql`` selects (0 for no row or null)."""
     row = con.execute(sql, params or {}).fetchone()
     return int(row[0]) if row and row[0] is not None else 0
 
 
-def spans(
-    con: duckdb.DuckDBPyConnection, spans_view: Relation, sources: Sources, summary: BuildSummary
-) -> Relation:
+def spans(con: duckdb.DuckDBPyConnection, spans_view: Relation, summary: BuildSummary) -> Relation:
     """``spans_view`` (the ``spans`` view: every producer's spans with their rollout) materialised
-    without token ids or the columns no later stage reads, plus a reward row for each GenAI evaluation
-    event (:func:`_add_event_rewards`); counts the spans, by producer."""
-    keep_attrs = f"span_type IN ('{sc.TYPE_ROLLOUT}', '{sc.TYPE_REWARD}') OR from_agentlightning"
+    without token ids or the columns no later stage reads; counts the spans, by producer."""
+    keep_attrs = f"span_type IN ('{sc.TYPE_ROLLOUT}', '{sc.TYPE_REWARD}') OR process_producer IS NOT NULL"
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE {SPANS} AS
         SELECT * EXCLUDE ({", ".join(TOKEN_COLUMNS)}, attributes, resource_attributes, events, links,
@@ -49,68 +47,15 @@ def spans(
                CASE WHEN {keep_attrs} THEN attributes END AS attributes,
                {views.llm_truncated_sql()} AS truncated
         FROM {spans_view}""")  # only LLM calls need their file (the token join) and rewards their name
-    summary.spans = _scalar(con, f"SELECT count(*) FROM {SPANS}")
-    summary.spans_without_rollout = _scalar(con, f"SELECT count(*) FROM {SPANS} WHERE rollout_id IS NULL")
+    summary.spans = scalar(con, f"SELECT count(*) FROM {SPANS}")
+    summary.spans_without_rollout = scalar(con, f"SELECT count(*) FROM {SPANS} WHERE rollout_id IS NULL")
     llm = f"span_type = '{sc.TYPE_LLM}'"
     for where, counts in (("true", summary.spans_by_producer), (llm, summary.llm_spans_by_producer)):
         rows = con.execute(
             f"SELECT COALESCE(producer, '{OURS}'), count(*) FROM {SPANS} WHERE {where} GROUP BY 1"
         )
         counts.update(dict(rows.fetchall()))
-    _add_event_rewards(con, SPANS, sources)
     return SPANS
-
-
-def _add_event_rewards(con: duckdb.DuckDBPyConnection, table: Relation, sources: Sources) -> None:
-    """Add a reward row to ``table`` for every ``gen_ai.evaluation.result`` event on a span (the GenAI
-    way of scoring, from any language): a child of that span at the event's time, named by
-    ``gen_ai.evaluation.name``, valued ``gen_ai.evaluation.score.value``, linked to the call of its
-    ``gen_ai.response.id``; the same events sent as OTLP log records of a span (``sources.logs``) too.
-    Only spans whose events mention the name are parsed."""
-    event = sc.REWARD_SPAN_NAME
-    carrier = (
-        "s.trace_id, s.span_id AS carrier, s.rollout_id, s.task_id, s.attempt, s.split, s.agent_name, "
-        "s.received_at, s.from_agentlightning, s.implicit_rollout, s.producer"
-    )
-    # the carriers' columns come from the table; only the raw events column is scanned, once
-    con.execute(f"""CREATE OR REPLACE TEMP TABLE _carriers AS SELECT DISTINCT trace_id, span_id, events
-        FROM {sources.raw} WHERE contains(events, '{event}')""")
-    logged = _scalar(con, f"SELECT count(*) FROM {sources.logs} WHERE event_name = '{event}'")
-    if not logged and not _scalar(con, "SELECT count(*) FROM _carriers"):
-        drop(con, "_carriers")
-        return
-    from_logs = ""
-    if logged:
-        from_logs = f"""UNION ALL BY NAME  -- the same events sent as OTLP log records of the span
-            SELECT {carrier}, 'log' || row_number() OVER (PARTITION BY l.trace_id, l.span_id
-                                                            ORDER BY l.time, l.received_at) AS i,
-                   l.attributes, COALESCE(l.time, l.observed_time)::TIMESTAMPTZ AS event_time
-            FROM {sources.logs} l JOIN {table} s ON s.trace_id = l.trace_id AND s.span_id = l.span_id
-            WHERE l.event_name = '{event}'"""
-    con.execute(f"""
-        INSERT INTO {table} BY NAME
-        WITH e AS (
-            SELECT {carrier}, unnest(CAST(r.events AS JSON[])) AS ev,
-                   'event' || generate_subscripts(CAST(r.events AS JSON[]), 1) AS i
-            FROM _carriers r JOIN {table} s ON s.trace_id = r.trace_id AND s.span_id = r.span_id
-        ), scored AS (
-            SELECT * EXCLUDE (ev), json_extract_string(ev, '$.attributes') AS attributes,
-                   to_timestamp(0) + to_microseconds(
-                       CAST(json_extract_string(ev, '$.time_unix_nano') AS BIGINT) // 1000)
-                       AS event_time
-            FROM e WHERE json_extract_string(ev, '$.name') = '{event}'
-            {from_logs}
-        )
-        SELECT trace_id, carrier || '/' || i AS span_id, carrier AS parent_span_id, '{event}' AS name,
-               event_time AS start_time, event_time AS end_time, '{sc.TYPE_REWARD}' AS span_type,
-               rollout_id, task_id, attempt, split, agent_name, received_at, from_agentlightning,
-               implicit_rollout, producer,
-               COALESCE({attr(sc.GENAI_EVALUATION_NAME)}, '{sc.PRIMARY_REWARD}') AS reward_name,
-               TRY_CAST({attr(sc.GENAI_EVALUATION_SCORE)} AS DOUBLE) AS reward_value,
-               {attr(sc.GENAI_RESPONSE_ID)} AS response_id, attributes,
-               NULL AS agent_span_name, false AS trainable, false AS server_side
-        FROM scored WHERE {attr(sc.GENAI_EVALUATION_SCORE)} IS NOT NULL""")
-    drop(con, "_carriers")
 
 
 def rollouts(
@@ -125,8 +70,8 @@ def rollouts(
     con.execute("""
         CREATE OR REPLACE TEMP TABLE _candidates AS
         SELECT * FROM _all_rollouts ANTI JOIN _excluded_arrow USING (rollout_id)""")
-    summary.rollouts_seen = _scalar(con, "SELECT count(*) FROM _all_rollouts")
-    summary.rollouts_excluded = summary.rollouts_seen - _scalar(con, "SELECT count(*) FROM _candidates")
+    summary.rollouts_seen = scalar(con, "SELECT count(*) FROM _all_rollouts")
+    summary.rollouts_excluded = summary.rollouts_seen - scalar(con, "SELECT count(*) FROM _candidates")
     summary.rollouts_incomplete = dict(
         con.execute("""SELECT incomplete_reason, count(*) FROM _candidates
                        WHERE incomplete_reason IS NOT NULL GROUP BY ALL ORDER BY 1""").fetchall()
@@ -143,7 +88,7 @@ def rollouts(
     if options.statuses:
         status = "COALESCE(status, 'unknown') IN (SELECT unnest($statuses))"
         params["statuses"] = list(options.statuses)
-        summary.rollouts_status_filtered = _scalar(
+        summary.rollouts_status_filtered = scalar(
             con, f"SELECT count(*) FROM _candidates WHERE {pool} AND NOT {status}", params
         )
         where.append(status)
@@ -163,15 +108,15 @@ def rollouts(
         f"CREATE OR REPLACE TEMP TABLE {ROLLOUTS} AS SELECT * FROM _candidates WHERE {' AND '.join(where)}",
         params,
     )
-    summary.rollouts_built = _scalar(con, f"SELECT count(*) FROM {ROLLOUTS}")
-    complete = _scalar(con, "SELECT count(*) FROM _candidates WHERE incomplete_reason IS NULL")
+    summary.rollouts_built = scalar(con, f"SELECT count(*) FROM {ROLLOUTS}")
+    complete = scalar(con, "SELECT count(*) FROM _candidates WHERE incomplete_reason IS NULL")
     considered = summary.rollouts_seen - summary.rollouts_excluded
     summary.rollouts_filtered = (
         (considered if options.include_incomplete else complete)
         - summary.rollouts_status_filtered
         - summary.rollouts_built
     )
-    summary.rollouts_failed = _scalar(
+    summary.rollouts_failed = scalar(
         con, f"SELECT count(*) FROM {ROLLOUTS} WHERE status = '{sc.STATUS_FAILED}'"
     )
     ids = con.execute(f"SELECT rollout_id FROM {ROLLOUTS} ORDER BY 1").fetchall()
@@ -199,7 +144,7 @@ def parents(
         ANTI JOIN (SELECT DISTINCT trace_id, span_id FROM {spans}) p
           ON p.trace_id = m.trace_id AND p.span_id = m.parent_span_id
         WHERE m.parent_span_id IS NOT NULL""")
-    summary.orphan_spans_repaired = _scalar(con, "SELECT count(*) FROM _orphans")
+    summary.orphan_spans_repaired = scalar(con, "SELECT count(*) FROM _orphans")
     if options.reward_policy != "sibling":
         drop(con, "_orphans")
         return None
@@ -295,7 +240,7 @@ def calls(
 ) -> Relation:
     """The distinct LLM calls of the built rollouts (``views.llm_calls_sql``), each with its rollout's
     fields, agent, scope, parent and ``turn`` (its position in the rollout by time)."""
-    mixed = _scalar(
+    mixed = scalar(
         con,
         f"SELECT count(*) FROM {spans} WHERE span_type = '{sc.TYPE_LLM}' "
         "AND (server_side OR producer IS NOT NULL)",
@@ -315,9 +260,9 @@ def calls(
         FROM ({views.llm_calls_sql(spans, mixed=mixed > 0)}) c JOIN {rollouts} r USING (rollout_id)
         LEFT JOIN {scopes} s USING (trace_id, span_id)
         {join}""")
-    summary.llm_calls = _scalar(con, f"SELECT count(*) FROM {CALLS}")
-    summary.llm_calls_without_tokens = _scalar(con, f"SELECT count(*) FROM {CALLS} WHERE NOT trainable")
-    summary.llm_spans = _scalar(
+    summary.llm_calls = scalar(con, f"SELECT count(*) FROM {CALLS}")
+    summary.llm_calls_without_tokens = scalar(con, f"SELECT count(*) FROM {CALLS} WHERE NOT trainable")
+    summary.llm_spans = scalar(
         con,
         f"SELECT count(DISTINCT (trace_id, span_id)) FROM {spans} SEMI JOIN {rollouts} USING (rollout_id) "
         f"WHERE span_type = '{sc.TYPE_LLM}'",
@@ -352,43 +297,9 @@ def rewards(
         {join}""",
         {"name": options.reward_name} if options.reward_name is not None else {},
     )
-    summary.rewards = _scalar(con, f"SELECT count(*) FROM {REWARDS}")
-    summary.rewards_missing_dimension = _scalar(con, f"SELECT count(*) FROM {REWARDS} WHERE v IS NULL")
+    summary.rewards = scalar(con, f"SELECT count(*) FROM {REWARDS}")
+    summary.rewards_missing_dimension = scalar(con, f"SELECT count(*) FROM {REWARDS} WHERE v IS NULL")
     return REWARDS
-
-
-def count_rewards(
-    con: duckdb.DuckDBPyConnection,
-    calls: Relation,
-    rewards: Relation,
-    assigned: Relation,
-    options: BuildSettings,
-    summary: BuildSummary,
-) -> None:
-    """Count the rewards matched to a call, superseded (``final``) or unmatched (listed)."""
-    con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE _reward_state AS
-        SELECT w.rollout_id, w.span_id, w.v,
-               EXISTS (SELECT 1 FROM {assigned} a WHERE a.reward_trace_id = w.trace_id
-                       AND a.reward_span_id = w.span_id) AS matched,
-               EXISTS (SELECT 1 FROM {calls} c WHERE c.rollout_id = w.rollout_id AND c.trainable)
-                   AS rollout_has_calls
-        FROM {rewards} w WHERE w.v IS NOT NULL""")
-    summary.rewards_matched = _scalar(con, "SELECT count(*) FROM _reward_state WHERE matched")
-    unmatched = "NOT matched"
-    if options.reward_policy == "final":
-        summary.rewards_superseded = _scalar(
-            con, "SELECT count(*) FROM _reward_state WHERE NOT matched AND rollout_has_calls"
-        )
-        unmatched = "NOT matched AND NOT rollout_has_calls"
-    summary.unmatched_rewards = [
-        (r[0], r[1])
-        for r in con.execute(
-            f"SELECT rollout_id, span_id FROM _reward_state WHERE {unmatched} ORDER BY 1, 2"
-        ).fetchall()
-    ]
-    summary.rewards_unmatched = len(summary.unmatched_rewards)
-    drop(con, "_reward_state")
 
 
 def chosen_calls(
@@ -447,7 +358,7 @@ def chosen_calls(
     except duckdb.InvalidInputException as exc:
         raise ValueError(f"invalid --agent regular expression {options.agent!r}: {exc}") from exc
     summary.llm_calls_filtered = (
-        summary.llm_calls - summary.llm_calls_without_tokens - _scalar(con, f"SELECT count(*) FROM {CHOSEN}")
+        summary.llm_calls - summary.llm_calls_without_tokens - scalar(con, f"SELECT count(*) FROM {CHOSEN}")
     )
     return CHOSEN
 

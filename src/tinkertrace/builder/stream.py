@@ -43,7 +43,7 @@ _UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "P
 
 def memory_limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
     """DuckDB's effective memory limit in bytes (``current_setting`` prints e.g. ``244.1 MiB``)."""
-    text = str(con.execute("SELECT current_setting('memory_limit')").fetchone()[0])  # type: ignore[index]
+    text = str(con.sql("SELECT current_setting('memory_limit')").fetchall()[0][0])
     match = re.fullmatch(r"\s*([\d.]+)\s*(\w+)\s*", text)
     if match is None or match.group(2) not in _UNITS:
         raise ValueError(f"cannot read DuckDB memory limit {text!r}")
@@ -56,11 +56,11 @@ def token_bytes(con: duckdb.DuckDBPyConnection, files: list[Path]) -> int:
     if not files:
         return 0
     cols = " OR ".join(f"path_in_schema LIKE '{c},%'" for c in TOKEN_COLUMNS)
-    row = con.execute(
+    ((values,),) = con.sql(
         f"SELECT sum(num_values) FROM parquet_metadata($files) WHERE {cols}",
-        {"files": [str(f) for f in files]},
-    ).fetchone()
-    return 4 * int(row[0] or 0) if row else 0
+        params={"files": [str(f) for f in files]},
+    ).fetchall()
+    return 4 * int(values or 0)
 
 
 def choose_buckets(data_bytes: int, limit_bytes: int) -> int:

@@ -1,46 +1,37 @@
 """DuckDB views over a spans folder: ``spans``, ``llm_calls``, ``rewards`` and ``rollouts``.
 
-``spans_typed`` is the raw span table with every other producer's spans mapped onto our columns by
-its adapter (:mod:`tinkertrace.builder.adapters`; column ``producer`` names who wrote the row), and,
-when a build re-tokenised text-only calls, their token ids joined in. ``spans`` adds the rollout each
-span belongs to: ours (``tinkertrace.rollout.id``), Agent-lightning's (resource attribute
-``agentlightning.rollout_id``), the one of the rollout root span in its trace, or, for a trace where
-no span carries a rollout id at all, the trace itself (its root span is the rollout, ``rollout_id`` the
-trace id, the task id read from ``task_key``, its status in ``plain_status`` from the root span's
-OTel status). ``agent_span_name`` is the agent name of agent spans
-(ours, GenAI ``invoke_agent``, or ``agent.name`` as Agent-lightning, OpenInference and AgentOps write
-it), null on other spans.
+Every view is ours, coalesced over the adapters (:mod:`tinkertrace.builder.adapters`): no producer is
+named here. ``spans_typed`` is the raw span table with every other producer's spans mapped onto our
+columns by its adapter (column ``producer`` names who wrote the row), and, when a build re-tokenised
+text-only calls, their token ids joined in. ``spans`` adds the rollout each span belongs to: ours
+(``tinkertrace.rollout.id``), the one its process names (an adapter's process-level rollout id;
+column ``process_producer`` names that adapter), the one of the rollout root span in its trace, or,
+for a trace where no span carries a rollout id at all, the trace itself (its root span is the
+rollout, ``rollout_id`` the trace id, the task id read from ``task_key``, its status in
+``plain_status`` from the root span's OTel status). ``agent_span_name`` is the agent name of agent
+spans (ours, or an adapter's ``agent_name``), null on other spans.
 
 Each ``create_*`` function takes the relations it reads and returns the name of the view it made.
 The other three views' SQL (``llm_calls_sql``, ``rewards_sql``, ``rollouts_sql``) is defined over any
 relation with the ``spans`` columns, so the build runs it over its materialised, token-free copy
 (:mod:`tinkertrace.builder.stages`) and ``tinkertrace spans query`` over the view itself
-(:func:`open_views`).
+(:func:`tinkertrace.builder.query.open_views`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 import duckdb
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from tinkertrace import schemas
 from tinkertrace import semconv as sc
-from tinkertrace.builder.adapters import ADAPTERS, OURS, agentlightning
+from tinkertrace.builder import adapters
+from tinkertrace.builder.adapters import OURS
 from tinkertrace.builder.adapters.base import MAPPABLE_COLUMNS
 from tinkertrace.schemas.columns import TOKEN_COLUMNS
-from tinkertrace.spanstore.logs import LOGS_FOLDER
-from tinkertrace.spanstore.reader import ReadReport, list_span_files, open_spans
-from tinkertrace.spanstore.sql import attr, attr_json, literal_list
+from tinkertrace.spanstore.sql import attr, attr_json
 
 Relation = str
 """The name of a DuckDB view or table one build stage created and hands to the next."""
 
-RAW_VIEW = "spans_raw"
-LOGS_VIEW = "logs"
 TYPED_VIEW = "spans_typed"
 DEFAULT_TASK_KEY = sc.TASK_ID  # the attribute of a plain trace's root span naming its task
 
@@ -56,35 +47,26 @@ def _attr_json(name: str) -> str:
     return attr_json(name, _A)
 
 
-def _producer_sql() -> str:
-    """SQL over a raw row: who wrote it (``tinkertrace`` when it has our span type, else the first
-    adapter whose ``match`` holds, else null)."""
-    whens = " ".join(f"WHEN {a.match} THEN '{a.name}'" for a in ADAPTERS)
-    return f"CASE WHEN span_type IS NOT NULL THEN '{OURS}' {whens} END"
-
-
-def _typed_sql(raw: Relation, retokenized: Relation | None) -> str:
+def typed_sql(raw: Relation, retokenized: Relation | None = None) -> str:
     """SQL of ``spans_typed``: each mapped column is ours where the row has it, else its adapter's
     expression (evaluated only for that adapter's rows), else the re-tokenised ids."""
     replaced = []
     for column in MAPPABLE_COLUMNS:
-        branches = " ".join(
-            f"WHEN '{a.name}' THEN {a.columns[column]}" for a in ADAPTERS if column in a.columns
-        )
         parts = [f"t.{column}"]
-        if branches:
-            parts.append(f"CASE t.producer {branches} END")
+        if mapped := adapters.column_sql(column, "t.producer"):
+            parts.append(mapped)
         if retokenized and (column in TOKEN_COLUMNS or column == "token_source"):
             parts.append(f"rt.{column}")
-        replaced.append(f"COALESCE({', '.join(parts)}) AS {column}" if len(parts) > 1 else "")
+        if len(parts) > 1:
+            replaced.append(f"COALESCE({', '.join(parts)}) AS {column}")
     join = (
         f"LEFT JOIN {retokenized} rt ON rt.trace_id = t.trace_id AND rt.span_id = t.span_id"
         if retokenized
         else ""
     )
     return f"""
-    SELECT t.* REPLACE ({", ".join(r for r in replaced if r)})
-    FROM (SELECT r.*, {_producer_sql()} AS producer FROM {raw} r) t {join}
+    SELECT t.* REPLACE ({", ".join(replaced)})
+    FROM (SELECT r.*, {adapters.producer_sql()} AS producer FROM {raw} r) t {join}
     """
 
 
@@ -99,14 +81,9 @@ def span_tokens_sql(typed: Relation) -> str:
 
 def _agent_span_name_sql() -> str:
     """SQL (over the typed row ``r``): the agent name of an agent span, else null. Agent spans are ours
-    (``span_type = 'agent'``), the GenAI convention's ``invoke_agent`` spans (name in
-    ``gen_ai.agent.name``, else in the span name ``invoke_agent {name}``) and spans carrying
-    ``agent.name`` (Agent-lightning, OpenInference, AgentOps)."""
-    invoke = f"{_attr(sc.GENAI_OPERATION)} = '{sc.AGENT_OPERATION}'"
-    named = f"NULLIF(regexp_extract(r.name, '^{sc.AGENT_OPERATION} (.+)$', 1), '')"
+    (``span_type = 'agent'``) and the spans without a span type an adapter names an agent."""
     return f"""CASE WHEN r.span_type = '{sc.TYPE_AGENT}' THEN r.agent_name
-        WHEN r.span_type IS NULL THEN COALESCE({_attr(sc.FOREIGN_AGENT_NAME)},
-            CASE WHEN {invoke} THEN COALESCE(r.agent_name, {named}) END) END"""
+        WHEN r.span_type IS NULL THEN {adapters.process_sql("agent_name")} END"""
 
 
 def _task_sql(task_key: str) -> str:
@@ -129,7 +106,7 @@ _PLAIN_STATUS_SQL = f"""CASE WHEN r.status_code = 'ERROR' THEN '{sc.STATUS_FAILE
 
 def _spans_sql(typed: Relation, task_key: str, plain_roots: bool) -> str:
     foreign = f"r.producer IS DISTINCT FROM '{OURS}'"
-    agl_rollout = f"CASE WHEN {foreign} THEN {agentlightning.ROLLOUT_ID} END"
+    process_rollout = f"CASE WHEN {foreign} THEN {adapters.process_sql('rollout_id')} END"
     task = "r.task_id" if task_key == DEFAULT_TASK_KEY else f"COALESCE(r.task_id, {_task_sql(task_key)})"
     # without a candidate root (the spans of our SDK alone) the implicit rollouts are known empty
     implicit = "" if plain_roots else "WHERE false"
@@ -139,11 +116,11 @@ def _spans_sql(typed: Relation, task_key: str, plain_roots: bool) -> str:
         WHERE span_type = '{sc.TYPE_ROLLOUT}' AND rollout_id IS NOT NULL GROUP BY trace_id
     ), candidates AS (  -- root spans of traces that may carry no rollout id at all
         SELECT trace_id, span_id, {task} AS task_id, start_time FROM {typed} r
-        WHERE parent_span_id IS NULL AND rollout_id IS NULL AND {foreign} AND {agl_rollout} IS NULL
+        WHERE parent_span_id IS NULL AND rollout_id IS NULL AND {foreign} AND {process_rollout} IS NULL
     ), claimed AS (
         SELECT DISTINCT trace_id FROM {typed} r
         WHERE trace_id IN (SELECT trace_id FROM candidates)
-          AND (rollout_id IS NOT NULL OR {agl_rollout} IS NOT NULL)
+          AND (rollout_id IS NOT NULL OR {process_rollout} IS NOT NULL)
     ), implicit AS (
         SELECT trace_id, span_id AS root_span_id, task_id FROM candidates ANTI JOIN claimed USING (trace_id)
         {implicit}
@@ -152,11 +129,11 @@ def _spans_sql(typed: Relation, task_key: str, plain_roots: bool) -> str:
         SELECT r.* REPLACE (
             CASE WHEN r.span_id = i.root_span_id AND r.span_type IS NULL THEN '{sc.TYPE_ROLLOUT}'
                  ELSE r.span_type END AS span_type,
-            COALESCE(r.rollout_id, {agl_rollout}, roots.rollout_id, i.trace_id) AS rollout_id,
+            COALESCE(r.rollout_id, {process_rollout}, roots.rollout_id, i.trace_id) AS rollout_id,
             COALESCE(r.task_id, i.task_id) AS task_id,
-            COALESCE(r.attempt, CASE WHEN {foreign} THEN {agentlightning.ATTEMPT} END) AS attempt
+            COALESCE(r.attempt, CASE WHEN {foreign} THEN {adapters.process_sql("attempt")} END) AS attempt
         ),
-        {foreign} AND {agentlightning.ROLLOUT_ID} IS NOT NULL AS from_agentlightning,
+        CASE WHEN {foreign} THEN {adapters.process_producer_sql()} END AS process_producer,
         i.trace_id IS NOT NULL AS implicit_rollout,
         CASE WHEN r.span_id = i.root_span_id THEN {_PLAIN_STATUS_SQL} END AS plain_status,
         {_agent_span_name_sql()} AS agent_span_name,
@@ -170,13 +147,11 @@ def _spans_sql(typed: Relation, task_key: str, plain_roots: bool) -> str:
 
 
 def _dimensions_sql() -> str:
-    """SQL: MAP(name -> value) of a reward span's dimensions (ours or Agent-lightning's)."""
+    """SQL: MAP(name -> value) of a reward span's dimensions: ours, else its producer's (adapters)."""
     # the SDK stores the dimensions as JSON text; accept a JSON object too
     ours = f"TRY_CAST(TRY_CAST({_attr(sc.REWARD_DIMENSIONS)} AS JSON) AS MAP(VARCHAR, DOUBLE))"
-    agl = agentlightning.dimensions_sql()
-    return (
-        f"COALESCE({ours}, CASE WHEN from_agentlightning OR name = '{sc.AGL_ANNOTATION_SPAN}' THEN {agl} END)"
-    )
+    theirs = adapters.dimensions_sql()
+    return f"COALESCE({ours}, {theirs})" if theirs else ours
 
 
 def llm_trainable_sql() -> str:
@@ -194,18 +169,18 @@ TRUNCATION_REASONS = ("length", "max_output_tokens", "max_tokens")
 
 def llm_truncated_sql() -> str:
     """SQL: whether an LLM span's response was cut short: a finish reason of :data:`TRUNCATION_REASONS`
-    (the GenAI list ``gen_ai.response.finish_reasons``, or openllmetry's
-    ``gen_ai.completion.0.finish_reason``) or a stream the agent closed before its end
-    (``tinkertrace.llm.closed_early``). Null on other spans."""
+    (ours: the list ``gen_ai.response.finish_reasons``; or one of the adapters' ``finish_reasons``) or a
+    stream the agent closed before its end (``tinkertrace.llm.closed_early``). Null on other spans."""
     reasons = _attr_json(sc.GENAI_FINISH_REASONS)
     cut = ", ".join(f"'{r}'" for r in TRUNCATION_REASONS)
-    length = (
-        f"(list_has_any(TRY_CAST({reasons} AS VARCHAR[]), [{cut}]) "
-        f"OR {_attr(sc.GENAI_FINISH_REASONS)} IN ({cut}) OR {_attr(sc.AGL_FINISH_REASON)} IN ({cut}))"
-    )
+    theirs = "".join(f" OR {reason} IN ({cut})" for reason in adapters.finish_reasons())
+    length = f"(list_has_any(TRY_CAST({reasons} AS VARCHAR[]), [{cut}]){theirs})"
     closed = f"TRY_CAST({_attr(sc.LLM_CLOSED_EARLY)} AS BOOLEAN)"
-    # only spans whose attributes mention either key pay for the JSON parsing
-    mentioned = "(contains(attributes, 'finish_reason') OR contains(attributes, 'closed_early'))"
+    # only other producers' spans and ours whose attributes mention either key pay for the JSON parsing
+    mentioned = (
+        f"(producer IS DISTINCT FROM '{OURS}' "
+        "OR contains(attributes, 'finish_reason') OR contains(attributes, 'closed_early'))"
+    )
     return f"""CASE WHEN span_type = '{sc.TYPE_LLM}' THEN
         COALESCE(CASE WHEN {mentioned} THEN COALESCE({length}, false) OR COALESCE({closed}, false) END,
                  false) END"""
@@ -313,7 +288,9 @@ def rewards_sql(source: str) -> str:
 
 
 def rollouts_sql(source: str) -> str:
-    """One row per rollout id: root fields, span counts and completeness (``incomplete_reason``)."""
+    """One row per rollout id: root fields, span counts and completeness (``incomplete_reason``;
+    ``uncounted``: its producer records no counts to check, as for plain traces: complete)."""
+    unchecked = ", ".join(f"'{name}'" for name in adapters.unchecked_producers()) or "NULL"
     return f"""
     WITH u AS (
         SELECT * FROM {source} WHERE rollout_id IS NOT NULL
@@ -331,7 +308,7 @@ def rollouts_sql(source: str) -> str:
                count(*) FILTER (WHERE span_type = '{sc.TYPE_REWARD}') AS reward_spans,
                min(start_time) AS first_start, max(end_time) AS last_end,
                min(task_id) AS any_task, min(attempt) AS any_attempt, min(split) AS any_split,
-               bool_and(from_agentlightning) AS agentlightning,
+               bool_and(COALESCE(process_producer IN ({unchecked}), false)) AS uncounted,
                bool_and(implicit_rollout) AS implicit
         FROM u GROUP BY rollout_id
     )
@@ -342,8 +319,8 @@ def rollouts_sql(source: str) -> str:
            COALESCE(root.start_time, s.first_start) AS start_time,
            COALESCE(root.end_time, s.last_end) AS end_time,
            root.status, root.root_span_id, root.expected_llm_calls, root.expected_rewards,
-           s.spans, s.llm_spans, s.reward_spans, s.agentlightning,
-           CASE WHEN s.agentlightning OR s.implicit THEN NULL  -- no root counts to check
+           s.spans, s.llm_spans, s.reward_spans, s.uncounted,
+           CASE WHEN s.uncounted OR s.implicit THEN NULL  -- no root counts to check
                 WHEN root.rollout_id IS NULL THEN 'root_missing'
                 WHEN s.llm_spans < COALESCE(root.expected_llm_calls, 0) THEN 'missing_llm_spans'
                 WHEN s.reward_spans < COALESCE(root.expected_rewards, 0) THEN 'missing_reward_spans'
@@ -361,7 +338,7 @@ def create_typed(
 ) -> Relation:
     """Create view ``name``: the span rows of ``raw`` with every producer's columns mapped by its
     adapter (and the token ids of ``retokenized`` for the calls it rebuilt); returns ``name``."""
-    con.execute(f"CREATE OR REPLACE VIEW {name} AS {_typed_sql(raw, retokenized)}")
+    con.execute(f"CREATE OR REPLACE VIEW {name} AS {typed_sql(raw, retokenized)}")
     return name
 
 
@@ -388,78 +365,3 @@ def create_derived_views(
     con.execute(f"CREATE OR REPLACE VIEW llm_calls AS {llm_calls_sql(source, mixed=mixed)}")
     con.execute(f"CREATE OR REPLACE VIEW rewards AS {rewards_sql(source)}")
     con.execute(f"CREATE OR REPLACE VIEW rollouts AS {rollouts_sql(source)}")
-
-
-@dataclass(frozen=True)
-class Sources:
-    """The build's inputs: the span rows (``raw``), the GenAI event log records (``logs``) and the
-    reader's report of the files read and skipped."""
-
-    raw: Relation
-    logs: Relation
-    report: ReadReport
-
-
-def open_sources(
-    con: duckdb.DuckDBPyConnection, spans_dir: Path, files: tuple[Path, ...] | None = None
-) -> Sources:
-    """Create the views ``spans_raw`` (the valid span files under ``spans_dir``, or just ``files``) and
-    ``logs`` (the log records under its ``_logs``); unreadable files are skipped and reported."""
-    report = open_raw(con, spans_dir, files)
-    report.skipped.extend(open_logs(con, spans_dir))
-    return Sources(RAW_VIEW, LOGS_VIEW, report)
-
-
-def open_views(
-    con: duckdb.DuckDBPyConnection,
-    spans_dir: Path,
-    files: tuple[Path, ...] | None = None,
-    *,
-    task_key: str = DEFAULT_TASK_KEY,
-) -> ReadReport:
-    """Open ``spans_dir`` (or just ``files``) for ad-hoc SQL: the views ``spans_raw``, ``logs``,
-    ``spans_typed``, ``spans``, ``llm_calls``, ``rewards`` and ``rollouts``; returns the reader's
-    report."""
-    sources = open_sources(con, spans_dir, files)
-    typed = create_typed(con, sources.raw)
-    create_derived_views(con, create_spans(con, sources.raw, typed, task_key=task_key))
-    return sources.report
-
-
-def open_logs(con: duckdb.DuckDBPyConnection, spans_dir: Path) -> list[tuple[Path, str]]:
-    """Create the view ``logs`` (``schemas.logs()`` rows) over the log records the collector wrote
-    under ``spans_dir/_logs``, empty when there are none; returns the unreadable files it skipped."""
-    readable, skipped = [], []
-    for path in list_span_files(Path(spans_dir) / LOGS_FOLDER):
-        try:
-            pq.read_metadata(path)
-            readable.append(path)
-        except (OSError, pa.ArrowException) as exc:
-            skipped.append((path, f"unreadable log file: {exc}"))
-    if readable:
-        listing = literal_list(readable)
-        con.execute(f"CREATE OR REPLACE VIEW {LOGS_VIEW} AS SELECT * FROM read_parquet([{listing}])")
-    else:
-        con.register("_no_logs", schemas.logs().empty_table())
-        con.execute(f"CREATE OR REPLACE VIEW {LOGS_VIEW} AS SELECT * FROM _no_logs")
-    return skipped
-
-
-def open_raw(
-    con: duckdb.DuckDBPyConnection, spans_dir: Path, files: tuple[Path, ...] | None = None
-) -> ReadReport:
-    """Create the raw view ``spans_raw`` over the valid span files under ``spans_dir`` (corrupt ones
-    skipped and reported), restricted to ``files`` when given."""
-    report = open_spans(con, spans_dir, view=RAW_VIEW + "_all")
-    if files is None:
-        con.execute(f"CREATE OR REPLACE VIEW {RAW_VIEW} AS SELECT * FROM {RAW_VIEW}_all")
-        return report
-    wanted = {Path(f).resolve() for f in files}
-    kept = [f for f in report.files if f.resolve() in wanted]
-    skipped = [(f, why) for f, why in report.skipped if f.resolve() in wanted]
-    listing = literal_list(kept) or "NULL"
-    # A literal IN list lets DuckDB skip the other files at scan time.
-    con.execute(
-        f"CREATE OR REPLACE VIEW {RAW_VIEW} AS SELECT * FROM {RAW_VIEW}_all WHERE filename IN ({listing})"
-    )
-    return ReadReport(files=kept, skipped=skipped)

@@ -140,7 +140,7 @@ def environment_rows(
 
     from tinkertrace import schemas
     from tinkertrace.builder import BuildSettings, build_trajectories
-    from tinkertrace.builder.views import open_views
+    from tinkertrace.builder.query import open_views
 
     con = duckdb.connect()
     try:

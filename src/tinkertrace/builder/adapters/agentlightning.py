@@ -5,7 +5,9 @@ token ids in ``prompt_token_ids`` / ``response_token_ids`` (int lists) or vLLM's
 logprobs as JSON in ``logprobs.content``; rewards are ``agentlightning.annotation`` spans
 (``agentlightning.reward.<i>.name/value``, i = 0 primary) or v0.2's ``agentlightning.reward`` with a
 float ``reward``. Rollout and attempt ids are resource attributes (read by the ``spans`` view for every
-span of such a process: :data:`ROLLOUT_ID`, :data:`ATTEMPT`).
+span of such a process: :data:`ROLLOUT_ID`, :data:`ATTEMPT`); these rollouts have no root span with
+counts (no completeness record). Agent spans carry ``agent.name``; its OpenAI instrumentation
+(OpenLLMetry's) writes each choice's finish reason as ``gen_ai.completion.0.finish_reason``.
 """
 
 from __future__ import annotations
@@ -66,4 +68,10 @@ ADAPTER = Adapter(
         ),
         "reward_value": _VALUE,
     },
+    finish_reasons=(attr(sc.AGL_FINISH_REASON),),
+    dimensions=dimensions_sql(),
+    rollout_id=ROLLOUT_ID,
+    attempt=ATTEMPT,
+    completeness_record=False,
+    agent_name=attr(sc.FOREIGN_AGENT_NAME),
 )

@@ -1,5 +1,6 @@
 """AgentOps' reward form (as Agent-lightning uses it): an attribute ``agentops.task.output`` or
-``agentops.entity.output`` holding JSON ``{"type": "reward", "value": x}``."""
+``agentops.entity.output`` holding JSON ``{"type": "reward", "value": x}``; agent spans carry
+``agent.name``."""
 
 from __future__ import annotations
 
@@ -33,4 +34,5 @@ ADAPTER = Adapter(
         "reward_name": f"'{sc.PRIMARY_REWARD}'",
         "reward_value": VALUE,
     },
+    agent_name=attr(sc.FOREIGN_AGENT_NAME),
 )

@@ -7,7 +7,8 @@ Written by the official ``opentelemetry-instrumentation-openai-v2`` (content on 
 (:mod:`.logfire`). Messages are the *parts* form: ``gen_ai.input.messages`` /
 ``gen_ai.output.messages`` (JSON lists of ``{role, parts: [{type: text|tool_call|
 tool_call_response, ...}]}``), ``gen_ai.system_instructions``, tools in ``gen_ai.tool.definitions``.
-None of these producers records token ids: their calls are re-tokenised at build time.
+None of these producers records token ids: their calls are re-tokenised at build time. Agent spans
+are ``invoke_agent`` operations (:data:`AGENT_NAME`).
 
 openai-v2 in its default (non-experimental) mode with content capture on (``..._CAPTURE_MESSAGE_CONTENT
 =true``) sends the older per-message log events instead: ``gen_ai.{system,user,assistant,tool}.message``
@@ -37,6 +38,16 @@ MESSAGE_EVENTS = "tinkertrace.genai.message_events"
 IS_LLM = f"{attr(sc.GENAI_OPERATION)} IN ({literal_list(LLM_OPERATIONS)})"
 IS_REWARD = f"(name = '{sc.REWARD_SPAN_NAME}' AND {attr(sc.GENAI_EVALUATION_SCORE)} IS NOT NULL)"
 SCORE = f"TRY_CAST({attr(sc.GENAI_EVALUATION_SCORE)} AS DOUBLE)"
+FINISH_REASONS = (attr(sc.GENAI_FINISH_REASONS), attr(sc.AGL_FINISH_REASON))
+"""``gen_ai.response.finish_reasons`` written as a plain string (the list form is ours), and
+OpenLLMetry's per-choice ``gen_ai.completion.0.finish_reason``."""
+_INVOKED = f"{attr(sc.GENAI_OPERATION)} = '{sc.AGENT_OPERATION}'"
+AGENT_NAME = (
+    f"CASE WHEN {_INVOKED} THEN COALESCE(agent_name, "
+    f"NULLIF(regexp_extract(name, '^{sc.AGENT_OPERATION} (.+)$', 1), '')) END"
+)
+"""An ``invoke_agent`` span's agent: ``gen_ai.agent.name`` (the ``agent_name`` column), else the name in
+its span name ``invoke_agent {name}``."""
 
 
 def _text(parts: list[Any]) -> str:
@@ -172,4 +183,6 @@ ADAPTER = Adapter(
         "reward_value": f"CASE WHEN {IS_REWARD} THEN {SCORE} END",
     },
     conversation=conversation,
+    finish_reasons=FINISH_REASONS,
+    agent_name=AGENT_NAME,
 )

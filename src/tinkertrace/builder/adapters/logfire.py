@@ -24,4 +24,5 @@ ADAPTER = Adapter(
         "model": attr(sc.GENAI_RESPONSE_MODEL),
     },
     conversation=genai.conversation,
+    finish_reasons=genai.FINISH_REASONS,
 )

@@ -4,6 +4,7 @@ The span carries the request JSON in ``input.value`` and the whole response JSON
 so the server's exact token ids are there whenever it returned them (vLLM's ``prompt_token_ids`` and
 ``choices[].token_ids``; ``tinkertrace serve`` always does). The model is ``llm.model_name``; messages
 are also flattened into ``llm.input_messages.N.message.*`` / ``llm.output_messages.N.message.*``.
+Agent spans carry ``agent.name``.
 """
 
 from __future__ import annotations
@@ -93,4 +94,5 @@ ADAPTER = Adapter(
         "token_source": f"CASE WHEN ({PROMPT_IDS}) IS NOT NULL THEN '{sc.SOURCE_SERVER}' END",
     },
     conversation=conversation,
+    agent_name=attr(sc.FOREIGN_AGENT_NAME),
 )
