@@ -17,8 +17,8 @@ import openai
 import pytest
 
 import tinkertrace
+import tinkertrace.models.catalog as models
 from tinkertrace.builder import BuildSettings, build_trajectories
-from tinkertrace.models import catalog as models
 from tinkertrace.models.tokenizer import CHATML_TEMPLATE, TokenizerNotFoundError, load_tokenizer
 from tinkertrace.serving.tool_parsers import make_tool_parser
 from tinkertrace.testing.openai_server import scripted_responder
