@@ -257,7 +257,7 @@ def test_named_call_reads_what_small_models_write(start_server, scripted, tokeni
         "the answer is 4",
         '{"expression": "1"}, trailing',
     ]
-    server, sampler = _server(start_server, scripted, tokenizer, replies)
+    server, _ = _server(start_server, scripted, tokenizer, replies)
     client = openai_client(server)
 
     def named(tool: dict[str, Any]) -> Any:
