@@ -1,7 +1,8 @@
 """The ORS server the tests run (in .venv-openreward): the example's environments, plus ``faulty``
 (a tool that raises), and ``--idle-s S``: sessions idle for S seconds are reaped by the server's
 own reaper (it reaps after 900 s idle, checking every 5 s; each session's last-ping time is moved
-back by 900 - S seconds whenever it changes, so the reaper sees S seconds as 900)."""
+back by 900 - S seconds whenever it changes, so the reaper sees S seconds as 900); ``--only NAME``
+serves that one environment, as a hosted deployment does."""
 
 from __future__ import annotations
 
@@ -61,8 +62,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--idle-s", type=float, default=None)
+    parser.add_argument("--only", default=None, help="serve this one environment (as a deployment does)")
     args = parser.parse_args()
-    server = Server([*ENVIRONMENTS, Faulty])
+    environments = [*ENVIRONMENTS, Faulty]
+    server = Server([e for e in environments if args.only in (None, e.__name__.lower())])
     if args.idle_s is not None:
         threading.Thread(target=age_sessions, args=(server, args.idle_s), daemon=True).start()
     server.run(host="127.0.0.1", port=args.port)

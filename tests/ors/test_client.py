@@ -134,6 +134,6 @@ def test_references_resolve_to_server_environment_and_deployment() -> None:
         None,
         "/tools",
     )
-    assert hosted.headers() == {"X-Deployment": "GeneralReasoning/WhoDunIt", "Authorization": "Bearer k"}
+    assert hosted.headers() == {"X-Deployment": "GeneralReasoning/WhoDunIt", "X-API-Key": "k"}
     with pytest.raises(OrsError, match="set OPENREWARD_URL"):
         resolve("whodunit", {})

@@ -10,22 +10,33 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from tinker import types
 
+from tinkertrace.engine import ServiceClient
 from tinkertrace.netutil import free_port
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.metrics import read_metrics
 
 from .conftest import OrsServer
 
+NANO = "tinkertrace/tiny-chat:nano"
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "openreward" / "tinker-config.yaml"
 SHORT = [
-    *("--set", "model_name=tinkertrace/tiny-chat:nano", "--set", "lora_rank=2", "--set", "batch_size=2"),
+    *("--set", f"model_name={NANO}", "--set", "lora_rank=2", "--set", "batch_size=2"),
     *("--set", "environments.whodunit.num_rollouts=2", "--set", "environments.arithmetic.num_rollouts=2"),
     *("--set", "environments.whodunit.max_turns=2", "--set", "environments.arithmetic.max_turns=1"),
     *("--keep-constant-reward-groups", "--no-progress"),
 ]
+
+SHORT_FOLLOW = ("--max-steps", "1", "--workers", "2", "--group-timeout", "60", "--max-seconds", "300")
+
+
+def probe_logprobs(client: Any) -> list[float]:
+    """Log-probabilities a sampling client gives a fixed token sequence."""
+    return client.compute_logprobs(types.ModelInput.from_ints(list(range(3, 40)))).result()[1:]
 
 
 def train(ors: OrsServer, log: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -43,9 +54,7 @@ def test_config_file_trains_both_environments_then_batch_and_resume(
     ors_server: OrsServer, tmp_path: Path
 ) -> None:
     run = tmp_path / "follow"
-    done = train(
-        ors_server, run, "--max-steps", "2", "--workers", "2", "--group-timeout", "60", "--max-seconds", "300"
-    )
+    done = train(ors_server, run, "--max-steps", "2", *SHORT_FOLLOW[2:])
     assert done.returncode == 0, done.stderr[-3000:]
     assert "backend local engine (auto: no TINKER_API_KEY)" in done.stderr
     assert "W&B project 'tinker-test' configured but the wandb package is not installed" in done.stderr
@@ -79,6 +88,20 @@ def test_config_file_trains_both_environments_then_batch_and_resume(
     loaded = read_metrics(tmp_path / "resumed")
     # the same first rows, other starting weights (the saved state's): other logprobs
     assert fresh[0]["optim/kl_sample_train_v1"] != loaded[0]["optim/kl_sample_train_v1"]
+    # follow mode from that state: the endpoint serves the resumed weights from its start, not the base
+    follow = train(
+        ors_server, tmp_path / "follow-resumed", *SHORT_FOLLOW, *engine, "--set", f"resume_from={state}"
+    )
+    assert follow.returncode == 0, follow.stderr[-3000:]
+    started = json.loads((tmp_path / "follow-resumed" / "summary.json").read_text())["start_weights"]
+    saved = read_checkpoints(tmp_path / "batch")[-1]["sampler_path"]
+    service = ServiceClient(base_dir=tmp_path / "engine")
+    served, resumed_lp, base = (
+        probe_logprobs(service.create_sampling_client(**where))
+        for where in ({"model_path": started}, {"model_path": saved}, {"base_model": NANO})
+    )
+    assert served == pytest.approx(resumed_lp, abs=1e-5) and served != pytest.approx(base, abs=1e-3)
+
     wrong = train(
         ors_server,
         tmp_path / "wrong",

@@ -235,3 +235,47 @@ def test_auto_parser_follows_the_template() -> None:
     assert make_tool_parser("qwen", None).name == "hermes"
     with pytest.raises(ValueError, match="unknown tool parser"):
         make_tool_parser("mistral", None)
+
+
+ANSWER = {
+    "type": "function",
+    "function": {
+        "name": "submit",
+        "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}},
+    },
+}
+
+
+def test_named_call_reads_what_small_models_write(start_server, scripted, tokenizer, openai_client) -> None:
+    """A named call's arguments are its first JSON value: a bare value fills a one-parameter function,
+    a number for a string parameter becomes its text; what follows is ignored; the rest is malformed."""
+    replies = [
+        '4}\n{"container": 1',  # SmolLM2-135M: a bare value, then whatever
+        '9, "description": "the sum"}',
+        '{"answer": 11, "type": "number"}}',
+        '{"answer": "12"}}\n</tool_call>',
+        "the answer is 4",
+        '{"expression": "1"}, trailing',
+    ]
+    server, _ = _server(start_server, scripted, tokenizer, replies)
+    client = openai_client(server)
+
+    def named(tool: dict[str, Any]) -> Any:
+        name = tool["function"]["name"]
+        return client.chat.completions.create(
+            model="m",
+            messages=USER,
+            tools=[tool, OTHER],
+            tool_choice={"type": "function", "function": {"name": name}},
+        ).choices[0]
+
+    for expected in ({"answer": "4"}, {"answer": "9"}, {"answer": "11", "type": "number"}, {"answer": "12"}):
+        choice = named(ANSWER)
+        assert _calls(choice.message) == [("submit", expected)] and choice.finish_reason == "tool_calls"
+        assert choice.message.content is None
+    ids = choice.model_extra[semconv.RESPONSE_CHOICE_TOKEN_IDS]  # stopped at the closing tag
+    assert ids == tokenizer.encode(replies[3], add_special_tokens=False)
+    malformed = named(ANSWER)
+    assert malformed.finish_reason == "malformed_tool_call" and malformed.message.tool_calls is None
+    assert malformed.message.content.endswith('"arguments": the answer is 4')
+    assert _calls(named(CALC).message) == [("calc", {"expression": "1"})]  # an object is taken as it is

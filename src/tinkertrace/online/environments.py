@@ -13,11 +13,12 @@ import json
 import sys
 import time
 import uuid
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 from tinkertrace.online.env_worker import SPEC_ENV
-from tinkertrace.ors.upload import upload_settings, upload_spool
+from tinkertrace.ors.upload import SpoolUploader, upload_settings
 from tinkertrace.settings import ConfigError
 from tinkertrace.training.config import Environment, TrainSettings
 
@@ -64,8 +65,11 @@ def train_with_agents(
     service = make_service_client(config.backend, engine_dir=config.engine_dir or settings.engine_dir)
     started = time.monotonic()
     status = "errored"
+    uploader = SpoolUploader(Path(uploads["upload_spool"])) if uploads else None
     try:
-        with OnlineStack(settings, service=service) as stack:
+        settings.model_path, settings.policy_version = start_weights(service, config)
+        # the uploader sends each rollout as it is spooled; it stops after the workers, sending the last
+        with uploader or nullcontext(), OnlineStack(settings, service=service) as stack:
             if options.sample_url:
                 stack.base_url = options.sample_url
             publish = None if options.publish_url else holder_publisher(stack.holder)
@@ -82,10 +86,8 @@ def train_with_agents(
         status = "success"
     finally:
         close_service(service, status)
-    if uploads:
-        uploaded = upload_spool(Path(uploads["upload_spool"]))
-        if console is not None:
-            console.print(f"openreward: {uploaded}", highlight=False, soft_wrap=True)
+    if uploader is not None and console is not None:
+        console.print(f"openreward: {uploader.said}", highlight=False, soft_wrap=True)
     summary = {
         "environments": result.environments,
         "steps": result.steps,
@@ -93,6 +95,7 @@ def train_with_agents(
         "rollouts_trained": result.rollouts_trained,
         "rewards": result.rewards,
         "served_version": served,
+        "start_weights": settings.model_path,  # served before the first step (None: the model's own)
         "agent_rollouts": len(agent_rows),
         "agent_errors": sorted({r["error"] for r in agent_rows if r.get("error")})[:5],
         "notes": result.notes,
@@ -100,6 +103,23 @@ def train_with_agents(
     }
     (log_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return result, summary
+
+
+def start_weights(service: Any, config: TrainSettings) -> tuple[str | None, int]:
+    """The sampler weights the endpoint serves from the start, and their version: this log folder's
+    last follow checkpoint, else ``config.resume_from``'s state saved for sampling (version 0), else
+    the model's own (None). So no rollout of a resumed run is sampled from the base weights."""
+    from tinkertrace.online.follow import FOLLOW_MODE
+    from tinkertrace.training.checkpoints import read_checkpoints
+    from tinkertrace.training.step import open_training_client
+
+    records = read_checkpoints(Path(config.log_dir))
+    if records and records[-1].get("mode") == FOLLOW_MODE:
+        return records[-1]["sampler_path"], int(records[-1]["policy_version"])
+    if not config.resume_from:
+        return None, 0
+    client = open_training_client(service, config)
+    return client.save_weights_for_sampler("resume_from").result().path, 0
 
 
 def check_openreward(env: Environment) -> None:

@@ -22,14 +22,17 @@ from tinkertrace.netutil import BackgroundServer, free_port
 from tinkertrace.online.settings import StackSettings
 
 
-def serve_policy(service: Any, model: str, max_tokens: int) -> tuple[Any, BackgroundServer]:
-    """Serve ``model`` from ``service`` (a local-engine ``ServiceClient``): a ``PolicyHolder`` whose
-    loader opens ``tinker://`` sampler paths, behind the OpenAI-compatible app in a started
-    background uvicorn thread. Stop the returned server when done."""
+def serve_policy(
+    service: Any, model: str, max_tokens: int, *, model_path: str | None = None, version: int = 0
+) -> tuple[Any, BackgroundServer]:
+    """Serve ``model`` (or the sampler weights at ``model_path``, as ``version``) from ``service`` (a
+    local-engine ``ServiceClient``): a ``PolicyHolder`` whose loader opens ``tinker://`` sampler
+    paths, behind the OpenAI-compatible app in a started background uvicorn thread. Stop the
+    returned server when done."""
     from tinkertrace.serving.app import create_app
     from tinkertrace.serving.policy import policy_from_service
 
-    holder = policy_from_service(service, model)
+    holder = policy_from_service(service, model, model_path=model_path, version=version)
     server = BackgroundServer(create_app(holder, default_max_tokens=max_tokens)).start()
     return holder, server
 
@@ -73,7 +76,9 @@ class OnlineStack:
 
         s = self.settings
         self.service = self.service or ServiceClient(base_dir=s.engine_dir)
-        self.holder, self._server = serve_policy(self.service, s.model, s.max_tokens)
+        self.holder, self._server = serve_policy(
+            self.service, s.model, s.max_tokens, model_path=s.model_path, version=s.policy_version
+        )
         self.base_url = self._server.url + "/v1"
 
     def start_workers(self, count: int) -> None:

@@ -108,6 +108,10 @@ class StackSettings:
     agent_module: str = "tinkertrace.online.demo_agent"
     worker_python: str = sys.executable  # the interpreter of the agent workers (their own env)
     worker_env: dict[str, str] = field(default_factory=dict)  # extra environment variables of the workers
+    model_path: str | None = (
+        None  # sampler weights the endpoint starts with (a resumed run's), else the model's
+    )
+    policy_version: int = 0  # the version those weights are served as
 
     @property
     def spans_dir(self) -> Path:

@@ -2,27 +2,32 @@
 
 An environment reference (:func:`resolve`) is a URL (``http://host:port/NAME``: that server's
 environment ``NAME``; no path: its default one), a bare ``NAME`` on the server in ``$OPENREWARD_URL``
-(as its ``/list_environments`` gives it), or a hosted ``Owner/Name`` (sent as the ``X-Deployment``
-header to ``$OPENREWARD_SESSION_URL``, else ``$OPENREWARD_URL``, else the hosted session server).
+(as its ``/list_environments`` gives it), or a hosted ``Owner/Name``, addressed as the ``openreward``
+SDK addresses it: the ``X-Deployment`` header on bare routes (``/tools``, ``/call``; a deployment's
+server redirects them to its one environment) to ``$OPENREWARD_SESSION_URL``, else the ``sessions.``
+host of ``$OPENREWARD_URL``, else the hosted session server; ``$OPENREWARD_API_KEY`` is sent as
+``X-API-Key``.
 
 :class:`OrsEnvironment` lists splits, tasks and tools; :meth:`OrsEnvironment.session` opens one
-episode (``POST /create`` with a fresh ``X-Session-ID``) whose :meth:`OrsSession.call` runs a tool
-and reads the SSE answer (``chunk`` events, then ``end``; ``error`` when the tool raised); the
-session is deleted on exit. Failures the rollout cannot recover from (server unreachable, a tool
-that raised, a session gone) raise :class:`OrsError` with the reason; a call the server refused
-(unknown tool, bad input, episode over) is a :class:`ToolResult` with ``error`` set.
+episode (a session id from ``POST /create_session``, then ``POST /create`` with it as
+``X-Session-ID``) whose :meth:`OrsSession.call` runs a tool and reads the SSE answer (``chunk``
+events, then ``end``; ``error`` when the tool raised); the session is deleted on exit. A hosted
+environment's listings run in a session of their own, as the SDK's do.
+
+Failures the rollout cannot recover from (server unreachable, a tool that raised, a session gone)
+raise :class:`OrsError` with the reason; a call the server refused (unknown tool, bad input, episode
+over) is a :class:`ToolResult` with ``error`` set.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -52,9 +57,9 @@ class EnvRef:
         return f"/{self.name}/{route}" if self.name else f"/{route}"
 
     def headers(self) -> dict[str, str]:
-        """The deployment and authorisation headers of every request."""
+        """The deployment and key headers of every request (the SDK's)."""
         out = {"X-Deployment": self.deployment} if self.deployment else {}
-        return out | ({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})
+        return out | ({"X-API-Key": self.api_key} if self.api_key else {})
 
 
 def resolve(ref: str, environ: Mapping[str, str] | None = None) -> EnvRef:
@@ -65,9 +70,10 @@ def resolve(ref: str, environ: Mapping[str, str] | None = None) -> EnvRef:
         parts = urlsplit(ref)
         head, _, name = parts.path.rstrip("/").rpartition("/")
         return EnvRef(f"{parts.scheme}://{parts.netloc}{head}", name or None, api_key=key)
-    server = environ.get("OPENREWARD_SESSION_URL") or environ.get("OPENREWARD_URL")
+    server = environ.get("OPENREWARD_URL")
     if "/" in ref:
-        return EnvRef((server or HOSTED_SESSIONS).rstrip("/"), None, deployment=ref, api_key=key)
+        sessions = environ.get("OPENREWARD_SESSION_URL") or (server and sessions_host(server))
+        return EnvRef((sessions or HOSTED_SESSIONS).rstrip("/"), None, deployment=ref, api_key=key)
     if not server:
         raise OrsError(
             f"OpenReward environment {ref!r} names no server: give a URL (http://HOST:PORT/{ref}) or set "
@@ -75,6 +81,12 @@ def resolve(ref: str, environ: Mapping[str, str] | None = None) -> EnvRef:
             "unreachable",
         )
     return EnvRef(server.rstrip("/"), ref, api_key=key)
+
+
+def sessions_host(url: str) -> str:
+    """``url`` on its ``sessions.`` subdomain (where the SDK finds hosted environments)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"sessions.{parts.netloc}"))
 
 
 @dataclass
@@ -136,7 +148,7 @@ class OrsEnvironment:
     def __init__(self, ref: EnvRef | str, timeout_s: float = 120.0) -> None:
         self.ref = resolve(ref) if isinstance(ref, str) else ref
         self.http = httpx.AsyncClient(
-            base_url=self.ref.base_url, headers=self.ref.headers(), timeout=timeout_s
+            base_url=self.ref.base_url, headers=self.ref.headers(), timeout=timeout_s, follow_redirects=True
         )
 
     async def __aenter__(self) -> OrsEnvironment:
@@ -157,6 +169,33 @@ class OrsEnvironment:
         check(response, f"{method} {route}", sid)
         return response.json()
 
+    async def new_sid(self) -> str:
+        """A session id minted by the server (``POST /create_session``: an SSE ``task_id`` event)."""
+        try:
+            async with self.http.stream("POST", "/create_session") as response:
+                if response.is_error:
+                    await response.aread()
+                    check(response, "POST /create_session", None)
+                sid = "".join([d async for e, d in sse_events(response) if e == "task_id"]).strip()
+        except httpx.HTTPError as exc:
+            raise OrsError(
+                f"ORS server {self.ref.base_url} unreachable ({type(exc).__name__}: {exc})", "unreachable"
+            ) from None
+        if not sid:
+            raise OrsError(f"ORS server {self.ref.base_url}: /create_session gave no session id", "http")
+        return sid
+
+    async def listing(self, method: str, route: str, **kwargs: Any) -> Any:
+        """A request about the environment; a hosted one's in a session of its own (as the SDK does)."""
+        if not self.ref.deployment:
+            return await self.request(method, route, **kwargs)
+        sid = await self.new_sid()
+        try:
+            return await self.request(method, route, sid=sid, **kwargs)
+        finally:
+            with suppress(OrsError):
+                await self.request("POST", "/delete_session", sid=sid)
+
     async def environments(self) -> list[str]:
         """The environment names the server lists."""
         return list(await self.request("GET", "/list_environments"))
@@ -165,21 +204,21 @@ class OrsEnvironment:
         """The environment's split names."""
         return [
             s["name"] if isinstance(s, dict) else str(s)
-            for s in await self.request("GET", self.ref.path("splits"))
+            for s in await self.listing("GET", self.ref.path("splits"))
         ]
 
     async def tasks(self, split: str) -> list[Any]:
         """The task specs of ``split``."""
-        return list((await self.request("POST", self.ref.path("tasks"), json={"split": split}))["tasks"])
+        return list((await self.listing("POST", self.ref.path("tasks"), json={"split": split}))["tasks"])
 
     async def tools(self) -> list[dict[str, Any]]:
         """The environment's tools: ``name``, ``description``, ``input_schema`` (JSON Schema or None)."""
-        return list((await self.request("GET", self.ref.path("tools")))["tools"])
+        return list((await self.listing("GET", self.ref.path("tools")))["tools"])
 
     @asynccontextmanager
     async def session(self, split: str, index: int) -> AsyncIterator[OrsSession]:
         """An episode on task ``index`` of ``split``, deleted on exit."""
-        session = OrsSession(self, uuid.uuid4().hex)
+        session = OrsSession(self, await self.new_sid())
         body: dict[str, Any] = {"split": split, "index": index}
         if self.ref.name:
             body["env_name"] = self.ref.name
@@ -238,3 +277,5 @@ class OrsSession:
         """End the session on the server (a session already gone, or a server gone, is no error)."""
         with suppress(OrsError):
             await self.env.request("POST", "/delete", sid=self.sid)
+        with suppress(OrsError):
+            await self.env.request("POST", "/delete_session", sid=self.sid)

@@ -1,8 +1,9 @@
 """Rollout upload to OpenReward, where it is configured: with ``openreward_run_name`` and
 ``$OPENREWARD_API_KEY``, each ORS episode's transcript is spooled by its agent (one JSON line per
-finished rollout, a file per worker process) and, when the run ends, sent through the ``openreward``
-SDK's rollout API by :mod:`tinkertrace.ors.uploader`, run in the environment server's venv (the
-package pins what the trainer's venv cannot take). Without a key nothing is sent, and the run says so.
+finished rollout, a file per worker process) and sent as soon as it is written through the
+``openreward`` SDK's rollout API by :mod:`tinkertrace.ors.uploader`, which follows the spool for the
+whole run in the environment server's venv (the package pins what the trainer's venv cannot take).
+Without a key nothing is sent, and the run says so.
 """
 
 from __future__ import annotations
@@ -50,22 +51,40 @@ def spool_rollout(
         out.write(json.dumps(row, default=str) + "\n")
 
 
-def upload_spool(spool_dir: Path, python: str | None = None, timeout_s: float = 600) -> str:
-    """Send every spooled rollout through the SDK (in ``python``, default ``.venv-openreward``'s,
-    else ``$TINKERTRACE_OPENREWARD_PYTHON``); what the uploader said, or why nothing was sent."""
-    files = sorted(Path(spool_dir).glob("rollouts-*.jsonl"))
-    if not files:
-        return "no OpenReward rollouts to upload"
-    python = python or os.environ.get("TINKERTRACE_OPENREWARD_PYTHON") or str(DEFAULT_PYTHON)
-    if not Path(python).exists():
-        return (
-            f"rollouts not uploaded: no Python with the openreward package at {python} (make openreward-env)"
-        )
-    merged = Path(spool_dir) / "upload.jsonl"
-    merged.write_text("".join(f.read_text(encoding="utf-8") for f in files), encoding="utf-8")
-    done = subprocess.run(
-        [python, str(UPLOADER), str(merged)], capture_output=True, text=True, timeout=timeout_s, check=False
-    )
-    if done.returncode != 0:
-        return f"OpenReward upload failed ({done.returncode}): {done.stderr.strip()[-500:]}"
-    return done.stdout.strip()
+class SpoolUploader:
+    """The SDK uploader (:mod:`tinkertrace.ors.uploader`) following ``spool_dir`` for a whole run, so
+    each rollout is sent as its episode finishes; in ``python`` (default ``.venv-openreward``'s, else
+    ``$TINKERTRACE_OPENREWARD_PYTHON``). Use as a context manager; :attr:`said` is what it reported."""
+
+    def __init__(self, spool_dir: Path, python: str | None = None, timeout_s: float = 600) -> None:
+        self.spool_dir = Path(spool_dir)
+        self.python = python or os.environ.get("TINKERTRACE_OPENREWARD_PYTHON") or str(DEFAULT_PYTHON)
+        self.timeout_s = timeout_s
+        self.process: subprocess.Popen[str] | None = None
+        self.said = ""
+
+    def __enter__(self) -> SpoolUploader:
+        if not Path(self.python).exists():
+            self.said = (
+                f"rollouts not uploaded: no Python with the openreward package at {self.python} "
+                "(make openreward-env)"
+            )
+            return self
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        (self.spool_dir / "stop").unlink(missing_ok=True)
+        command = [self.python, str(UPLOADER), str(self.spool_dir)]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop it once it has sent what is spooled (the run is over: nothing more is written)."""
+        if self.process is None:
+            return
+        (self.spool_dir / "stop").touch()
+        try:
+            out, err = self.process.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            out, err = self.process.communicate()
+        code = self.process.returncode
+        self.said = out.strip() if code == 0 else f"OpenReward upload failed ({code}): {err.strip()[-500:]}"
