@@ -35,8 +35,8 @@ class FollowOptions:
     )
     staleness_mode: StalenessMode = setting(
         "drop",
-        "Within the bound every mode trains alike; 'drop' drops a rollout over it; 'correct' drops a whole "
-        "group over it and trains the rest with the decoupled-PPO correction (each token weighted by "
+        "'drop' drops a rollout over the bound; 'correct' drops a whole group over it and trains every "
+        "kept token with the decoupled-PPO correction (each token weighted by "
         "min(p_trainer/p_sampler, --staleness-cap), clipped against the trainer's current policy; one "
         "extra forward pass per step); 'downweight' keeps stale rollouts, advantage × --staleness-decay "
         "per version over.",
@@ -214,7 +214,11 @@ class DemoSettings:
     group_size: int = setting(8, "Rollouts per question, one GRPO group.")
     groups_per_batch: int = setting(4, "Groups per training step.", cli=False)
     max_tokens: int | None = setting(None, "Longest reply, tokens (default: the task's).", cli=False)
-    max_staleness: int = setting(1, "Rollouts sampled more than N versions ago are dropped.", cli=False)
+    max_staleness: int = setting(1, "Rollouts sampled more than N versions ago are not trained.", cli=False)
+    staleness_mode: StalenessMode = setting(
+        "drop", "What follow mode does with stale rollouts: drop, correct or downweight (see train --follow)."
+    )
+    sync: bool = setting(False, "Synchronous RL: each step trains only rollouts of the policy it updates.")
     admission: bool = setting(
         True, "The endpoint starts only rollouts the trainer will take within max_staleness.", cli=False
     )
