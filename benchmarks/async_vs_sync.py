@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
+from tinkertrace.builtin import DEMO_MODEL
 from tinkertrace.online.demo import demo_configs, run_demo
 from tinkertrace.online.settings import DemoSettings
 from tinkertrace.training.jsonl import read_jsonl
@@ -80,6 +81,7 @@ def figures(
         "to_threshold_rollouts": int(reached[0] + 1) if reached.size else None,
         "final_reward": float(np.mean(late)) if late else None,
         "reward_first_window": float(curve[min(window, len(curve)) - 1]) if len(curve) else None,
+        "step_s": summary["step_time_mean_s"],
         "lag_p50_s": summary["lag_p50_s"],
         "lag_p95_s": summary["lag_p95_s"],
         "mismatch_kl_mean": off["mismatch_kl_mean"],
@@ -102,6 +104,7 @@ def row_text(name: str, f: dict[str, Any]) -> str:
         f"trained {_f(f['trained_frac'], '.1%'):>6}  to threshold {_f(f['to_threshold_s'], '.0f'):>4}s / "
         f"{_f(f['to_threshold_rollouts'], 'd'):>4} rollouts  "
         f"reward {_f(f['reward_first_window'], '.3f')} -> final {_f(f['final_reward'], '.3f')}  "
+        f"step {_f(f['step_s'], '.2f')}s  "
         f"lag p50/p95 {_f(f['lag_p50_s'], '.1f')}/{_f(f['lag_p95_s'], '.1f')}s  "
         f"mismatch KL {_f(f['mismatch_kl_mean'], '.2g')}  truncated {_f(f['truncated_frac'], '.1%')}  "
         f"clipped {_f(f['clipped_frac'], '.1%')}  token ages 0/1/2/3/4+ {ages}  "
@@ -118,7 +121,9 @@ def run_mode(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         max_seconds=args.seconds,
         max_staleness=args.max_staleness,
         group_size=args.group_size,
+        groups_per_batch=args.groups_per_batch,
         learning_rate=args.learning_rate,
+        model=args.model,
     )
     stack, config, options = demo_configs(settings)
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
@@ -138,6 +143,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=150, help="training seconds per run (the horizon)")
     parser.add_argument("--workers", type=int, default=4, help="agent worker processes (a group of 8 each)")
     parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--groups-per-batch", type=int, default=4)
+    parser.add_argument("--model", default=DEMO_MODEL, help="the built-in model's size, or another model")
     parser.add_argument("--max-staleness", type=int, default=1, help="the bound of drop and correct")
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--threshold", type=float, default=0.3, help="reward the sampled rollouts must reach")
@@ -152,7 +159,8 @@ def main() -> None:
     print(f"machine: {platform.machine()} {platform.processor()}, {os.cpu_count()} cores; load {load}")
     print(
         f"each run: {args.seconds:.0f}s of training, {args.workers} workers × groups of {args.group_size}, "
-        f"built-in model, lr {args.learning_rate:g}, seed {args.seed}, bound {args.max_staleness}, "
+        f"{args.groups_per_batch} groups per step, model {args.model}, lr {args.learning_rate:g}, "
+        f"seed {args.seed}, bound {args.max_staleness}, "
         f"threshold {args.threshold} over {args.window} rollouts"
     )
     for pair in range(args.pairs):
