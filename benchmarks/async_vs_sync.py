@@ -77,6 +77,8 @@ def figures(
         "steps": summary["steps"],
         "sampled": summary["rollouts_sampled"],
         "trained_frac": summary["trained_fraction"],
+        "dropped_stale": summary["rollouts_dropped"]["stale"],
+        "in_flight": summary["rollouts_in_flight_at_end"],
         "to_threshold_s": float(ends[reached[0]]) if reached.size else None,
         "to_threshold_rollouts": int(reached[0] + 1) if reached.size else None,
         "final_reward": float(np.mean(late)) if late else None,
@@ -101,7 +103,8 @@ def row_text(name: str, f: dict[str, Any]) -> str:
     ages = "/".join(str(n) for n in f["token_age"].values())
     return (
         f"{name:8} steps {f['steps']:3d}  sampled {f['sampled']:4d}  "
-        f"trained {_f(f['trained_frac'], '.1%'):>6}  to threshold {_f(f['to_threshold_s'], '.0f'):>4}s / "
+        f"trained {_f(f['trained_frac'], '.1%'):>6} (stale {f['dropped_stale']}, in flight {f['in_flight']})  "
+        f"to threshold {_f(f['to_threshold_s'], '.0f'):>4}s / "
         f"{_f(f['to_threshold_rollouts'], 'd'):>4} rollouts  "
         f"reward {_f(f['reward_first_window'], '.3f')} -> final {_f(f['final_reward'], '.3f')}  "
         f"step {_f(f['step_s'], '.2f')}s  "
