@@ -103,7 +103,8 @@ def row_text(name: str, f: dict[str, Any]) -> str:
     ages = "/".join(str(n) for n in f["token_age"].values())
     return (
         f"{name:8} steps {f['steps']:3d}  sampled {f['sampled']:4d}  "
-        f"trained {_f(f['trained_frac'], '.1%'):>6} (stale {f['dropped_stale']}, in flight {f['in_flight']})  "
+        f"trained {_f(f['trained_frac'], '.1%'):>6} "
+        f"(stale {f['dropped_stale']}, in flight {f['in_flight']})  "
         f"to threshold {_f(f['to_threshold_s'], '.0f'):>4}s / "
         f"{_f(f['to_threshold_rollouts'], 'd'):>4} rollouts  "
         f"reward {_f(f['reward_first_window'], '.3f')} -> final {_f(f['final_reward'], '.3f')}  "
