@@ -3,6 +3,7 @@ summary.json, metrics and the reward-curve PNG."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -68,3 +69,26 @@ def test_demo_on_smollm2_trains_the_addition_task(tmp_path: Path) -> None:
     # the published versions hold the LoRA weights alone, not SmolLM2's merged weights (538 MB)
     saved = list((out / "engine").glob("*/sampler_weights/*/trainable.safetensors"))
     assert len(saved) == 2 and all(f.stat().st_size < 50e6 for f in saved)
+
+
+def test_sync_demo_is_on_policy(tmp_path: Path) -> None:
+    """`--sync`: every step trains rollouts sampled entirely by the policy it updates — every trained
+    token 0 versions old, the sampler's logprobs equal to the trainer's (mismatch KL ~0), none dropped."""
+    from rich.console import Console
+
+    from tinkertrace.online.demo import run_demo
+    from tinkertrace.online.settings import DemoSettings
+
+    settings = DemoSettings(
+        out=tmp_path / "sync", model="tinkertrace/tiny-chat:nano", steps=3, workers=2, group_size=4,
+        max_seconds=120, sync=True,
+    )  # fmt: skip
+    summary = run_demo(settings, console=Console(file=io.StringIO()))
+    assert summary["steps"] == 3 and summary["rollouts_dropped"]["stale"] == 0
+    assert summary["admission"]["capacity"] == 4 * 4  # one step's rollouts: staleness 0
+    for metrics in read_metrics(tmp_path / "sync" / "train"):
+        assert metrics["offpolicy/token_age_0"] == metrics["env/all/total_ac_tokens"] > 0
+        assert metrics["offpolicy/rollout_age_0"] == metrics["env/all/total_episodes"]
+        assert abs(metrics["offpolicy/mismatch_kl"]) < 1e-4
+    off = summary["offpolicy"]
+    assert off["token_age"]["1"] == 0 and off["mismatch_kl_max"] < 1e-4

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tinkertrace.online.follow import FollowTrainer
+from tinkertrace.online.lag import rollout_lags
 from tinkertrace.online.runner import OnlineStack
 from tinkertrace.online.settings import FollowSettings
 from tinkertrace.testing.waiting import wait_until
@@ -124,9 +125,41 @@ def test_a_rollout_whose_agents_train_in_different_steps_keeps_its_arrival_time(
     assert first is not None
     table, ids = first
     assert sorted(ids) == ["r1", "r2"] and len(set(table["agent_name"].to_pylist())) == 1  # one agent's group
-    trainer._lags(table, set(ids), step_started=2.0)
+    rollout_lags(table, set(ids), trainer._arrived, step_started=2.0)
     trainer._consume(ids)
     second = trainer._select()  # the other agent's group: before the fix, a KeyError on its arrival time
     assert second is not None and sorted(second[1]) == ["r1", "r2"]
     trainer._consume(second[1])
     assert trainer._arrived == {}  # nothing left waiting: every arrival time is gone
+
+
+def test_correct_mode_trains_stale_groups_within_the_bound_and_drops_whole_groups_beyond(
+    stack: OnlineStack, tmp_path: Path
+) -> None:
+    """Groups sampled by version 0, one trained per step, bound 1: the second step trains a group one
+    version old with the correction (its tokens' weights from one forward pass on the moved trainer,
+    a positive mismatch KL); after it the rest, two versions old, are dropped."""
+    make_rollouts(stack, "c", groups=3)
+    config = TrainSettings(
+        source=stack.settings.spans_dir, model=MODEL, groups_per_batch=1, log_dir=tmp_path / "correct",
+        engine_dir=stack.settings.engine_dir, learning_rate=3e-2, remove_constant_reward_groups=False,
+        loss="ppo",
+    )  # fmt: skip
+    options = FollowSettings(
+        group_size=4, max_staleness=1, staleness_mode="correct", poll_s=0.2, max_steps=3, idle_timeout_s=3
+    )
+    result = FollowTrainer(config, options).run(progress=False)
+    assert (result.steps, result.rollouts_trained) == (2, 8)
+    assert result.rollouts_dropped_stale >= 4  # the third c-group at least (earlier tests' rollouts too)
+    first, second = read_metrics(tmp_path / "correct")
+    for step, metrics in enumerate((first, second)):
+        tokens = metrics["env/all/total_ac_tokens"]
+        assert metrics[f"offpolicy/token_age_{step}"] == tokens  # every trained token `step` versions old
+        assert metrics[f"offpolicy/rollout_age_{step}"] == 4
+        assert metrics["offpolicy/truncated_frac"] >= 0 and "offpolicy/straggler_wait_s" in metrics
+    assert abs(first["offpolicy/mismatch_kl"]) < 1e-4  # sampled by the trainer's own weights
+    assert second["offpolicy/mismatch_kl"] > 1e-4  # the trainer moved one step since
+    assert second["offpolicy/clipped_frac"] == 0  # clipped against the proximal policy: ratio 1 at the start
+    stale = [o for o in read_outcomes(tmp_path / "correct") if o["outcome"] == "dropped"]
+    assert len({o["rollout_id"] for o in stale}) == result.rollouts_dropped_stale
+    assert {(o["reason"], o["step"], o["versions_behind"]) for o in stale} == {("stale", 2, 2)}

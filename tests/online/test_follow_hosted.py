@@ -29,7 +29,7 @@ def test_follow_mode_trains_through_the_tinker_sdk(stack: OnlineStack, tmp_path:
             "--backend", "tinker", "--log-dir", str(log_dir), "--model", MODEL, "--lora-rank", "4",
             "--group-size", "4", "--groups-per-batch", "1", "--poll-seconds", "0.2", "--no-progress",
             "--max-staleness", "1000", "--learning-rate", "1e-3", "--keep-constant-reward-groups",
-            "--idle-timeout", "4",
+            "--idle-timeout", "4", "--staleness-mode", "correct",
         ]  # fmt: skip
         env = {**os.environ, **engine.env(), "TINKERTRACE_CPU_THREADS": "1"}
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
@@ -41,3 +41,5 @@ def test_follow_mode_trains_through_the_tinker_sdk(stack: OnlineStack, tmp_path:
     assert (engine.engine_dir / run_id / "sampler_weights" / records[-1]["name"]).is_dir()
     assert len({rid for r in records for rid in r["trained_rollout_ids"]}) == 2 * 4
     assert all(m["loss:sum"] == m["loss:sum"] for m in read_metrics(log_dir))  # finite, logged per step
+    # the corrected mode's extra forward pass went through the SDK too: its figures are logged
+    assert all(0 <= m["offpolicy/truncated_frac"] <= 1 for m in read_metrics(log_dir))

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-DEFAULT_CLIP_LOW = 0.8
-DEFAULT_CLIP_HIGH = 1.2
+from tinkertrace.training.offpolicy import DEFAULT_CLIP_HIGH, DEFAULT_CLIP_LOW
+
 DEFAULT_DRO_BETA = 0.05
 
 Inputs = Mapping[str, torch.Tensor]

@@ -20,7 +20,14 @@ from rich.text import Text
 
 from tinkertrace.online.follow import FollowTrainer
 from tinkertrace.online.publish import holder_publisher
-from tinkertrace.online.report import REWARD_KEY, first_last, summarize, summary_table, write_report
+from tinkertrace.online.report import (
+    REWARD_KEY,
+    first_last,
+    offpolicy_line,
+    summarize,
+    summary_table,
+    write_report,
+)
 from tinkertrace.online.runner import OnlineStack
 from tinkertrace.online.settings import DemoSettings, FollowSettings, StackSettings
 from tinkertrace.training.config import TrainSettings
@@ -74,6 +81,7 @@ class _Display:
                 f"{m.get('lag/staleness_max', 0)}  ·  dropped stale {m.get('follow/dropped_stale_total', 0)}",
                 style="dim",
             ),
+            Text(offpolicy_line(m), style="dim"),
             Text(_admission_line(self.stack.holder.admission.stats()), style="dim"),
         ]
         return Group(*lines)
@@ -88,11 +96,16 @@ def _admission_line(gate: dict[str, Any]) -> str:
     )
 
 
-def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str, Any]:
-    """Run the demo; returns the summary (also written to ``settings.out``)."""
+def run_demo(
+    settings: DemoSettings,
+    console: Console | None = None,
+    configs: tuple[StackSettings, TrainSettings, FollowSettings] | None = None,
+) -> dict[str, Any]:
+    """Run the demo; returns the summary (also written to ``settings.out``). ``configs``: the stack,
+    training and follow settings to run instead of :func:`demo_configs`'s (a benchmark's arms)."""
     console = console or Console()
     settings.out.mkdir(parents=True, exist_ok=True)
-    stack_settings, config, options = demo_configs(settings)
+    stack_settings, config, options = configs or demo_configs(settings)
     started = time.monotonic()
     console.print(
         f"[bold]tinkertrace demo[/] → {settings.out}  (model {settings.model}, task {settings.task}: "
@@ -139,6 +152,8 @@ def demo_configs(settings: DemoSettings) -> tuple[StackSettings, TrainSettings, 
         group_size=s.group_size,
         group_timeout_s=10.0,
         max_staleness=s.max_staleness,
+        staleness_mode=s.staleness_mode,
+        sync=s.sync,
         poll_s=0.25,
         max_steps=s.steps,
         admission=s.admission,

@@ -8,9 +8,14 @@ runs: advantages and Datums as in batch mode (the shared step of ``training.step
 checkpoint whose record lists the rollouts trained (and dropped), then the new weights are published
 as policy version = steps.
 
-Staleness: a rollout sampled by policy version ``v`` is ``step - v`` versions old at training time;
-beyond ``max_staleness`` it is dropped (``staleness_mode="drop"``) or its advantage is scaled by
-``staleness_decay ** (age - max_staleness)`` (``"downweight"``). Dropped counts are logged.
+Staleness: a token sampled by policy version ``v`` is ``step - v`` versions old at training time, a
+row as old as its oldest token (:mod:`tinkertrace.online.staleness`). Beyond ``max_staleness`` a
+rollout is dropped (``staleness_mode="drop"``), its whole group is dropped and every kept token is
+trained with the decoupled-PPO correction (``"correct"``, formula in
+:mod:`tinkertrace.training.offpolicy`), or its advantage is scaled by
+``staleness_decay ** (age - max_staleness)`` (``"downweight"``). Dropped counts are logged, and each
+step logs its ``offpolicy/…`` metrics (staleness histograms, sampler/trainer mismatch KL, truncated
+and clipped shares, multi-version rollouts, seconds spent waiting for stragglers).
 Staleness is bounded at the source too: the trainer states its demand (rollouts per step, max
 staleness) to the endpoint it publishes to, whose admission gate starts only as many new rollouts
 as the trainer will consume in time (:mod:`tinkertrace.serving.admission`).
@@ -23,8 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,25 +37,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from rich.console import Console
-from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from tinkertrace.online.group_staging import GroupStager, rollouts_per_step, select_by_weight
-from tinkertrace.online.publish import Publisher, admin_publisher, consumed_ids
+from tinkertrace.online.group_staging import GroupStager, pick_groups, rollouts_per_step
+from tinkertrace.online.lag import LAG_PARTS, follow_progress, follow_status, percentiles, rollout_lags
+from tinkertrace.online.publish import Publisher, admin_publisher, consumed_ids, demand_stated
 from tinkertrace.online.settings import FollowSettings
+from tinkertrace.online.staleness import correct_batch, row_ages, stale_rows, staleness_metrics
 from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll
 from tinkertrace.settings import ConfigError
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainSettings
 from tinkertrace.training.dataset import DataReport, TrainingData, group_keys
-from tinkertrace.training.environments import WeightedTurns, group_environments
+from tinkertrace.training.environments import WeightedTurns
 from tinkertrace.training.errors import DataError
 from tinkertrace.training.outcomes import DROPPED, outcome_rows
-from tinkertrace.training.progress import StepProgress
-from tinkertrace.training.step import TrainingSession, prepare_data, status_line
+from tinkertrace.training.step import TrainingSession, prepare_data
 
 FOLLOW_MODE = "follow"
 StepCallback = Callable[[int, dict[str, Any]], None]
-LAG_PARTS = ("arrive", "queue", "train")  # rollout end → built → its step starts → its step ends
 
 
 @dataclass
@@ -71,13 +74,6 @@ class FollowResult:
     last_metrics: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     environments: dict[str, dict[str, int]] = field(default_factory=dict)  # per environment: what was built
-
-
-def _percentiles(values: list[float] | np.ndarray) -> tuple[float, float]:
-    if len(values) == 0:
-        return float("nan"), float("nan")
-    p50, p95 = np.percentile(np.asarray(values, dtype=np.float64), [50, 95])
-    return float(p50), float(p95)
 
 
 class FollowTrainer:
@@ -108,6 +104,8 @@ class FollowTrainer:
         self._last_publish_s = float("nan")  # seconds the last publication took (logged with the next step)
         self._stale_now: list[str] = []  # dropped as stale by the latest poll
         self._drop_records: list[dict[str, Any]] = []  # outcome records of those drops (outcomes.jsonl)
+        self._stale_groups: set[str] = set()  # correct mode: groups dropped whole (later rollouts too)
+        self._waiting_since: float | None = None  # the trainer idle with rollouts buffered, since
         envs = self.config.environments
         self.stager = GroupStager(envs, Path(config.source), self.options.group_timeout_s) if envs else None
         self.turns = WeightedTurns([env.weight for env in envs]) if envs else None
@@ -131,16 +129,17 @@ class FollowTrainer:
         self.buffer = table if self.buffer.num_columns == 0 else pa.concat_tables([self.buffer, table])
 
     def _drop_stale(self, step: int) -> list[str]:
-        """Remove rollouts older than ``max_staleness`` versions (drop mode); their ids."""
+        """Remove rollouts older than ``max_staleness`` versions (drop mode; in correct mode their
+        whole groups); their ids."""
         o = self.options
-        if o.max_staleness is None or o.staleness_mode != "drop" or self.buffer.num_rows == 0:
+        if o.max_staleness is None or o.staleness_mode == "downweight" or self.buffer.num_rows == 0:
             return []
-        version = pc.fill_null(self.buffer["policy_version"], step)
-        age = pc.subtract(pa.scalar(step, pa.int64()), version)
-        stale = pc.greater(age, o.max_staleness)
+        keys = group_keys(self.buffer, self.config.group_by)
+        over = stale_rows(self.buffer, keys, step, o.max_staleness, o.staleness_mode, self._stale_groups)
+        stale = pa.array(over)
         ids = pc.unique(pc.filter(self.buffer["rollout_id"], stale)).to_pylist()
         if ids:
-            behind = pc.filter(age, stale).to_pylist()
+            behind = row_ages(self.buffer, step)[over].tolist()
             rows = self.buffer.filter(stale)
             self._drop_records += outcome_rows(
                 rows, DROPPED, step=step, reason="stale", versions_behind=behind
@@ -152,42 +151,14 @@ class FollowTrainer:
         """The rows of the groups to train now (and their ids), or None to keep waiting."""
         if self.buffer.num_rows == 0:
             return None
-        o, now = self.options, time.time()
         keys = group_keys(self.buffer, self.config.group_by)
         arrived = pa.array([self._arrived[r] for r in self.buffer["rollout_id"].to_pylist()], pa.float64())
-        frame = pa.table(
-            {
-                "key": keys,
-                "rollout_id": self.buffer["rollout_id"],
-                "task_id": self.buffer["task_id"],
-                "arrived": arrived,
-            }
+        names = [env.name for env in self.config.environments]
+        chosen = pick_groups(
+            keys, self.buffer, arrived, self.options, self.config.groups_per_batch, self.turns, names
         )
-        groups = frame.group_by("key").aggregate(
-            [("rollout_id", "count_distinct"), ("arrived", "min"), ("task_id", "min")]
-        )
-        waited = now - groups["arrived_min"].to_numpy()
-        if self.turns is not None:  # the stager releases complete groups: share them out by weight
-            names = [env.name for env in self.config.environments]
-            quotas = self.turns.quotas(self.config.groups_per_batch)
-            picked = select_by_weight(
-                group_environments(groups["task_id_min"], names), waited, list(quotas), o.group_timeout_s
-            )
-            if picked is None:
-                return None
-            self.turns.skip(self.config.groups_per_batch)
-            chosen = groups["key"].take(pa.array(picked, pa.int64()))
-        else:
-            count = groups["rollout_id_count_distinct"].to_numpy()
-            ready = (count >= o.group_size) | ((count >= 2) & (waited >= o.group_timeout_s))
-            if not ready.any():
-                return None
-            order = np.argsort(-waited[ready], kind="stable")
-            if ready.sum() < self.config.groups_per_batch and waited[ready].max() < o.group_timeout_s:
-                return None
-            chosen = groups["key"].take(
-                pa.array(np.flatnonzero(ready)[order][: self.config.groups_per_batch])
-            )
+        if chosen is None:
+            return None
         mask = pc.is_in(keys, chosen)
         selected = self.buffer.filter(mask)
         self.buffer = self.buffer.filter(pc.invert(mask))
@@ -201,7 +172,11 @@ class FollowTrainer:
 
         The demand is stated first, so agents started with the trainer sample no more than it takes
         while it opens its training client."""
-        with self._demand_stated():
+        o, envs = self.options, self.config.environments
+        per_step = self.config.groups_per_batch * o.group_size
+        if envs:
+            per_step = rollouts_per_step(envs, self.config.groups_per_batch)
+        with demand_stated(self.publish if o.admission else None, per_step, o.max_staleness):
             session, result = self._open()
             with session:
                 self._follow(session, result, stop or threading.Event(), console, progress)
@@ -213,23 +188,6 @@ class FollowTrainer:
                 f"{self.options.max_staleness} policy versions before the step that would train them (stale)"
             )
         return result
-
-    @contextmanager
-    def _demand_stated(self) -> Iterator[None]:
-        """While training: the endpoint published to starts only the rollouts this trainer will take
-        within ``max_staleness`` versions (its admission gate); withdrawn when the run ends."""
-        o = self.options
-        if self.publish is None or not o.admission or o.max_staleness is None:
-            yield
-            return
-        envs, per_step = self.config.environments, self.config.groups_per_batch * o.group_size
-        if envs:
-            per_step = rollouts_per_step(envs, self.config.groups_per_batch)
-        self.publish.demand(per_step, o.max_staleness)
-        try:
-            yield
-        finally:
-            self.publish.withdraw()
 
     def _open(self) -> tuple[TrainingSession, FollowResult]:
         """The training session, resumed from this log folder's last follow checkpoint if any (its
@@ -264,7 +222,10 @@ class FollowTrainer:
         """Poll, buffer, and train a step whenever enough groups are ready, until told to stop."""
         source, o = Path(self.config.source), self.options  # type: ignore[arg-type]
         tail = SpanTail(source, resolved=set(self.consumed), group_by=self.config.group_by)
-        with BackgroundTail(tail, o.poll_s) as feed, self._progress(console, progress, result) as bar:
+        with (
+            BackgroundTail(tail, o.poll_s) as feed,
+            follow_progress(console, progress, o.max_steps, result.steps) as bar,
+        ):
             idle_since = time.monotonic()
             while not stop.is_set() and not self._done(result):
                 if self._collect(feed.take(), result):
@@ -272,15 +233,20 @@ class FollowTrainer:
                 self._write_drops(session)
                 picked = self._select()
                 if picked is None:
+                    if self._waiting_since is None and (self.buffer.num_rows or self._staged()):
+                        self._waiting_since = time.monotonic()  # data waits for the rest of a batch
                     if self._idle_too_long(idle_since, result):
                         return
                     feed.wait(o.poll_s)
                 elif self._step(session, *picked, result):
                     self._write_drops(session)
                     idle_since = time.monotonic()
-                    bar.update(completed=result.steps, status=_status(result.last_metrics))
+                    bar.update(completed=result.steps, status=follow_status(result.last_metrics))
                     if self.on_step is not None:
                         self.on_step(result.steps, result.last_metrics)
+
+    def _staged(self) -> bool:
+        return self.stager is not None and bool(self.stager.arrived)
 
     def _write_drops(self, session: TrainingSession) -> None:
         """Record the rows dropped since the last call in ``outcomes.jsonl`` now: a stale drop after
@@ -359,14 +325,23 @@ class FollowTrainer:
         if prepared is None:
             return None
         data, kept, age = prepared
-        _, metrics = session.step(data, np.arange(data.table.num_rows), step, {"progress/epoch": 0})
-        lags, parts = self._lags(table, kept, started_at)
+        waited = time.monotonic() - self._waiting_since if self._waiting_since is not None else 0.0
+        self._waiting_since = None
+        o = self.options
+        correct = None
+        if o.staleness_mode == "correct":
+            correct = lambda client, batch: correct_batch(client, batch, self.config.loss, o.staleness_cap)  # noqa: E731
+        rows = np.arange(data.table.num_rows)
+        _, metrics = session.step(data, rows, step, {"progress/epoch": 0}, before_train=correct)
+        metrics.update(staleness_metrics(data.table, step))
+        metrics["offpolicy/straggler_wait_s"] = waited
+        lags, parts = rollout_lags(table, kept, self._arrived, started_at)
         result.lags_s.extend(lags)
         for name, values in parts.items():
             result.lag_parts_s[name].extend(values)
-            metrics[f"lag/{name}_p95_s"] = _percentiles(values)[1]
+            metrics[f"lag/{name}_p95_s"] = percentiles(values)[1]
         result.rollouts_trained += len(kept)
-        p50, p95 = _percentiles(lags)
+        p50, p95 = percentiles(lags)
         metrics.update(
             {
                 "lag/rollout_to_trained_p50_s": p50,
@@ -400,20 +375,11 @@ class FollowTrainer:
         self._dropped_since_save.extend(sorted(ids - kept))
         if data is None:
             return None
-        age = step - self._versions(table, data.table, step)
+        age = row_ages(data.table, step)
         if o.max_staleness is not None and o.staleness_mode == "downweight":
             over = np.clip(age - o.max_staleness, 0, None)
             data.advantage_of_row = data.advantage_of_row * o.staleness_decay**over
         return data, kept, age
-
-    @staticmethod
-    def _versions(source: pa.Table, rows: pa.Table, step: int) -> np.ndarray:
-        """Policy version of each row of ``rows`` (a prepared table), looked up by rollout id in
-        ``source``; a rollout's version is the oldest of its calls, unknown counts as current."""
-        per = source.group_by("rollout_id").aggregate([("policy_version", "min")])
-        index = pc.index_in(rows["rollout_id"], value_set=per["rollout_id"])
-        versions = pc.take(per["policy_version_min"], index)
-        return np.asarray(pc.fill_null(versions, step).to_numpy(zero_copy_only=False), dtype=np.int64)
 
     def _consume(self, ids: Iterable[str]) -> None:
         """Mark rollouts trained or dropped; their arrival times go once none of their rows is left
@@ -423,31 +389,3 @@ class FollowTrainer:
             self.consumed.add(rid)
             if rid not in waiting:
                 self._arrived.pop(rid, None)
-
-    def _lags(
-        self, table: pa.Table, kept: set[str], step_started: float
-    ) -> tuple[list[float], dict[str, list[float]]]:
-        """Seconds from each kept rollout's end to now, and that lag's parts (:data:`LAG_PARTS`):
-        until it was built from the spans, then until its step started, then the step."""
-        per = table.group_by("rollout_id").aggregate([("end_time", "max")])
-        per = per.filter(pc.is_in(per["rollout_id"], pa.array(sorted(kept), pa.string())))
-        per = per.filter(pc.is_valid(per["end_time_max"]))
-        ends = pc.cast(per["end_time_max"], pa.int64()).to_numpy(zero_copy_only=False) / 1e9
-        arrived = np.array([self._arrived[r] for r in per["rollout_id"].to_pylist()], dtype=np.float64)
-        now = time.time()
-        parts = {"arrive": arrived - ends, "queue": step_started - arrived, "train": now - step_started}
-        return (now - ends).tolist(), {k: np.broadcast_to(v, ends.shape).tolist() for k, v in parts.items()}
-
-    def _progress(self, console: Console | None, enabled: bool, result: FollowResult) -> StepProgress:
-        columns = [
-            SpinnerColumn(),
-            TextColumn("[bold]train --follow[/] step {task.completed}"),
-            TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(),
-        ]
-        total, status = self.options.max_steps, "waiting for rollouts"
-        return StepProgress(enabled, console, columns, total=total, completed=result.steps, status=status)
-
-
-def _status(metrics: dict[str, Any]) -> str:
-    return f"{status_line(metrics)}  lag p50 {metrics['lag/rollout_to_trained_p50_s']:.1f}s"

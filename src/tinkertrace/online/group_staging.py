@@ -4,7 +4,8 @@
 its environment's ``group_size`` rollouts, or has waited ``group_timeout_s``; then builds the whole
 group with its environment's build options and reward settings
 (:func:`~tinkertrace.training.environments.environment_rows`), so ``max_failing_rollouts`` sees the
-whole group. :func:`select_by_weight` picks a step's groups by each environment's weight.
+whole group. :func:`pick_groups` picks a step's groups: the oldest ready ones, or (with environments)
+by each environment's weight (:func:`select_by_weight`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ import pyarrow.compute as pc
 
 from tinkertrace import schemas
 from tinkertrace.training.config import Environment
-from tinkertrace.training.environments import STAT_KEYS, env_of, environment_rows
+from tinkertrace.training.environments import (
+    STAT_KEYS,
+    WeightedTurns,
+    env_of,
+    environment_rows,
+    group_environments,
+)
 
 
 class GroupStager:
@@ -109,3 +116,46 @@ def select_by_weight(
         rest = [int(i) for i in order if int(i) not in picked]
         picked.extend(rest[: sum(quotas) - len(picked)])
     return picked or None
+
+
+def pick_groups(
+    keys: pa.Array,
+    rows: pa.Table,
+    arrived: pa.Array,
+    options: Any,
+    groups_per_batch: int,
+    turns: WeightedTurns | None,
+    env_names: Sequence[str],
+) -> pa.Array | None:
+    """The keys of the groups a step trains now (``rows``: the buffered trajectory rows, ``keys`` and
+    ``arrived`` per row), or None to keep waiting. A group is ready with ``options.group_size``
+    rollouts, or with two once it has waited ``options.group_timeout_s``; a step takes
+    ``groups_per_batch`` of them, oldest first, or what is ready once the oldest waited out; with
+    environments (``turns``) the stager releases whole groups and they are shared out by weight."""
+    import numpy as np
+
+    frame = pa.table(
+        {"key": keys, "rollout_id": rows["rollout_id"], "task_id": rows["task_id"], "arrived": arrived}
+    )
+    groups = frame.group_by("key").aggregate(
+        [("rollout_id", "count_distinct"), ("arrived", "min"), ("task_id", "min")]
+    )
+    waited = time.time() - groups["arrived_min"].to_numpy()
+    timeout = options.group_timeout_s
+    if turns is not None:
+        quotas = turns.quotas(groups_per_batch)
+        picked = select_by_weight(
+            group_environments(groups["task_id_min"], list(env_names)), waited, list(quotas), timeout
+        )
+        if picked is None:
+            return None
+        turns.skip(groups_per_batch)
+        return groups["key"].take(pa.array(picked, pa.int64()))
+    count = groups["rollout_id_count_distinct"].to_numpy()
+    ready = (count >= options.group_size) | ((count >= 2) & (waited >= timeout))
+    if not ready.any():
+        return None
+    order = np.argsort(-waited[ready], kind="stable")
+    if ready.sum() < groups_per_batch and waited[ready].max() < timeout:
+        return None
+    return groups["key"].take(pa.array(np.flatnonzero(ready)[order][:groups_per_batch]))

@@ -7,7 +7,8 @@ Both feed the endpoint's admission gate (:mod:`tinkertrace.serving.admission`).
 
 from __future__ import annotations
 
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -93,3 +94,20 @@ def admin_publisher(url: str, token: str | None) -> Publisher:
 def holder_publisher(holder: Any) -> Publisher:
     """A :class:`Publisher` for an endpoint served in this process."""
     return HolderPublisher(holder)
+
+
+@contextmanager
+def demand_stated(
+    publish: Publisher | None, rollouts_per_step: int, max_staleness: int | None
+) -> Iterator[None]:
+    """While training: the endpoint ``publish`` reaches starts only the rollouts the trainer will take
+    within ``max_staleness`` versions (its admission gate); withdrawn when the run ends. Nothing
+    without a publisher or a bound."""
+    if publish is None or max_staleness is None:
+        yield
+        return
+    publish.demand(rollouts_per_step, max_staleness)
+    try:
+        yield
+    finally:
+        publish.withdraw()

@@ -69,9 +69,56 @@ def summarize(
         "tokens_per_s": tokens / span if span > 0 else None,
         "served_policy_version": served_version,
     }
+    summary["offpolicy"] = offpolicy_summary(records)
     if admission is not None:
         summary["admission"] = admission
     return summary
+
+
+AGE_LABELS = ("0", "1", "2", "3", "4+")
+
+
+def _mean(records: list[dict[str, Any]], name: str) -> float | None:
+    values = [float(r[name]) for r in records if r.get(name) is not None]
+    return float(np.mean(values)) if values else None
+
+
+def offpolicy_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's off-policy figures from its steps' ``offpolicy/…`` metrics: staleness histograms
+    (summed), mismatch KL (mean and max), truncated and clipped shares (means), multi-version
+    rollouts and seconds waited for stragglers (summed)."""
+
+    def total(name: str) -> int | float:
+        return sum(r.get(name) or 0 for r in records)
+
+    kl = [float(r["offpolicy/mismatch_kl"]) for r in records if r.get("offpolicy/mismatch_kl") is not None]
+    return {
+        "token_age": {a: int(total(f"offpolicy/token_age_{a}")) for a in AGE_LABELS},
+        "rollout_age": {a: int(total(f"offpolicy/rollout_age_{a}")) for a in AGE_LABELS},
+        "mismatch_kl_mean": float(np.mean(kl)) if kl else None,
+        "mismatch_kl_max": float(np.max(kl)) if kl else None,
+        "truncated_frac_mean": _mean(records, "offpolicy/truncated_frac"),
+        "clipped_frac_mean": _mean(records, "offpolicy/clipped_frac"),
+        "multi_version_rollouts": int(total("offpolicy/multi_version_rollouts")),
+        "straggler_wait_s": round(float(total("offpolicy/straggler_wait_s")), 2),
+    }
+
+
+def _histogram(counts: dict[str, int]) -> str:
+    return " ".join(f"{age}:{n}" for age, n in counts.items())
+
+
+def offpolicy_line(metrics: dict[str, Any]) -> str:
+    """One step's off-policy figures, for the live view."""
+    tokens = {a: metrics.get(f"offpolicy/token_age_{a}", 0) for a in AGE_LABELS}
+    return (
+        f"token age (versions) {_histogram(tokens)}  ·  mismatch KL "
+        f"{_fmt(metrics.get('offpolicy/mismatch_kl'), '.2g')}  ·  truncated "
+        f"{_fmt(metrics.get('offpolicy/truncated_frac'), '.1%')}  ·  clipped "
+        f"{_fmt(metrics.get('offpolicy/clipped_frac'), '.1%')}  ·  multi-version rollouts "
+        f"{metrics.get('offpolicy/multi_version_rollouts', 0)}  ·  straggler wait "
+        f"{_fmt(metrics.get('offpolicy/straggler_wait_s'), '.1f')}s"
+    )
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:
@@ -109,6 +156,22 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("policy version served at the end", _fmt(summary["served_policy_version"])),
         ("step time, mean", f"{_fmt(summary['step_time_mean_s'], '.2f')} s"),
     ]
+    off = summary.get("offpolicy")
+    if off:
+        rows += [
+            ("trained tokens by age in versions", _histogram(off["token_age"])),
+            ("trained rollouts by age (oldest token)", _histogram(off["rollout_age"])),
+            (
+                "sampler/trainer mismatch KL, mean / max",
+                f"{_fmt(off['mismatch_kl_mean'], '.2g')} / {_fmt(off['mismatch_kl_max'], '.2g')}",
+            ),
+            (
+                "tokens truncated / clipped, mean share",
+                f"{_fmt(off['truncated_frac_mean'], '.1%')} / {_fmt(off['clipped_frac_mean'], '.1%')}",
+            ),
+            ("rollouts with several policy versions", _fmt(off["multi_version_rollouts"])),
+            ("trainer waiting for stragglers", f"{off['straggler_wait_s']:.1f} s"),
+        ]
     gate = summary.get("admission")
     if gate and gate.get("capacity"):
         rows.append(

@@ -15,6 +15,9 @@ from typing import Any, Literal
 
 from tinkertrace.models.builtin import BUILTIN_MODEL, DEMO_MODEL
 from tinkertrace.settings import check_choices, load, raise_problems, setting
+from tinkertrace.training.offpolicy import DEFAULT_STALENESS_CAP
+
+StalenessMode = Literal["drop", "correct", "downweight"]
 
 
 @dataclass
@@ -26,12 +29,27 @@ class FollowSettings:
         30.0, "Train a group with at least 2 rollouts after waiting this long, seconds.",
         flags=("--group-timeout",),
     )  # fmt: skip
-    max_staleness: int | None = setting(4, "Rollouts sampled more than N policy versions ago are dropped.")
-    staleness_mode: Literal["drop", "downweight"] = setting(
-        "drop", "'drop' stale rollouts, or 'downweight' them (see --staleness-decay)."
+    max_staleness: int | None = setting(
+        4, "The bound: rollouts with a token sampled more than N policy versions ago are not trained."
+    )
+    staleness_mode: StalenessMode = setting(
+        "drop",
+        "'drop' drops a rollout over the bound; 'correct' drops a whole group over it and trains every "
+        "kept token with the decoupled-PPO correction (each token weighted by "
+        "min(p_trainer/p_sampler, --staleness-cap), clipped against the trainer's current policy; one "
+        "extra forward pass per step); 'downweight' keeps stale rollouts, advantage × --staleness-decay "
+        "per version over.",
+    )
+    staleness_cap: float = setting(
+        DEFAULT_STALENESS_CAP, "With correct: the truncation C of the per-token importance weight."
     )
     staleness_decay: float = setting(
         0.5, "With downweight: a stale rollout's advantage × this per version beyond --max-staleness."
+    )
+    sync: bool = setting(
+        False,
+        "Synchronous RL: every step trains rollouts sampled entirely by the policy it updates (sets "
+        "max_staleness 0 and admission on; the endpoint then starts one step's rollouts per version).",
     )
     poll_s: float = setting(0.5, "How often to look for new spans, seconds.", flags=("--poll-seconds",))
     max_steps: int | None = setting(None, "Stop after this many steps in all (default: run until stopped).")
@@ -69,12 +87,15 @@ class FollowSettings:
     )
 
     def validate(self) -> FollowSettings:
-        """Check ranges; returns self."""
+        """Check ranges (and apply ``sync``); returns self."""
+        if self.sync:
+            self.max_staleness, self.admission = 0, True
         checks = [
             (self.group_size >= 1, "group_size must be at least 1"),
             (self.group_timeout_s >= 0, "group_timeout_s must be 0 or more"),
             (self.max_staleness is None or self.max_staleness >= 0, "max_staleness must be 0 or more"),
             (0 < self.staleness_decay <= 1, "staleness_decay must be in (0, 1]"),
+            (self.staleness_cap >= 1, "staleness_cap must be at least 1"),
             (self.poll_s > 0, "poll_s must be positive"),
             (self.max_steps is None or self.max_steps >= 1, "max_steps must be at least 1"),
             (self.workers >= 1, "workers must be at least 1"),
@@ -196,7 +217,11 @@ class DemoSettings:
     group_size: int = setting(8, "Rollouts per question, one GRPO group.")
     groups_per_batch: int = setting(4, "Groups per training step.", cli=False)
     max_tokens: int | None = setting(None, "Longest reply, tokens (default: the task's).", cli=False)
-    max_staleness: int = setting(1, "Rollouts sampled more than N versions ago are dropped.", cli=False)
+    max_staleness: int = setting(1, "Rollouts sampled more than N versions ago are not trained.", cli=False)
+    staleness_mode: StalenessMode = setting(
+        "drop", "What follow mode does with stale rollouts: drop, correct or downweight (see train --follow)."
+    )
+    sync: bool = setting(False, "Synchronous RL: each step trains only rollouts of the policy it updates.")
     admission: bool = setting(
         True, "The endpoint starts only rollouts the trainer will take within max_staleness.", cli=False
     )

@@ -34,6 +34,8 @@ REQUIRED_COLUMNS = (
     "action_mask",
     "reward",
 )
+# kept when present: the policy versions that sampled each row (follow mode's staleness reads them)
+VERSION_COLUMNS = ("policy_version", "response_policy_versions")
 TRAJECTORIES_FILE = "trajectories.parquet"
 
 
@@ -167,8 +169,12 @@ def prepare(
         raise DataError(
             f"{report.source or 'trajectories'} lacks the columns {', '.join(missing)} (not trajectories?)"
         )
-    table = table.select(list(REQUIRED_COLUMNS)).cast(
+    versions = [c for c in VERSION_COLUMNS if c in table.column_names]
+    typed = table.select(list(REQUIRED_COLUMNS)).cast(
         pa.schema([schemas.trajectories().field(c) for c in REQUIRED_COLUMNS])
+    )
+    table = pa.Table.from_arrays(
+        [*typed.columns, *(table[c] for c in versions)], names=[*REQUIRED_COLUMNS, *versions]
     )
     if table.num_rows == 0:
         raise DataError(f"{report.source or 'the training source'} holds no trajectories")

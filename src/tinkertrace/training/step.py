@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,17 @@ from tinkertrace.training.datums import DatumBatch, build_datums
 from tinkertrace.training.environments import environment_metrics
 from tinkertrace.training.errors import BackendError
 from tinkertrace.training.metrics import MetricsLogger, kl_sample_train
+from tinkertrace.training.offpolicy import (
+    DEFAULT_CLIP_HIGH,
+    DEFAULT_CLIP_LOW,
+    clipped_fraction,
+    mismatch_metrics,
+)
 from tinkertrace.training.outcomes import TRAINED, OutcomeLog, dropped_where, outcome_rows
 
 ADAM_FIELDS = ("beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
+CLIPPED_LOSSES = ("ppo", "cispo")
+BatchHook = Callable[[Any, DatumBatch], dict[str, float]]  # (training client, batch) → metrics
 
 
 def adam_params(config: TrainSettings) -> types.AdamParams:
@@ -153,6 +162,14 @@ def train_step(
     training_logprobs = [out["logprobs"].to_numpy() for out in fb.loss_fn_outputs]
     metrics: dict[str, float] = {k: float(v) for k, v in fb.metrics.items()}
     metrics.update(kl_sample_train(batch.sampling_logprobs, training_logprobs, batch.masks))
+    metrics.update(mismatch_metrics(batch.sampling_logprobs, training_logprobs, batch.masks, None))
+    if config.loss in CLIPPED_LOSSES and batch.masks:
+        low = float(config.loss_config.get("clip_low_threshold", DEFAULT_CLIP_LOW))
+        high = float(config.loss_config.get("clip_high_threshold", DEFAULT_CLIP_HIGH))
+        reference = [d.loss_fn_inputs["logprobs"].to_numpy() for d in batch.data]
+        metrics["offpolicy/clipped_frac"] = clipped_fraction(
+            training_logprobs, reference, batch.masks, low, high
+        )
     return metrics
 
 
@@ -213,10 +230,17 @@ class TrainingSession:
         return self.logger.notes
 
     def step(
-        self, data: TrainingData, rows: np.ndarray, step: int, progress: dict[str, Any]
+        self,
+        data: TrainingData,
+        rows: np.ndarray,
+        step: int,
+        progress: dict[str, Any],
+        before_train: BatchHook | None = None,
     ) -> tuple[DatumBatch, dict[str, Any]]:
         """Train on ``rows`` of ``data`` as step ``step``: the batch and its metrics (``progress``
-        first, then the data side, then the loss and KL when the batch had anything to train)."""
+        first, then the data side, then the loss and KL when the batch had anything to train).
+        ``before_train`` may rewrite the batch's Datums first (follow mode's staleness correction);
+        the metrics it returns are logged beside the step's."""
         batch = build_batch(data, rows, self.config)
         self.pending += step_outcomes(data.table.take(rows), batch, step)
         metrics: dict[str, Any] = {
@@ -231,7 +255,9 @@ class TrainingSession:
             task_ids = data.table["task_id"].take(rows[first])
             metrics.update(environment_metrics(task_ids, data.reward_of_trajectory[trajectories], names))
         if batch.data:
+            corrected = before_train(self.client, batch) if before_train is not None else {}
             metrics.update(train_step(self.client, batch, self.config, self.adam))
+            metrics.update(corrected)  # the correction's own mismatch figures (from its forward pass)
         return batch, metrics
 
     def checkpoint(self, step: int, record: dict[str, Any]) -> dict[str, Any]:

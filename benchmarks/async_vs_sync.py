@@ -1,0 +1,179 @@
+"""Asynchronous vs synchronous RL on the long-tail multi-turn task (``examples/long_tail``).
+
+Runs the demo's whole stack (collector subprocess, local-engine endpoint with admission, agent worker
+processes running :mod:`examples.long_tail.agent`, follow trainer publishing each step) once per mode,
+the modes interleaved ``--pairs`` times on the same seed, model and machine, each for the same
+``--seconds`` of training. Modes (``--modes``, any of :data:`MODES`):
+
+- ``sync``: ``--sync`` (staleness 0 with admission: a step trains only rollouts of the policy it updates);
+- ``drop``: follow with ``--max-staleness S``, rollouts over the bound dropped (today's default);
+- ``correct``: follow with ``--max-staleness S --staleness-mode correct`` (whole groups over the bound
+  dropped, the rest trained with the decoupled-PPO correction).
+
+For each run it prints, from the agents' own logs (every sampled rollout, trained or not, so dropping
+long episodes cannot flatter a mode): wall seconds and sampled rollouts until the mean reward of the
+last ``--window`` sampled rollouts first reaches ``--threshold``; the mean reward of the rollouts that
+ended in the last quarter of the common horizon (final reward at equal wall time); and, from the
+trainer: steps, share of sampled rollouts trained, lag p50/p95, and the ``offpolicy/…`` figures
+(mismatch KL, truncated and clipped shares, token ages, seconds waited for stragglers).
+
+Usage: ``python benchmarks/async_vs_sync.py --pairs 1 --seconds 150``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from tinkertrace.models.builtin import DEMO_MODEL
+from tinkertrace.online.demo import demo_configs, run_demo
+from tinkertrace.online.settings import DemoSettings
+from tinkertrace.training.jsonl import read_jsonl
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENT = "examples.long_tail.agent"
+MODES: dict[str, dict[str, Any]] = {
+    "sync": {"sync": True},
+    "drop": {"staleness_mode": "drop"},
+    "correct": {"staleness_mode": "correct"},
+}
+
+
+def reward_curve(rows: list[dict[str, Any]], window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds since the first rollout started, at each sampled rollout's end (in order), and the
+    mean reward of the last ``window`` rollouts ended by then."""
+    ok = sorted((r for r in rows if "reward" in r), key=lambda r: r["end"])
+    if not ok:
+        return np.zeros(0), np.zeros(0)
+    start = min(r["start"] for r in ok)
+    ends = np.array([r["end"] - start for r in ok])
+    rewards = np.array([r["reward"] for r in ok], dtype=np.float64)
+    sums = np.concatenate([[0.0], np.cumsum(rewards)])
+    idx = np.arange(1, len(rewards) + 1)
+    lo = np.maximum(0, idx - window)
+    return ends, (sums[idx] - sums[lo]) / (idx - lo)
+
+
+def figures(
+    rows: list[dict[str, Any]], summary: dict[str, Any], threshold: float, window: int, horizon: float
+) -> dict[str, Any]:
+    """One run's row of the table."""
+    ends, curve = reward_curve(rows, window)
+    reached = np.flatnonzero((curve >= threshold) & (np.arange(len(curve)) >= window - 1))
+    ok = sorted((r for r in rows if "reward" in r), key=lambda r: r["end"])
+    start = min(r["start"] for r in ok) if ok else 0.0
+    late = [r["reward"] for r in ok if 0.75 * horizon <= r["end"] - start <= horizon]
+    off = summary["offpolicy"]
+    return {
+        "steps": summary["steps"],
+        "sampled": summary["rollouts_sampled"],
+        "trained_frac": summary["trained_fraction"],
+        "dropped_stale": summary["rollouts_dropped"]["stale"],
+        "in_flight": summary["rollouts_in_flight_at_end"],
+        "to_threshold_s": float(ends[reached[0]]) if reached.size else None,
+        "to_threshold_rollouts": int(reached[0] + 1) if reached.size else None,
+        "final_reward": float(np.mean(late)) if late else None,
+        "reward_first_window": float(curve[min(window, len(curve)) - 1]) if len(curve) else None,
+        "step_s": summary["step_time_mean_s"],
+        "lag_p50_s": summary["lag_p50_s"],
+        "lag_p95_s": summary["lag_p95_s"],
+        "mismatch_kl_mean": off["mismatch_kl_mean"],
+        "truncated_frac": off["truncated_frac_mean"],
+        "clipped_frac": off["clipped_frac_mean"],
+        "token_age": off["token_age"],
+        "straggler_wait_s": off["straggler_wait_s"],
+        "turns_mean": float(np.mean([r.get("turns", 1) for r in ok])) if ok else None,
+    }
+
+
+def _f(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def row_text(name: str, f: dict[str, Any]) -> str:
+    ages = "/".join(str(n) for n in f["token_age"].values())
+    return (
+        f"{name:8} steps {f['steps']:3d}  sampled {f['sampled']:4d}  "
+        f"trained {_f(f['trained_frac'], '.1%'):>6} "
+        f"(stale {f['dropped_stale']}, in flight {f['in_flight']})  "
+        f"to threshold {_f(f['to_threshold_s'], '.0f'):>4}s / "
+        f"{_f(f['to_threshold_rollouts'], 'd'):>4} rollouts  "
+        f"reward {_f(f['reward_first_window'], '.3f')} -> final {_f(f['final_reward'], '.3f')}  "
+        f"step {_f(f['step_s'], '.2f')}s  "
+        f"lag p50/p95 {_f(f['lag_p50_s'], '.1f')}/{_f(f['lag_p95_s'], '.1f')}s  "
+        f"mismatch KL {_f(f['mismatch_kl_mean'], '.2g')}  truncated {_f(f['truncated_frac'], '.1%')}  "
+        f"clipped {_f(f['clipped_frac'], '.1%')}  token ages 0/1/2/3/4+ {ages}  "
+        f"straggler wait {f['straggler_wait_s']:.0f}s  turns {_f(f['turns_mean'], '.2f')}"
+    )
+
+
+def run_mode(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """One run of mode ``name``: its figures."""
+    settings = DemoSettings(
+        out=out,
+        steps=100_000,
+        workers=args.workers,
+        max_seconds=args.seconds,
+        max_staleness=args.max_staleness,
+        group_size=args.group_size,
+        groups_per_batch=args.groups_per_batch,
+        learning_rate=args.learning_rate,
+        model=args.model,
+    )
+    stack, config, options = demo_configs(settings)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    stack = dataclasses.replace(stack, agent_module=AGENT, worker_env={"PYTHONPATH": path})
+    config = dataclasses.replace(config, seed=args.seed)
+    options = dataclasses.replace(options, max_steps=None, **MODES[name])
+    summary = run_demo(settings, console=Console(file=io.StringIO()), configs=(stack, config, options))
+    rows = [r for p in sorted((out / "agents").glob("worker-*.jsonl")) for r in read_jsonl(p, skip_bad=True)]
+    return figures(rows, summary, args.threshold, args.window, args.seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    modes_help = f"comma-separated, of {', '.join(MODES)}"
+    parser.add_argument("--modes", default="sync,drop,correct", help=modes_help)
+    parser.add_argument("--pairs", type=int, default=1, help="interleaved rounds of every mode")
+    parser.add_argument("--seconds", type=float, default=150, help="training seconds per run (the horizon)")
+    parser.add_argument("--workers", type=int, default=4, help="agent worker processes (a group of 8 each)")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--groups-per-batch", type=int, default=4)
+    parser.add_argument("--model", default=DEMO_MODEL, help="the built-in model's size, or another model")
+    parser.add_argument("--max-staleness", type=int, default=1, help="the bound of drop and correct")
+    parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--threshold", type=float, default=0.3, help="reward the sampled rollouts must reach")
+    parser.add_argument("--window", type=int, default=64, help="sampled rollouts in the reward's moving mean")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        parser.error(f"unknown mode(s): {', '.join(sorted(unknown))}")
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"machine: {platform.machine()} {platform.processor()}, {os.cpu_count()} cores; load {load}")
+    print(
+        f"each run: {args.seconds:.0f}s of training, {args.workers} workers × groups of {args.group_size}, "
+        f"{args.groups_per_batch} groups per step, model {args.model}, lr {args.learning_rate:g}, "
+        f"seed {args.seed}, bound {args.max_staleness}, "
+        f"threshold {args.threshold} over {args.window} rollouts"
+    )
+    for pair in range(args.pairs):
+        for name in modes:
+            with tempfile.TemporaryDirectory(prefix="tt-async-sync-") as tmp:
+                result = run_mode(name, args, Path(tmp))
+            load = os.getloadavg()[0]
+            print(f"[{pair + 1}] {row_text(name, result)}  (load {load:.1f})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

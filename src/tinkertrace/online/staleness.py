@@ -1,0 +1,136 @@
+"""How old each trained token is, and what follow mode does about it.
+
+* :func:`token_policy_versions` — the one place per-token policy versions are read: the builder's
+  ``response_policy_versions`` column when it is there (one version per sampled token, in order), else
+  each row's ``policy_version`` repeated over its sampled tokens.
+* :func:`row_ages` — each row's age in versions at a step: the age of its oldest token.
+* :func:`stale_rows` — the rows over ``max_staleness``: rollout by rollout (``drop``), or whole groups
+  (``correct``: a group is never split across the bound).
+* :func:`staleness_metrics` — the step's staleness histograms (tokens and rollouts) and how many
+  rollouts carried more than one policy version.
+* :func:`correct_batch` — the ``correct`` mode's Datums: one forward pass for the proximal logprobs,
+  then :func:`~tinkertrace.training.offpolicy.corrected_inputs` (formula in
+  :mod:`tinkertrace.training.offpolicy`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from tinker import types
+
+from tinkertrace.training.datums import DatumBatch
+from tinkertrace.training.offpolicy import corrected_inputs, mismatch_metrics
+
+VERSIONS_COLUMN = "response_policy_versions"
+AGE_BUCKETS = 4  # histogram buckets 0, 1, 2, 3 versions old, then "4+"
+NEVER = np.iinfo(np.int64).max
+
+
+def _action_counts(table: pa.Table) -> np.ndarray:
+    """Sampled (action) tokens per row."""
+    mask = table["action_mask"].combine_chunks()
+    offsets = np.asarray(mask.offsets, dtype=np.int64)
+    flat = np.concatenate([[0], np.cumsum(mask.flatten().to_numpy(zero_copy_only=False) > 0)])
+    return flat[offsets[1:] - offsets[0]] - flat[offsets[:-1] - offsets[0]]
+
+
+def token_policy_versions(table: pa.Table) -> pa.ListArray:
+    """Per row, the policy version of each sampled token (``list<int64>``; null where unknown)."""
+    counts = _action_counts(table)
+    version = table["policy_version"].combine_chunks()
+    fallback = np.repeat(pc.fill_null(version, -1).to_numpy(zero_copy_only=False), counts)
+    values = fallback.astype(np.int64)
+    if VERSIONS_COLUMN in table.column_names:
+        per_token = table[VERSIONS_COLUMN].combine_chunks()
+        fits = pc.and_kleene(pc.is_valid(per_token), pc.equal(pc.list_value_length(per_token), counts))
+        fits_np = np.asarray(pc.fill_null(fits, False).to_numpy(zero_copy_only=False), dtype=bool)
+        given = pc.fill_null(pc.list_flatten(per_token.filter(fits)), -1).to_numpy(zero_copy_only=False)
+        values[np.repeat(fits_np, counts)] = given
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int64(), mask=values < 0))
+
+
+def row_ages(table: pa.Table, step: int) -> np.ndarray:
+    """Each row's age at ``step`` in versions: its oldest token's (a row with no known version: 0)."""
+    versions = token_policy_versions(table)
+    flat = pc.fill_null(versions.flatten(), NEVER).to_numpy(zero_copy_only=False).astype(np.int64)
+    lengths = np.diff(np.asarray(versions.offsets, dtype=np.int64)).astype(np.int64)
+    oldest = np.full(len(lengths), NEVER, dtype=np.int64)
+    has = lengths > 0
+    if has.any():
+        oldest[has] = np.minimum.reduceat(flat, np.asarray(versions.offsets)[:-1][has])
+    row = pc.fill_null(table["policy_version"], NEVER).to_numpy(zero_copy_only=False).astype(np.int64)
+    oldest = np.minimum(oldest, row)
+    return np.where(oldest == NEVER, 0, step - np.minimum(oldest, step))
+
+
+def stale_rows(
+    table: pa.Table, keys: pa.Array, step: int, bound: int, mode: str, stale_groups: set[str]
+) -> np.ndarray:
+    """Rows over ``bound`` versions old at ``step``. In ``correct`` mode a whole group goes when any
+    of its rows is over (and every group in ``stale_groups``, where the keys found here are added):
+    later rollouts of a group dropped before cannot train alone."""
+    over = row_ages(table, step) > bound
+    if mode != "correct":
+        return over
+    stale_groups.update(k for k in pc.unique(pc.filter(keys, pa.array(over))).to_pylist() if k is not None)
+    if not stale_groups:
+        return over
+    member = pc.is_in(keys, value_set=pa.array(sorted(stale_groups), keys.type))
+    return np.asarray(pc.fill_null(member, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def staleness_metrics(table: pa.Table, step: int) -> dict[str, Any]:
+    """The staleness histograms of a step's trained rows — ``offpolicy/token_age_{0..3,4+}`` (sampled
+    tokens) and ``offpolicy/rollout_age_…`` (rollouts, by their oldest token) — and
+    ``offpolicy/multi_version_rollouts``: rollouts whose tokens came from more than one version."""
+    versions = token_policy_versions(table)
+    lengths = np.diff(np.asarray(versions.offsets, dtype=np.int64)).astype(np.int64)
+    flat = pc.fill_null(versions.flatten(), step).to_numpy(zero_copy_only=False).astype(np.int64)
+    per_token = pa.table(
+        {
+            "rollout_id": pc.take(table["rollout_id"], pa.array(np.repeat(np.arange(len(lengths)), lengths))),
+            "v": flat,
+        }
+    )
+    per_rollout = per_token.group_by("rollout_id").aggregate([("v", "min"), ("v", "max")])
+    token_age = step - flat
+    rollout_age = step - per_rollout["v_min"].to_numpy()
+    metrics: dict[str, Any] = {}
+    for name, ages in (("token_age", token_age), ("rollout_age", rollout_age)):
+        counts = np.bincount(np.clip(ages, 0, AGE_BUCKETS), minlength=AGE_BUCKETS + 1)
+        for age, count in enumerate(counts):
+            label = f"{age}+" if age == AGE_BUCKETS else str(age)
+            metrics[f"offpolicy/{name}_{label}"] = int(count)
+    spread = pc.not_equal(per_rollout["v_min"], per_rollout["v_max"])
+    metrics["offpolicy/multi_version_rollouts"] = int(pc.sum(spread).as_py() or 0)
+    metrics["offpolicy/token_age_mean"] = float(token_age.mean()) if len(token_age) else 0.0
+    return metrics
+
+
+def correct_batch(client: Any, batch: DatumBatch, loss_fn: str, cap: float) -> dict[str, float]:
+    """Rewrite ``batch``'s Datums for the corrected loss: the trainer's current logprobs (one
+    ``forward``, the proximal policy) as ``logprobs`` and ``w · A`` as ``advantages``; the
+    sampler's logprobs stay in ``batch.sampling_logprobs``. Returns the mismatch metrics."""
+    if not batch.data:
+        return {}
+    output = client.forward(batch.data, loss_fn).result()
+    proximal = [out["logprobs"].to_numpy() for out in output.loss_fn_outputs]
+    for j, datum in enumerate(batch.data):
+        inputs = datum.loss_fn_inputs
+        logprobs, advantages = corrected_inputs(
+            proximal[j], batch.sampling_logprobs[j], inputs["advantages"].to_numpy(), batch.masks[j], cap
+        )
+        batch.data[j] = types.Datum(
+            model_input=datum.model_input,
+            loss_fn_inputs={
+                **inputs,
+                "logprobs": types.TensorData.from_numpy(logprobs),
+                "advantages": types.TensorData.from_numpy(advantages),
+            },
+        )
+    return mismatch_metrics(batch.sampling_logprobs, proximal, batch.masks, cap)
