@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from tinkertrace.builtin import BUILTIN_MODEL
 from tinkertrace.netutil import LOOPBACK
+from tinkertrace.serving.policy import InflightMode
 from tinkertrace.settings import check_choices, setting
 from tinkertrace.training.backends import Backend
 from tinkertrace.training.errors import raise_problems
@@ -114,6 +115,13 @@ class ServeSettings(RequestLimitSettings, RecordingSettings):
         None, "Serve these sampler weights (tinker://.../sampler_weights/...) instead of the base."
     )
     policy_version: int = setting(0, "Policy version reported for the initial weights.")
+    inflight: InflightMode = setting(
+        "keep-cache",
+        "When new weights are published, requests being decoded continue on them from their next token "
+        "('keep-cache': their KV cache is kept; 'recompute-cache': it is rebuilt under the new weights) "
+        "or finish on the weights they started with ('off'). The local engine only; hosted Tinker "
+        "snapshot clients always finish on their own weights.",
+    )
     watch_checkpoints: Path | None = setting(
         None, "Follow this checkpoint record (LOG_DIR/checkpoints.jsonl) and serve each new entry."
     )
