@@ -15,6 +15,9 @@ from tinker import types
 
 from tinkertrace.engine import ServiceClient
 from tinkertrace.engine.sampling import SamplingClient
+from tinkertrace.tokenizer import BUILTIN_MODEL
+
+NANO_MODEL = f"{BUILTIN_MODEL}:nano"
 
 SWITCH_AT = 3  # forward passes under the old weights: the prefill (token 0) and two steps (tokens 1, 2)
 PROMPT = "<|im_start|>user\nsay something long<|im_end|>\n<|im_start|>assistant\n"
@@ -114,3 +117,16 @@ def test_inflight_save_while_idle_labels_the_next_request(service: ServiceClient
     with pytest.raises(ValueError, match="not supported"):
         trainer.save_weights_and_get_sampling_client(kind="frozen")
     first.close()
+
+
+def test_a_prompt_the_model_cannot_prefill_fails_its_request_not_the_batcher(service: ServiceClient) -> None:
+    """A prefill that raises (a token id outside the vocabulary) fails the requests it was admitting;
+    before, their futures were never resolved. The batcher goes on serving."""
+    client = service.create_sampling_client(base_model=NANO_MODEL).result()
+    params = types.SamplingParams(max_tokens=3)
+    bad = client.sample(types.ModelInput.from_ints([10**7]), 1, params)
+    with pytest.raises(IndexError):
+        bad.result(timeout=60)
+    good = client.sample(types.ModelInput.from_ints([1, 2, 3]), 1, params).result(timeout=60)
+    assert len(good.sequences[0].tokens) >= 1
+    client.close()

@@ -293,7 +293,12 @@ class ContinuousBatcher:
             return batch
         if batch is not None:
             batch = _compact(batch)
-        new = self._prefill(joining)
+        try:
+            new = self._prefill(joining)
+        except Exception as exc:  # e.g. a token id outside the vocabulary: fails the joining requests only
+            for _, future in joining:
+                future.set_exception(exc)
+            return batch
         return new if batch is None else _stack(batch, new)
 
     def _prefill(self, joining: list[_Item]) -> _Batch:
