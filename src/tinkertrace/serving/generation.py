@@ -96,14 +96,14 @@ class Generator:
         sequences = await self.batcher.sample(
             policy.sampling_client, prompt_ids, options.n, params, options.top_logprobs
         )
-        return [self.decode(seq, prompt_ids, options, policy.version) for seq in sequences]
+        return [self.decode(seq, prompt_ids, options, policy) for seq in sequences]
 
-    def decode(self, seq: Any, prompt_ids: list[int], options: SamplingOptions, version: int) -> Choice:
+    def decode(self, seq: Any, prompt_ids: list[int], options: SamplingOptions, policy: Policy) -> Choice:
         """One sampled sequence as a choice: text without special tokens, cut at the first stop string
         (the token ids, logprobs and policy versions are cut after the token that completed it). Each
-        token's policy version is the sampler's record of it, else ``version``."""
+        token's policy version: :func:`~tinkertrace.serving.policy.policy_versions`."""
         ids = [int(t) for t in seq.tokens]
-        versions = policy_versions(seq, version)
+        versions = policy_versions(seq, policy)
         logprobs = None
         if seq.logprobs is not None:
             arr = np.nan_to_num(

@@ -143,13 +143,14 @@ def _label(client: Any, version: int) -> None:
         client.policy_version = version
 
 
-def policy_versions(sequence: Any, version: int) -> list[int]:
-    """The policy version of each token of a sampled ``sequence``: recorded by the sampler (the local
-    engine's per-token versions), else ``version`` (the snapshot the request sampled with) for all."""
+def policy_versions(sequence: Any, policy: Policy) -> list[int]:
+    """The policy version of each token of a ``sequence`` sampled with ``policy``: recorded by the
+    sampler where the holder labels its versions (the local engine's client), else the policy's version
+    for all (a client the holder cannot label, e.g. one wrapping the engine's, records its own)."""
     recorded = getattr(sequence, "policy_versions", None)
-    if recorded is not None:
+    if recorded is not None and hasattr(policy.sampling_client, "policy_version"):
         return [int(v) for v in recorded]
-    return [version] * len(sequence.tokens)
+    return [policy.version] * len(sequence.tokens)
 
 
 def model_tokenizer(model: str, sampling_client: Any) -> Any:
