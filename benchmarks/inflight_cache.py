@@ -2,7 +2,8 @@
 
 A batch of ``--rows`` sequences (different prompts) is decoded by the local engine's continuous batcher
 while new weights are published every ``--every`` decoding steps (two real weight sets, a LoRA run's
-weights before and after one training step, published alternately as versions 0, 1, 2, ...). Both
+weights before and after one Adam step at ``--learning-rate``, published alternately as versions 0,
+1, 2, ...; the demo's learning rates are 3e-3 on the built-in model and 1e-3 on SmolLM2). Both
 modes run interleaved, round by round, on the same prompts and seed:
 
 * ``keep``: the cache computed under earlier weights is kept (no extra work; slightly off-policy);
@@ -40,7 +41,7 @@ from tinkertrace.tokenizer import BUILTIN_MODEL
 TOPICS = ("the sea", "a forest", "rain", "the moon", "winter", "a river", "bread", "a garden", "thunder")
 
 
-def two_weight_sets(service: ServiceClient, model: str) -> tuple[Any, Any, Any]:
+def two_weight_sets(service: ServiceClient, model: str, lr: float) -> tuple[Any, Any, Any]:
     """The tokenizer and two inference models: a LoRA run's weights before and after one step."""
     trainer = service.create_lora_training_client(model, rank=8, seed=0).result()
     tok = trainer.get_tokenizer()
@@ -51,7 +52,7 @@ def two_weight_sets(service: ServiceClient, model: str) -> tuple[Any, Any, Any]:
         loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)},
     )
     trainer.forward_backward([datum], "cross_entropy").result()
-    trainer.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+    trainer.optim_step(types.AdamParams(learning_rate=lr)).result()
     after = trainer.save_weights_and_get_sampling_client().result()
     return tok, before.model, after.model
 
@@ -119,18 +120,22 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=16, help="decoding steps between two updates")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--learning-rate", type=float, default=3e-3, help="of the one step between the two weight sets"
+    )
     parser.add_argument("--threads", type=int, default=int(os.environ.get("TINKERTRACE_CPU_THREADS") or 2))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as folder:
         service = ServiceClient(Path(folder), device="cpu", cpu_threads=args.threads)
-        tok, before, after = two_weight_sets(service, args.model)
+        tok, before, after = two_weight_sets(service, args.model, args.learning_rate)
         models = (before, after)
         chats = [[{"role": "user", "content": f"Tell me about {TOPICS[i % len(TOPICS)]}, story {i}."}]
                  for i in range(args.rows)]  # fmt: skip
         texts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
         prompts = [list(tok.encode(t, add_special_tokens=False)) for t in texts]
-        table = Table(title=f"in-flight updates every {args.every} steps, {args.rows} rows, {args.model}")
+        title = f"updates every {args.every} steps, {args.rows} rows, {args.model}, lr {args.learning_rate:g}"
+        table = Table(title=title)
         for column in ("round", "mode", "tokens", "updates", "s", "tok/s", "recompute s", "|Δlp| mean",
                        "|Δlp| max", "mismatch KL"):  # fmt: skip
             table.add_column(column, justify="right")

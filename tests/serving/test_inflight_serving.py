@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import httpx
 import openai
 import pytest
 from tinker import types
@@ -123,3 +124,38 @@ def test_versions_per_token_on_the_wire_in_both_spans_and_in_triplets(
     [versions] = build_trajectories(spans).triplets.column("response_policy_versions").to_pylist()
     assert versions == [v for v, count in zip(want[::2], want[1::2], strict=True) for _ in range(count)]
     holder.close()
+
+
+def test_every_api_names_the_versions_of_a_snapshot_clients_tokens(
+    tokenizer: Any, scripted: Any, start_server: Callable[..., BackgroundServer]
+) -> None:
+    """A client that records no per-token versions (the hosted-Tinker double) sampled every token with
+    the request's snapshot: one run, on chat (plain and streamed), completions, Responses and
+    Anthropic Messages, and the SDK's parsers read it back."""
+    import anthropic
+
+    from tinkertrace.sdk.response_parse import parse_sse
+    from tinkertrace.sdk.responses_api import parse_json as parse_response
+
+    server = start_server(PolicyHolder(scripted(["one two three"] * 5), tokenizer, MODEL, version=7))
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    key = semconv.RESPONSE_POLICY_VERSION_RUNS
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    n = len(chat.choices[0].model_extra["token_ids"])
+    assert chat.model_extra[key] == chat.choices[0].model_extra[key] == [7, n]
+    text = client.completions.create(model=MODEL, prompt="hi")
+    assert text.choices[0].model_extra[key] == [7, len(text.choices[0].model_extra["token_ids"])]
+    response = client.responses.create(model=MODEL, input="hi")
+    assert response.model_extra[key] == [7, len(response.model_extra["output_token_ids"])]
+    assert parse_response(response.model_dump_json().encode()).version_runs() == response.model_extra[key]
+    message = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0).messages.create(
+        model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert message.model_extra[key] == [7, len(message.model_extra["output_token_ids"])]
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True},
+    ) as streamed:
+        record = parse_sse(b"".join(streamed.iter_bytes()))
+    assert record.version_runs() == [7, len(record.choices[0].token_ids or [])]
