@@ -139,7 +139,7 @@ def main() -> None:
         for column in ("round", "mode", "tokens", "updates", "s", "tok/s", "recompute s", "|Δlp| mean",
                        "|Δlp| max", "mismatch KL"):  # fmt: skip
             table.add_column(column, justify="right")
-        run(models, tok, prompts[:2], args, False)  # warm-up (first passes, thread start): not reported
+        run(models, tok, prompts, args, False)  # warm-up (the first full batch is slow): not reported
         for r in range(args.rounds):
             for mode in ("keep", "recompute") if r % 2 == 0 else ("recompute", "keep"):
                 out = run(models, tok, prompts, args, mode == "recompute")
