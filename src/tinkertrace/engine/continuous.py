@@ -47,6 +47,7 @@ from tinker import types
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from tinkertrace.engine.decoding import DecodeRequest, sample_next, sequences_of
+from tinkertrace.engine.kv_batch import Batch, compact, stack
 
 MAX_ROWS = 64
 """Sequences decoded together at most; further requests wait for rows to free up."""
@@ -85,18 +86,6 @@ class _Running:
         self.top_values = [[] for _ in range(n)]
         self.stopped = np.zeros(n, dtype=bool)
         self.done_rows = np.zeros(n, dtype=bool)
-
-
-@dataclass
-class _Batch:
-    """The running batch: per-row owner, cache, attention mask and next input token."""
-
-    owners: list[tuple[_Running, int]]  # (request, row index within it) per batch row
-    cache: DynamicCache
-    mask: torch.Tensor  # [B, L] 1 for real tokens
-    positions: torch.Tensor  # [B] position of each row's next input token
-    next_tokens: torch.Tensor  # [B]
-    live: np.ndarray  # [B] bool
 
 
 @dataclass(frozen=True)
@@ -186,7 +175,7 @@ class ContinuousBatcher:
 
     # --- the decoding thread ------------------------------------------------------------------------
     def _loop(self) -> None:
-        batch: _Batch | None = None
+        batch: Batch | None = None
         closing = False
         while True:
             if self._cancelled:
@@ -217,15 +206,15 @@ class ContinuousBatcher:
                         running.future.set_exception(exc)
                 batch = None
 
-    def _take(self, update: _Update, batch: _Batch | None) -> _Batch | None:
+    def _take(self, update: _Update, batch: Batch | None) -> Batch | None:
         """Sample with the update's weights from now on (between two steps, or with nothing running)."""
         self._model, self.version = update.model, update.version
         self.updates += 1
         if batch is not None and update.recompute and batch.live.any():
-            batch = self._recompute(_compact(batch))
+            batch = self._recompute(compact(batch))
         return batch
 
-    def _recompute(self, batch: _Batch) -> _Batch:
+    def _recompute(self, batch: Batch) -> Batch:
         """Rebuild the running rows' cache under the current weights: one left-padded forward pass over
         each row's prompt and sampled tokens but the last (the next input, not yet in the cache)."""
         rows = [r.request.prompt + r.tokens[row][:-1] for r, row in batch.owners]
@@ -253,7 +242,7 @@ class ContinuousBatcher:
             mask[i, length - len(r) :] = 1
         return ids, mask
 
-    def _fail_unfinished(self, batch: _Batch | None) -> None:
+    def _fail_unfinished(self, batch: Batch | None) -> None:
         """Fail every request still running or waiting (the sampler is closing with cancel)."""
         with self._lock:
             self._thread = None
@@ -280,7 +269,7 @@ class ContinuousBatcher:
         except queue.Empty:
             return closing
 
-    def _admit(self, batch: _Batch | None) -> _Batch | None:
+    def _admit(self, batch: Batch | None) -> Batch | None:
         """Prefill waiting requests that fit and stack them onto the running batch."""
         rows = 0 if batch is None else int(batch.live.sum())
         joining: list[_Item] = []
@@ -292,16 +281,16 @@ class ContinuousBatcher:
         if not joining:
             return batch
         if batch is not None:
-            batch = _compact(batch)
+            batch = compact(batch)
         try:
             new = self._prefill(joining)
         except Exception as exc:  # e.g. a token id outside the vocabulary: fails the joining requests only
             for _, future in joining:
                 future.set_exception(exc)
             return batch
-        return new if batch is None else _stack(batch, new)
+        return new if batch is None else stack(batch, new)
 
-    def _prefill(self, joining: list[_Item]) -> _Batch:
+    def _prefill(self, joining: list[_Item]) -> Batch:
         """One left-padded forward pass over the new prompts; sample each request's first tokens."""
         ids, mask = self._left_padded([r.prompt for r, _ in joining])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -324,7 +313,7 @@ class ContinuousBatcher:
         for request, future in joining:
             running = _Running(request, future, request.new_generator(self._device))
             owners += [(running, row) for row in range(request.num_samples)]
-        batch = _Batch(
+        batch = Batch(
             owners=owners,
             cache=cache,
             mask=mask.repeat_interleave(repeats, dim=0),
@@ -337,12 +326,12 @@ class ContinuousBatcher:
         self._sample(batch, last.repeat_interleave(repeats, dim=0))
         return batch
 
-    def _step(self, batch: _Batch) -> _Batch | None:
+    def _step(self, batch: Batch) -> Batch | None:
         """One forward pass of every row's last token; sample the next ones; finish done requests."""
         if not batch.live.any():
             return None
         if batch.live.mean() < 0.5:
-            batch = _compact(batch)
+            batch = compact(batch)
         batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
         out = self._model(
             input_ids=batch.next_tokens.unsqueeze(-1),
@@ -358,7 +347,7 @@ class ContinuousBatcher:
         self._sample(batch, out.logits[:, -1].float())
         return batch if batch.live.any() else None
 
-    def _sample(self, batch: _Batch, logits: torch.Tensor) -> None:
+    def _sample(self, batch: Batch, logits: torch.Tensor) -> None:
         """Sample each live row's next token with its request's parameters and record it.
 
         Rows of unseeded requests with the same parameters are sampled together (one draw from the
@@ -412,52 +401,4 @@ def _finish(running: _Running) -> list[types.SampledSequence]:
         running.top_ids,
         running.top_values,
         running.versions,
-    )
-
-
-def _compact(batch: _Batch) -> _Batch:
-    """Drop stopped rows and the leading cache columns no remaining row attends to."""
-    keep = np.flatnonzero(batch.live)
-    if len(keep) == len(batch.live):
-        index = None
-    else:
-        index = torch.from_numpy(keep).to(batch.mask.device)
-        batch.cache.batch_select_indices(index)
-        batch.mask = batch.mask[index]
-        batch.positions = batch.positions[index]
-        batch.next_tokens = batch.next_tokens[index]
-        batch.owners = [batch.owners[i] for i in keep]
-        batch.live = batch.live[keep]
-    used = batch.mask.any(dim=0).nonzero()
-    start = int(used[0]) if len(used) else batch.mask.shape[1]
-    if start > 0:
-        batch.mask = batch.mask[:, start:]
-        for layer in batch.cache.layers:
-            layer.keys = layer.keys[:, :, start:]
-            layer.values = layer.values[:, :, start:]
-    return batch
-
-
-def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
-    missing = length - tensor.shape[dim]
-    if missing <= 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
-
-
-def _stack(old: _Batch, new: _Batch) -> _Batch:
-    """One batch of both: caches and masks left-padded to a common length, rows concatenated."""
-    length = max(old.mask.shape[1], new.mask.shape[1])
-    for a, b in zip(old.cache.layers, new.cache.layers, strict=True):
-        a.keys = torch.cat([_left_pad(a.keys, length, 2), _left_pad(b.keys, length, 2)], dim=0)
-        a.values = torch.cat([_left_pad(a.values, length, 2), _left_pad(b.values, length, 2)], dim=0)
-    return _Batch(
-        owners=old.owners + new.owners,
-        cache=old.cache,
-        mask=torch.cat([_left_pad(old.mask, length, 1), _left_pad(new.mask, length, 1)], dim=0),
-        positions=torch.cat([old.positions, new.positions]),
-        next_tokens=torch.cat([old.next_tokens, new.next_tokens]),
-        live=np.concatenate([old.live, new.live]),
     )
