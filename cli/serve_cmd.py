@@ -55,6 +55,7 @@ def serve(
             model_path=run.model_path,
             served_name=run.served_name,
             version=run.policy_version,
+            inflight=run.inflight,
         )
     except (UserError, OSError, ValueError) as exc:  # BackendError, missing model/checkpoint, ...
         console.print(f"[red]tinkertrace serve: cannot start[/]: {exc}")

@@ -24,6 +24,7 @@ _TYPES: dict[str, pa.DataType] = {
     "timestamp_ns": pa.timestamp("ns", tz="UTC"),
     "list<int8>": pa.list_(pa.int8()),
     "list<int32>": pa.list_(pa.int32()),
+    "list<int64>": pa.list_(pa.int64()),
     "list<float32>": pa.list_(pa.float32()),
 }
 

@@ -60,6 +60,10 @@ TOKEN_SOURCE: Final = "tinkertrace.llm.token_source"
 SOURCE_SERVER: Final = "server"  # ids returned by the sampling server: exactly what was sampled
 SOURCE_RETOKENIZED: Final = "retokenized"  # ids rebuilt from text by a local tokenizer: may drift
 POLICY_VERSION: Final = "tinkertrace.policy.version"
+# The policy version of each response token, as runs: flat [version, count, version, count, ...] pairs
+# over the response tokens in order (counts sum to their number). Absent when the producer does not know;
+# POLICY_VERSION is then the version of the first response token.
+POLICY_VERSION_RUNS: Final = "tinkertrace.policy.version_runs"
 
 # --- reward span (mirrors gen_ai.evaluation.result) ------------------------------------------------
 REWARD_SPAN_NAME: Final = "gen_ai.evaluation.result"
@@ -84,6 +88,7 @@ REQUEST_RETURN_TOKEN_IDS: Final = "return_token_ids"
 RESPONSE_PROMPT_TOKEN_IDS: Final = "prompt_token_ids"
 RESPONSE_CHOICE_TOKEN_IDS: Final = "token_ids"
 RESPONSE_POLICY_VERSION: Final = "policy_version"
+RESPONSE_POLICY_VERSION_RUNS: Final = "policy_version_runs"  # on a choice (its tokens) and the envelope
 HEADER_POLICY_VERSION: Final = "x-tinkertrace-policy-version"
 # Sent by the SDK with every LLM call inside a rollout: the endpoint admits new rollouts by it.
 HEADER_ROLLOUT_ID: Final = "x-tinkertrace-rollout-id"

@@ -28,8 +28,24 @@ from tinkertrace.schemas.columns import TOKEN_COLUMNS
 
 TRIPLET_COLUMNS = (
     "rollout_id", "task_id", "attempt", "agent_name", "turn", "span_id", "response_id", "model",
-    "policy_version", *TOKEN_COLUMNS, "token_source", "reward", "truncated",
+    "policy_version", *TOKEN_COLUMNS, "token_source", "reward", "truncated", "response_policy_versions",
 )  # fmt: skip
+# Triplet columns read with the token ids (from the span that carries them), the rest from the calls.
+TOKEN_SIDE = (*TOKEN_COLUMNS, "response_policy_versions")
+
+
+def _response_versions_sql(runs: str, ids: str, version: str) -> str:
+    """SQL: the policy version of each response token — the flat [version, count, ...] ``runs``
+    expanded when their counts sum to the number of ``ids``, else ``version`` repeated (or null)."""
+    pairs = f"range(len({runs}) // 2)"
+    run = f"list_transform(range({runs}[2 * i + 2]), lambda j: {runs}[2 * i + 1])"  # run i's tokens
+    expanded = f"flatten(list_transform({pairs}, lambda i: {run}))"
+    counted = f"list_sum(list_transform({pairs}, lambda i: {runs}[2 * i + 2]))"
+    return f"""CASE WHEN {counted} = len({ids}) THEN {expanded}
+                WHEN {version} IS NOT NULL THEN list_transform(range(len({ids})), lambda j: {version})
+           END"""
+
+
 # Columns of the stream after the triplet columns, used to build trajectories.
 EXTRA_COLUMNS = ("group_key", "traj_reward", "split", "rollout_end")
 
@@ -74,14 +90,15 @@ def _tokens_sql(con: duckdb.DuckDBPyConnection, chosen: Relation, typed: Relatio
     Joined on (trace_id, span_id, source file), so a span delivered twice contributes one row;
     calls without prompt or response ids are dropped."""
     tokens = ", ".join(f"t.{c}" for c in TOKEN_COLUMNS)
+    versions = _response_versions_sql("t.policy_version_runs", "t.response_token_ids", "c.policy_version")
     # a call takes the token columns of span tok_trace_id/tok_span_id where it names one (calls seen
     # by several producers or sides: views.llm_calls_sql), else of its own span
     columns = [d[0] for d in con.execute(f"SELECT * FROM {chosen} LIMIT 0").description]
     tok = "tok_" if "tok_span_id" in columns else ""
     return f"""
-        SELECT c.bucket, c.call_no, {tokens}
+        SELECT c.bucket, c.call_no, {tokens}, {versions} AS response_policy_versions
         FROM ({views.span_tokens_sql(typed)}) t
-        JOIN (SELECT bucket, call_no, {tok}trace_id, {tok}span_id, filename FROM {chosen}) c
+        JOIN (SELECT bucket, call_no, {tok}trace_id, {tok}span_id, filename, policy_version FROM {chosen}) c
           ON t.trace_id = c.{tok}trace_id AND t.span_id = c.{tok}span_id AND t.filename = c.filename
         WHERE t.prompt_token_ids IS NOT NULL AND t.response_token_ids IS NOT NULL"""
 
@@ -129,14 +146,14 @@ def _bucket_rows(con: duckdb.DuckDBPyConnection, chosen: Relation, bucket: int, 
     if np.any(call_no[1:] < call_no[:-1]):
         order = np.argsort(call_no, kind="stable")
         call_no, tokens = call_no[order], tokens.take(pa.array(order))
-    other = [c for c in (*TRIPLET_COLUMNS, *EXTRA_COLUMNS) if c not in TOKEN_COLUMNS]
+    other = [c for c in (*TRIPLET_COLUMNS, *EXTRA_COLUMNS) if c not in TOKEN_SIDE]
     calls = con.sql(
         f"SELECT call_no, {', '.join(other)} FROM {chosen} WHERE bucket = $b ORDER BY call_no",
         params={"b": bucket},
     ).to_arrow_table()
     at = np.searchsorted(calls.column("call_no").to_numpy(), call_no)
     calls = calls.take(pa.array(at))
-    columns = {name: (tokens if name in TOKEN_COLUMNS else calls).column(name) for name in TRIPLET_COLUMNS}
+    columns = {name: (tokens if name in TOKEN_SIDE else calls).column(name) for name in TRIPLET_COLUMNS}
     columns.update({name: calls.column(name) for name in EXTRA_COLUMNS})
     return pa.table(columns)
 

@@ -222,6 +222,20 @@ def _oldest_policy_version(table: pa.Table, seg: _Segments) -> pa.Array:
     return pa.array(oldest, pa.int64(), mask=oldest == never)
 
 
+def _response_versions(table: pa.Table, seg: _Segments) -> pa.Array:
+    """Per segment: its turns' ``response_policy_versions`` concatenated (one per sampled token, in
+    order); null where a turn has none (or the table lacks the column)."""
+    n = len(seg.first)
+    if "response_policy_versions" not in table.column_names:
+        return pa.nulls(n, pa.list_(pa.int64()))
+    turns = _Lists(table.column("response_policy_versions"))
+    lengths = np.add.reduceat(turns.lengths, seg.first)
+    whole = np.minimum.reduceat(turns.valid.astype(np.int8), seg.first).astype(bool)
+    values = turns.values[_ranges(turns.starts, turns.lengths)].astype(np.int64, copy=False)
+    offsets = pa.array(np.r_[0, np.cumsum(lengths)].astype(np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(values, pa.int64()), mask=pa.array(~whole))
+
+
 def merge_turns(table: pa.Table) -> tuple[pa.Table, int]:
     """Trajectory rows (``schemas.trajectories()``) of whole rollouts in ``table``, whose rows are
     sorted by (rollout_id, turn) and carry the triplet columns plus group_key, traj_reward, split,
@@ -259,5 +273,6 @@ def merge_turns(table: pa.Table) -> tuple[pa.Table, int]:
         "policy_version": _oldest_policy_version(table, seg),
         "split": first_turns("split"),
         "end_time": first_turns("rollout_end"),
+        "response_policy_versions": _response_versions(table, seg),
     }
     return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema), missing

@@ -73,8 +73,10 @@ def typed_sql(raw: Relation, retokenized: Relation | None = None) -> str:
 def span_tokens_sql(typed: Relation) -> str:
     """Token columns of the LLM spans of ``typed`` (any producer's, re-tokenised ones included), keyed
     by (trace_id, span_id, filename): what the builder joins its chosen calls with."""
+    runs = f"TRY_CAST({_attr_json(sc.POLICY_VERSION_RUNS)} AS BIGINT[])"
     return f"""
-    SELECT trace_id, span_id, filename, {", ".join(TOKEN_COLUMNS)}
+    SELECT trace_id, span_id, filename, {", ".join(TOKEN_COLUMNS)},
+           CASE WHEN contains({_A}, '{sc.POLICY_VERSION_RUNS}') THEN {runs} END AS policy_version_runs
     FROM {typed} WHERE span_type = '{sc.TYPE_LLM}'
     """
 

@@ -10,6 +10,15 @@ results follow the same rules as sampling it alone (:func:`tinkertrace.engine.de
 is the one-request reference the tests compare with). The thread runs while there is work and
 stops after :data:`IDLE_EXIT_S` without any, so a sampler that is no longer used holds no thread.
 
+In-flight weight updates: :meth:`ContinuousBatcher.update_weights` hands the batcher new weights and
+the policy version they are; the decoding thread takes them between two steps, so every running
+sequence continues on the new weights from its next token. Every sampled token records the version
+of the weights whose distribution it was drawn from (its logprob is that distribution's), and the
+sequences come back as :class:`~tinkertrace.engine.decoding.VersionedSequence`. The running rows'
+KV cache, computed under the old weights, is kept (``recompute=False``, the default: no extra work,
+the cache is slightly off-policy) or recomputed under the new weights (one prefill pass over each
+row's prompt and tokens so far); ``benchmarks/inflight_cache.py`` measures both.
+
 The thread is a daemon (a process never waits on a sampler to exit), and so must be stopped before the
 interpreter finalizes: a daemon thread still inside torch then is unwound through C++ frames that
 cannot unwind, and the process aborts ("terminate called without an active exception", SIGABRT,
@@ -38,6 +47,7 @@ from tinker import types
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from tinkertrace.engine.decoding import DecodeRequest, sample_next, sequences_of
+from tinkertrace.engine.kv_batch import Batch, compact, stack
 
 MAX_ROWS = 64
 """Sequences decoded together at most; further requests wait for rows to free up."""
@@ -61,6 +71,7 @@ class _Running:
     generator: torch.Generator
     tokens: list[list[int]] = field(default_factory=list)
     logprobs: list[list[float]] = field(default_factory=list)
+    versions: list[list[int]] = field(default_factory=list)  # per token: the policy version that sampled it
     top_ids: list[list[np.ndarray]] = field(default_factory=list)
     top_values: list[list[np.ndarray]] = field(default_factory=list)
     stopped: np.ndarray = field(init=False)  # per row: stopped by a stop condition
@@ -70,31 +81,36 @@ class _Running:
         n = self.request.num_samples
         self.tokens = [[] for _ in range(n)]
         self.logprobs = [[] for _ in range(n)]
+        self.versions = [[] for _ in range(n)]
         self.top_ids = [[] for _ in range(n)]
         self.top_values = [[] for _ in range(n)]
         self.stopped = np.zeros(n, dtype=bool)
         self.done_rows = np.zeros(n, dtype=bool)
 
 
-@dataclass
-class _Batch:
-    """The running batch: per-row owner, cache, attention mask and next input token."""
+@dataclass(frozen=True)
+class _Update:
+    """New weights waiting for the decoding thread to take them between two steps."""
 
-    owners: list[tuple[_Running, int]]  # (request, row index within it) per batch row
-    cache: DynamicCache
-    mask: torch.Tensor  # [B, L] 1 for real tokens
-    positions: torch.Tensor  # [B] position of each row's next input token
-    next_tokens: torch.Tensor  # [B]
-    live: np.ndarray  # [B] bool
+    model: PreTrainedModel
+    version: int
+    recompute: bool
 
 
 class ContinuousBatcher:
     """A background thread decoding every submitted request in one shared batch."""
 
     def __init__(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_rows: int = MAX_ROWS
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        max_rows: int = MAX_ROWS,
+        *,
+        version: int = 0,
     ) -> None:
         self._model = model
+        self.version = version  # the policy version of the weights sampling now (recorded per token)
+        self._update: _Update | None = None  # set by update_weights, taken by the decoding thread
         self._tokenizer = tokenizer
         self._max_rows = max_rows
         self._device = next(model.parameters()).device
@@ -110,6 +126,8 @@ class ContinuousBatcher:
         self.prefills = 0  # prefill passes (each admits every request waiting at that moment)
         self.steps = 0  # decoding steps run (forward passes of the running batch)
         self.rows_stepped = 0  # sum over steps of the live rows: rows_stepped / steps is the batch fill
+        self.updates = 0  # weight updates taken
+        self.recomputes = 0  # cache recompute passes (update_weights with recompute)
         _LIVE.add(self)
 
     def submit(self, request: DecodeRequest) -> Future[list[types.SampledSequence]]:
@@ -124,6 +142,26 @@ class ContinuousBatcher:
                 self._thread.start()
         return future
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def model(self) -> PreTrainedModel:
+        """The weights sampling now (new weights once the decoding thread has taken them)."""
+        return self._model
+
+    def update_weights(self, model: PreTrainedModel, version: int, recompute: bool = False) -> None:
+        """Sample with ``model`` (policy ``version``) from the next step on, running sequences included:
+        their cache is kept, or with ``recompute`` rebuilt under ``model`` first. A later update before
+        the thread took this one replaces it."""
+        update = _Update(model, int(version), recompute)
+        with self._lock:
+            if self._thread is None:  # nothing decoding: take it now
+                self._take(update, None)
+            else:
+                self._update = update
+
     def close(self, cancel: bool = False) -> None:
         """Stop the thread: after finishing the requests already submitted, or with ``cancel`` after the
         current forward pass, failing every unfinished request with :class:`SamplerClosedError`."""
@@ -137,7 +175,7 @@ class ContinuousBatcher:
 
     # --- the decoding thread ------------------------------------------------------------------------
     def _loop(self) -> None:
-        batch: _Batch | None = None
+        batch: Batch | None = None
         closing = False
         while True:
             if self._cancelled:
@@ -149,10 +187,16 @@ class ContinuousBatcher:
                 with self._lock:
                     if closing or self._inbox.empty():
                         self._thread = None
+                        if self._update is not None:
+                            self._take(self._update, None)
                         return
                 continue
             try:
                 with torch.inference_mode():
+                    with self._lock:
+                        update, self._update = self._update, None
+                    if update is not None:
+                        batch = self._take(update, batch)
                     batch = self._admit(batch)
                     if batch is not None:
                         batch = self._step(batch)
@@ -162,7 +206,43 @@ class ContinuousBatcher:
                         running.future.set_exception(exc)
                 batch = None
 
-    def _fail_unfinished(self, batch: _Batch | None) -> None:
+    def _take(self, update: _Update, batch: Batch | None) -> Batch | None:
+        """Sample with the update's weights from now on (between two steps, or with nothing running)."""
+        self._model, self.version = update.model, update.version
+        self.updates += 1
+        if batch is not None and update.recompute and batch.live.any():
+            batch = self._recompute(compact(batch))
+        return batch
+
+    def _recompute(self, batch: Batch) -> Batch:
+        """Rebuild the running rows' cache under the current weights: one left-padded forward pass over
+        each row's prompt and sampled tokens but the last (the next input, not yet in the cache)."""
+        rows = [r.request.prompt + r.tokens[row][:-1] for r, row in batch.owners]
+        ids, mask = self._left_padded(rows)
+        cache = DynamicCache()
+        self._model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.recomputes += 1
+        batch.cache, batch.mask = cache, mask
+        return batch
+
+    def _left_padded(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and attention mask of ``rows``, left-padded to the longest."""
+        length = max(len(r) for r in rows)
+        ids = torch.full((len(rows), length), self._pad, dtype=torch.long, device=self._device)
+        mask = torch.zeros((len(rows), length), dtype=torch.long, device=self._device)
+        for i, r in enumerate(rows):
+            ids[i, length - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[i, length - len(r) :] = 1
+        return ids, mask
+
+    def _fail_unfinished(self, batch: Batch | None) -> None:
         """Fail every request still running or waiting (the sampler is closing with cancel)."""
         with self._lock:
             self._thread = None
@@ -189,7 +269,7 @@ class ContinuousBatcher:
         except queue.Empty:
             return closing
 
-    def _admit(self, batch: _Batch | None) -> _Batch | None:
+    def _admit(self, batch: Batch | None) -> Batch | None:
         """Prefill waiting requests that fit and stack them onto the running batch."""
         rows = 0 if batch is None else int(batch.live.sum())
         joining: list[_Item] = []
@@ -201,19 +281,18 @@ class ContinuousBatcher:
         if not joining:
             return batch
         if batch is not None:
-            batch = _compact(batch)
-        new = self._prefill(joining)
-        return new if batch is None else _stack(batch, new)
+            batch = compact(batch)
+        try:
+            new = self._prefill(joining)
+        except Exception as exc:  # e.g. a token id outside the vocabulary: fails the joining requests only
+            for _, future in joining:
+                future.set_exception(exc)
+            return batch
+        return new if batch is None else stack(batch, new)
 
-    def _prefill(self, joining: list[_Item]) -> _Batch:
+    def _prefill(self, joining: list[_Item]) -> Batch:
         """One left-padded forward pass over the new prompts; sample each request's first tokens."""
-        prompts = [r.prompt for r, _ in joining]
-        length = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), length), self._pad, dtype=torch.long, device=self._device)
-        mask = torch.zeros((len(prompts), length), dtype=torch.long, device=self._device)
-        for i, p in enumerate(prompts):
-            ids[i, length - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, length - len(p) :] = 1
+        ids, mask = self._left_padded([r.prompt for r, _ in joining])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         self.prefills += 1
         cache = DynamicCache()
@@ -234,7 +313,7 @@ class ContinuousBatcher:
         for request, future in joining:
             running = _Running(request, future, request.new_generator(self._device))
             owners += [(running, row) for row in range(request.num_samples)]
-        batch = _Batch(
+        batch = Batch(
             owners=owners,
             cache=cache,
             mask=mask.repeat_interleave(repeats, dim=0),
@@ -247,12 +326,12 @@ class ContinuousBatcher:
         self._sample(batch, last.repeat_interleave(repeats, dim=0))
         return batch
 
-    def _step(self, batch: _Batch) -> _Batch | None:
+    def _step(self, batch: Batch) -> Batch | None:
         """One forward pass of every row's last token; sample the next ones; finish done requests."""
         if not batch.live.any():
             return None
         if batch.live.mean() < 0.5:
-            batch = _compact(batch)
+            batch = compact(batch)
         batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
         out = self._model(
             input_ids=batch.next_tokens.unsqueeze(-1),
@@ -268,7 +347,7 @@ class ContinuousBatcher:
         self._sample(batch, out.logits[:, -1].float())
         return batch if batch.live.any() else None
 
-    def _sample(self, batch: _Batch, logits: torch.Tensor) -> None:
+    def _sample(self, batch: Batch, logits: torch.Tensor) -> None:
         """Sample each live row's next token with its request's parameters and record it.
 
         Rows of unseeded requests with the same parameters are sampled together (one draw from the
@@ -290,6 +369,7 @@ class ContinuousBatcher:
                 running, row = batch.owners[index]
                 running.tokens[row].append(token)
                 running.logprobs[row].append(logprob)
+                running.versions[row].append(self.version)
                 if picked.top_ids is not None and picked.top_values is not None:
                     running.top_ids[row].append(picked.top_ids[j])
                     running.top_values[row].append(picked.top_values[j])
@@ -315,53 +395,10 @@ def close_all() -> None:
 
 def _finish(running: _Running) -> list[types.SampledSequence]:
     return sequences_of(
-        running.tokens, running.logprobs, running.stopped, running.top_ids, running.top_values
-    )
-
-
-def _compact(batch: _Batch) -> _Batch:
-    """Drop stopped rows and the leading cache columns no remaining row attends to."""
-    keep = np.flatnonzero(batch.live)
-    if len(keep) == len(batch.live):
-        index = None
-    else:
-        index = torch.from_numpy(keep).to(batch.mask.device)
-        batch.cache.batch_select_indices(index)
-        batch.mask = batch.mask[index]
-        batch.positions = batch.positions[index]
-        batch.next_tokens = batch.next_tokens[index]
-        batch.owners = [batch.owners[i] for i in keep]
-        batch.live = batch.live[keep]
-    used = batch.mask.any(dim=0).nonzero()
-    start = int(used[0]) if len(used) else batch.mask.shape[1]
-    if start > 0:
-        batch.mask = batch.mask[:, start:]
-        for layer in batch.cache.layers:
-            layer.keys = layer.keys[:, :, start:]
-            layer.values = layer.values[:, :, start:]
-    return batch
-
-
-def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
-    missing = length - tensor.shape[dim]
-    if missing <= 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
-
-
-def _stack(old: _Batch, new: _Batch) -> _Batch:
-    """One batch of both: caches and masks left-padded to a common length, rows concatenated."""
-    length = max(old.mask.shape[1], new.mask.shape[1])
-    for a, b in zip(old.cache.layers, new.cache.layers, strict=True):
-        a.keys = torch.cat([_left_pad(a.keys, length, 2), _left_pad(b.keys, length, 2)], dim=0)
-        a.values = torch.cat([_left_pad(a.values, length, 2), _left_pad(b.values, length, 2)], dim=0)
-    return _Batch(
-        owners=old.owners + new.owners,
-        cache=old.cache,
-        mask=torch.cat([_left_pad(old.mask, length, 1), _left_pad(new.mask, length, 1)], dim=0),
-        positions=torch.cat([old.positions, new.positions]),
-        next_tokens=torch.cat([old.next_tokens, new.next_tokens]),
-        live=np.concatenate([old.live, new.live]),
+        running.tokens,
+        running.logprobs,
+        running.stopped,
+        running.top_ids,
+        running.top_values,
+        running.versions,
     )

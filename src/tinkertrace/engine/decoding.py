@@ -13,7 +13,7 @@ from __future__ import annotations
 import numbers
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -166,16 +166,31 @@ def sample_next(logits: torch.Tensor, request: DecodeRequest, generator: torch.G
     return Picked(tok, chosen, top_ids, top_values)
 
 
+@dataclass(frozen=True)
+class VersionedSequence(types.SampledSequence):
+    """A Tinker ``SampledSequence`` that also names, per token, the policy version whose weights
+    sampled it (``policy_versions_np``, int64, aligned with ``tokens_np``)."""
+
+    policy_versions_np: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def policy_versions(self) -> list[int] | None:
+        return None if self.policy_versions_np is None else self.policy_versions_np.tolist()
+
+
 def sequences_of(
     tokens: list[list[int]],
     logprobs: list[list[float]],
     stopped: np.ndarray,
     top_ids: list[list[np.ndarray]],
     top_values: list[list[np.ndarray]],
+    versions: list[list[int]] | None = None,
 ) -> list[types.SampledSequence]:
-    """Tinker ``SampledSequence`` objects for finished rows."""
+    """Tinker ``SampledSequence`` objects for finished rows (:class:`VersionedSequence` with
+    ``versions``, the policy version of each token)."""
     return [
-        types.SampledSequence(
+        VersionedSequence(
+            policy_versions_np=None if versions is None else np.asarray(versions[i], dtype=np.int64),
             stop_reason="stop" if stopped[i] else "length",
             sequence_id=uuid.uuid4().hex,
             tokens_np=np.asarray(tokens[i], dtype=np.int32),

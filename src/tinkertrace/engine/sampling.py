@@ -4,6 +4,12 @@ Concurrent `sample` calls, with different prompts or the same, are decoded toget
 :class:`~tinkertrace.engine.continuous.ContinuousBatcher` (one forward pass per step for all of
 them); each follows the rules of :mod:`tinkertrace.engine.decoding` (log-probabilities of the
 distribution sampled from, stop tokens and strings, seeds).
+
+In-flight weights: :meth:`SamplingClient.take_over` moves the sequences another client is decoding
+onto this client's weights from their next token (serving's policy swap uses it), and Tinker's
+``kind="inflight"`` sampling clients of one training run share one batcher whose weights each save
+updates (:meth:`ContinuousBatcher.update_weights`). Sampled sequences name the policy version of
+each token (:class:`~tinkertrace.engine.decoding.VersionedSequence`).
 """
 
 from __future__ import annotations
@@ -126,7 +132,8 @@ def _in_layout_of(target: types.TensorData, values: np.ndarray) -> types.TensorD
 
 
 class SamplingClient:
-    """Samples from a frozen model snapshot; same methods and return types as `tinker.SamplingClient`."""
+    """Samples from a frozen model snapshot, or from weights updated in flight (``decoder`` shared with
+    other clients); same methods and return types as `tinker.SamplingClient`."""
 
     def __init__(
         self,
@@ -134,13 +141,47 @@ class SamplingClient:
         tokenizer: PreTrainedTokenizerBase,
         base_model: str,
         model_path: str | None = None,
+        *,
+        decoder: ContinuousBatcher | None = None,
     ) -> None:
-        self._model = model
         self._tokenizer = tokenizer
         self._base_model = base_model
         self.model_path = model_path
         self._worker = OrderedWorker("tinkertrace-sampler")
-        self.decoder = ContinuousBatcher(model, tokenizer)
+        self.decoder = decoder or ContinuousBatcher(model, tokenizer)
+
+    @property
+    def _model(self) -> PreTrainedModel:
+        return self.decoder.model
+
+    @property
+    def policy_version(self) -> int:
+        """The policy version recorded on the tokens this client samples now."""
+        return self.decoder.version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        self.decoder.update_weights(self.decoder.model, version)
+
+    def take_over(self, previous: object, version: int, recompute: bool = False) -> bool:
+        """Serve as policy ``version`` and move what ``previous`` (a local SamplingClient of the same
+        base model) is decoding onto this client's weights from its next token; with ``recompute``
+        their KV cache is rebuilt under these weights first. Both clients then share one batcher
+        (unless this one was used already).
+        False (nothing moved) for any other client: its sequences finish on their own weights."""
+        self.policy_version = version
+        if (
+            not isinstance(previous, SamplingClient)
+            or previous.decoder is self.decoder
+            or previous.decoder.closed
+            or previous.get_base_model() != self._base_model
+        ):
+            return False
+        previous.decoder.update_weights(self.decoder.model, version, recompute)
+        if self.decoder.prefills == 0:  # not used yet: share the batcher (one forward pass for all)
+            unused, self.decoder = self.decoder, previous.decoder
+            unused.close()
+        return True
 
     def sample(
         self,

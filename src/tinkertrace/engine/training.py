@@ -79,6 +79,7 @@ class TrainingClient:
         self._params = [p for p in self._model.parameters() if p.requires_grad]
         self._optimizer: torch.optim.AdamW | None = None
         self._step = 0
+        self._inflight: SamplingClient | None = None  # the latest kind="inflight" client (shared batcher)
         self.microbatch_tokens = MICROBATCH_TOKENS
         self._worker = OrderedWorker(f"tinkertrace-train-{self.model_id}")
         store.write_run(
@@ -327,12 +328,26 @@ class TrainingClient:
         record_stability_info: bool = False,
         kind: str = "snapshot",
     ) -> ClientFuture[SamplingClient]:
-        """A SamplingClient on a snapshot of the current weights (kept in memory; ``name`` is ignored)."""
+        """A SamplingClient on the current weights (kept in memory; ``name`` is ignored).
+
+        ``kind="snapshot"``: fixed weights. ``kind="inflight"`` (Tinker's contract,
+        ``tinker.types.SamplingClientKind``): every inflight client of this run samples from one shared
+        batcher whose weights each inflight save updates, sequences being decoded included (from their
+        next token, their KV cache kept); unlike hosted Tinker, each token records the version that
+        sampled it: this run's optimizer step count at the save."""
+        if kind == "inflight":
+            return ClientFuture(self._worker.submit(self._inflight_client))
         if kind != "snapshot":
-            raise ValueError(
-                f"sampling client kind {kind!r} is not supported by the local engine (use 'snapshot')"
-            )
+            raise ValueError(f"sampling client kind {kind!r} is not supported (use 'snapshot' or 'inflight')")
         return ClientFuture(self._worker.submit(self._snapshot_client, None))
+
+    def _inflight_client(self) -> SamplingClient:
+        client = self._snapshot_client(None)
+        client.policy_version = self._step
+        if self._inflight is not None:
+            client.take_over(self._inflight, self._step)
+        self._inflight = client
+        return client
 
     def create_sampling_client(
         self, model_path: str, retry_config: object | None = None, record_stability_info: bool = False

@@ -27,6 +27,7 @@ class ChoiceRecord:
     finish_reason: str | None = None
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     role: str = "assistant"
+    policy_version_runs: list[int] | None = None  # semconv.POLICY_VERSION_RUNS of its tokens, when sent
 
     def message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": self.role, "content": "".join(self.text)}
@@ -47,6 +48,13 @@ class ResponseRecord:
     choices: dict[int, ChoiceRecord] = field(default_factory=dict)
     usage: dict[str, Any] | None = None
     policy_version: int | None = None
+    policy_version_runs: list[int] | None = None  # choice 0's, on the envelope
+
+    def version_runs(self) -> list[int] | None:
+        """The per-token policy versions (flat runs) of choice 0: its own, else the envelope's."""
+        choice = self.choices.get(0)
+        runs = choice.policy_version_runs if choice is not None else None
+        return runs if runs is not None else self.policy_version_runs
 
     def choice(self, index: int) -> ChoiceRecord:
         if index not in self.choices:
@@ -73,6 +81,14 @@ def _logprobs(logprobs: Any) -> list[float] | None:
     if isinstance(token_logprobs, list):
         return [float("nan") if lp is None else float(lp) for lp in token_logprobs]
     return None
+
+
+def payload_version_runs(payload: dict[str, Any]) -> list[int] | None:
+    """A wire object's ``policy_version_runs`` (flat [version, count, ...] pairs), when well formed."""
+    runs = payload.get(semconv.RESPONSE_POLICY_VERSION_RUNS)
+    if not isinstance(runs, list) or len(runs) % 2 or not all(isinstance(v, int) for v in runs):
+        return None
+    return list(runs)
 
 
 def _merge_tool_calls(choice: ChoiceRecord, deltas: list[dict[str, Any]], streaming: bool) -> None:
@@ -103,6 +119,7 @@ def apply_payload(record: ResponseRecord, payload: dict[str, Any], streaming: bo
     version = payload.get(semconv.RESPONSE_POLICY_VERSION)
     if version is not None:
         record.policy_version = int(version)
+    record.policy_version_runs = payload_version_runs(payload) or record.policy_version_runs
     for raw in payload.get("choices") or []:
         choice = record.choice(int(raw.get("index", 0)))
         if raw.get(semconv.RESPONSE_PROMPT_TOKEN_IDS) is not None and record.prompt_token_ids is None:
@@ -121,6 +138,7 @@ def apply_payload(record: ResponseRecord, payload: dict[str, Any], streaming: bo
         choice.logprobs = _extend(choice.logprobs, _logprobs(raw.get("logprobs")))
         if raw.get("finish_reason"):
             choice.finish_reason = raw["finish_reason"]
+        choice.policy_version_runs = payload_version_runs(raw) or choice.policy_version_runs
 
 
 def parse_json(body: bytes) -> ResponseRecord:

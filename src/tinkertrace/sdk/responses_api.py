@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from tinkertrace import semconv
-from tinkertrace.sdk.response_parse import ChoiceRecord, ResponseRecord
+from tinkertrace.sdk.response_parse import ChoiceRecord, ResponseRecord, payload_version_runs
 
 FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 
@@ -175,6 +175,7 @@ def apply_token_extension(record: ResponseRecord, choice: ChoiceRecord, payload:
         choice.logprobs = [float(lp) for lp in payload[semconv.RESPONSES_OUTPUT_LOGPROBS]]
     if payload.get(semconv.RESPONSE_POLICY_VERSION) is not None:
         record.policy_version = int(payload[semconv.RESPONSE_POLICY_VERSION])
+    choice.policy_version_runs = payload_version_runs(payload) or choice.policy_version_runs
 
 
 def apply_response(record: ResponseRecord, response: dict[str, Any]) -> None:

@@ -80,4 +80,7 @@ def token_attributes(rt: Any, kind: str, body: dict[str, Any], record: ResponseR
         attrs[semconv.PROMPT_TOKEN_IDS] = pack_ids(prompt_ids)
     if logprobs is not None and len(logprobs) == len(response_ids):
         attrs[semconv.RESPONSE_LOGPROBS] = pack_logprobs(logprobs)
+    runs = record.version_runs()
+    if source == semconv.SOURCE_SERVER and runs and sum(runs[1::2]) == len(response_ids):
+        attrs[semconv.POLICY_VERSION_RUNS] = runs  # each response token's policy version
     return attrs

@@ -96,7 +96,8 @@ def _content(choice: Choice) -> list[dict[str, Any]]:
 
 
 def message_body(rid: str, model: str, choice: Choice, version: int) -> dict[str, Any]:
-    """The Message object answering with ``choice``."""
+    """The Message object answering with ``choice`` (sampled by policy ``version`` where the choice
+    does not name its tokens' versions)."""
     return {
         "id": rid,
         "type": "message",
@@ -109,7 +110,7 @@ def message_body(rid: str, model: str, choice: Choice, version: int) -> dict[str
         semconv.RESPONSES_PROMPT_TOKEN_IDS: choice.prompt_token_ids,
         semconv.RESPONSES_OUTPUT_TOKEN_IDS: choice.token_ids,
         semconv.RESPONSES_OUTPUT_LOGPROBS: choice.logprobs or [],
-        semconv.RESPONSE_POLICY_VERSION: version,
+        **choice.version_fields(version),
     }
 
 
@@ -128,6 +129,9 @@ def _block_events(index: int, block: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+_VERSION_KEYS = (semconv.RESPONSE_POLICY_VERSION, semconv.RESPONSE_POLICY_VERSION_RUNS)
+
+
 def stream_events(message: dict[str, Any]) -> list[dict[str, Any]]:
     """The Message as Anthropic's stream events (each event's name is its ``type``)."""
     output_keys = (semconv.RESPONSES_OUTPUT_TOKEN_IDS, semconv.RESPONSES_OUTPUT_LOGPROBS)
@@ -141,7 +145,7 @@ def stream_events(message: dict[str, Any]) -> list[dict[str, Any]]:
             "type": "message_delta",
             "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
             "usage": {"output_tokens": message["usage"]["output_tokens"]},
-            **{k: message[k] for k in (*output_keys, semconv.RESPONSE_POLICY_VERSION)},
+            **{k: message[k] for k in (*output_keys, *_VERSION_KEYS) if k in message},
         },
         {"type": "message_stop"},
     ]

@@ -111,9 +111,11 @@ class SamplingEndpoint:
         await self.policy.admission.admit(rollout_id)
 
     # --- OpenAI routes -------------------------------------------------------------------------------
-    def _version_fields(self, version: int) -> dict[str, Any]:
-        """What every chat/completions object names: the policy version that produced it."""
-        return {"system_fingerprint": f"policy-v{version}", semconv.RESPONSE_POLICY_VERSION: version}
+    def _version_fields(self, choices: list[Choice], policy: Policy) -> dict[str, Any]:
+        """What every chat/completions object names: the policy version of its first choice's first
+        token and that choice's per-token versions (``policy_version_runs``); each choice names its own."""
+        fields = choices[0].version_fields(policy.version)
+        return {"system_fingerprint": f"policy-v{policy.version}", **fields}
 
     async def _sample_chat(self, request: Request, req: ChatRequest) -> tuple[list[Choice], Policy]:
         """Admit, then sample a chat request with the policy current now (kept to the end)."""
@@ -122,7 +124,7 @@ class SamplingEndpoint:
         policy = self.policy.current()  # this request samples with this snapshot to the end
         plan = plan_tools(self.tool_parser, req.tools, req.tool_choice)
         prompt_ids = self.generator.chat_prompt(req.messages, req.tools, plan.prefix)
-        sampled = await self.generator.generate(policy.sampling_client, prompt_ids, plan.options(req.options))
+        sampled = await self.generator.generate(policy, prompt_ids, plan.options(req.options))
         self.requests_served += 1
         return [plan.apply(c) for c in sampled], policy
 
@@ -130,7 +132,7 @@ class SamplingEndpoint:
         req = parse_chat_request(await read_json(request))
         choices, policy = await self._sample_chat(request, req)
         rid, headers = wire.new_id("chatcmpl"), {semconv.HEADER_POLICY_VERSION: str(policy.version)}
-        extra = self._version_fields(policy.version)
+        extra = self._version_fields(choices, policy)
         if req.options.stream:
             chunks = wire.chat_chunks(
                 rid, req.model, choices, include_usage=req.options.include_usage, extra=extra
@@ -158,15 +160,13 @@ class SamplingEndpoint:
         policy = self.policy.current()
         plan = plan_tools(self.tool_parser, req.tools, req.tool_choice)
         prompt_ids = self.generator.chat_prompt([*system, *history, *req.messages], req.tools, plan.prefix)
-        [sampled] = await self.generator.generate(
-            policy.sampling_client, prompt_ids, plan.options(req.options)
-        )
+        [sampled] = await self.generator.generate(policy, prompt_ids, plan.options(req.options))
         choice = plan.apply(sampled)
         self.requests_served += 1
         rid = new_item_id("resp")
         if req.store:
             self.conversations.put(rid, [*history, *req.messages, assistant_message(choice)])
-        body = response_body(rid, req, choice, extra={semconv.RESPONSE_POLICY_VERSION: policy.version})
+        body = response_body(rid, req, choice, extra=choice.version_fields(policy.version))
         headers = {semconv.HEADER_POLICY_VERSION: str(policy.version)}
         if req.options.stream:
             return sse_response(stream_events(body), headers, named=True)
@@ -179,12 +179,12 @@ class SamplingEndpoint:
         policy = self.policy.current()
         prompts = [self.generator.text_prompt(p, i) for i, p in enumerate(req.prompts)]
         per_prompt = await asyncio.gather(
-            *(self.generator.generate(policy.sampling_client, ids, req.options) for ids in prompts)
+            *(self.generator.generate(policy, ids, req.options) for ids in prompts)
         )
         choices = [c for group in per_prompt for c in group]
         self.requests_served += 1
         rid, headers = wire.new_id("cmpl"), {semconv.HEADER_POLICY_VERSION: str(policy.version)}
-        o, extra = req.options, self._version_fields(policy.version)
+        o, extra = req.options, self._version_fields(choices, policy)
         if o.stream:
             chunks = wire.completion_chunks(
                 rid, req.model, choices, o.n, o.top_logprobs, include_usage=o.include_usage, extra=extra

@@ -17,6 +17,7 @@ from tinkertrace.serving.batching import SampleBatcher
 from tinkertrace.serving.openai_wire.completions import Choice
 from tinkertrace.serving.openai_wire.errors import ApiError
 from tinkertrace.serving.openai_wire.requests import SamplingOptions
+from tinkertrace.serving.policy import Policy, policy_versions
 
 LOGPROB_FLOOR = -9999.0  # stands in for -inf/NaN logprobs, which JSON cannot carry
 
@@ -89,16 +90,20 @@ class Generator:
         return ids
 
     # --- sampling ------------------------------------------------------------------------------------
-    async def generate(self, client: Any, prompt_ids: list[int], options: SamplingOptions) -> list[Choice]:
-        """Sample ``options.n`` sequences for one prompt and decode them into choices."""
+    async def generate(self, policy: Policy, prompt_ids: list[int], options: SamplingOptions) -> list[Choice]:
+        """Sample ``options.n`` sequences for one prompt with ``policy`` and decode them into choices."""
         params = sampling_params(options, self.default_max_tokens)
-        sequences = await self.batcher.sample(client, prompt_ids, options.n, params, options.top_logprobs)
-        return [self.decode(seq, prompt_ids, options) for seq in sequences]
+        sequences = await self.batcher.sample(
+            policy.sampling_client, prompt_ids, options.n, params, options.top_logprobs
+        )
+        return [self.decode(seq, prompt_ids, options, policy) for seq in sequences]
 
-    def decode(self, seq: Any, prompt_ids: list[int], options: SamplingOptions) -> Choice:
+    def decode(self, seq: Any, prompt_ids: list[int], options: SamplingOptions, policy: Policy) -> Choice:
         """One sampled sequence as a choice: text without special tokens, cut at the first stop string
-        (the token ids and logprobs are cut after the token that completed it)."""
+        (the token ids, logprobs and policy versions are cut after the token that completed it). Each
+        token's policy version: :func:`~tinkertrace.serving.policy.policy_versions`."""
         ids = [int(t) for t in seq.tokens]
+        versions = policy_versions(seq, policy)
         logprobs = None
         if seq.logprobs is not None:
             arr = np.nan_to_num(
@@ -110,7 +115,7 @@ class Generator:
         cut = _find_stop(text, options.stop) if options.stop else -1
         if cut >= 0:
             keep = self._tokens_through_stop(ids, options.stop)
-            ids, text, finish = ids[:keep], text[:cut], "stop"
+            ids, text, finish, versions = ids[:keep], text[:cut], "stop", versions[:keep]
             logprobs = logprobs[:keep] if logprobs is not None else None
         token_texts = top = None
         if options.logprobs:
@@ -118,7 +123,7 @@ class Generator:
                 raise ApiError(500, "The sampler returned no logprobs.", type="server_error")
             token_texts = self.tokenizer.batch_decode([[t] for t in ids])
             top = self._top_logprobs(seq, len(ids), options.top_logprobs)
-        return Choice(text, ids, logprobs, token_texts, top, finish, prompt_ids)
+        return Choice(text, ids, logprobs, token_texts, top, finish, prompt_ids, policy_versions=versions)
 
     def _tokens_through_stop(self, ids: list[int], stops: tuple[str, ...]) -> int:
         """The fewest leading tokens whose text contains a stop string (binary search over prefixes)."""

@@ -1,9 +1,12 @@
 """The policy being served: a SamplingClient plus its tokenizer and version, swapped atomically.
 
-A request takes one :class:`Policy` snapshot when it starts and samples with that snapshot's client
-to the end, so a swap never disturbs requests in flight; requests that start after the swap use the
-new client. The holder works with any object that has Tinker's ``SamplingClient.sample`` surface:
-the hosted Tinker client or the local engine's.
+A request takes one :class:`Policy` snapshot when it starts and samples with that snapshot's client;
+requests that start after a swap use the new client. Requests being decoded when the swap happens
+continue on the new weights from their next token where the client can take them over (the local
+engine's ``SamplingClient.take_over``; ``inflight`` chooses whether their KV cache is kept or
+recomputed, or turns this off), else they finish on the old weights. Each sampled token's policy
+version comes back with it (:func:`policy_versions`). The holder works with any object that has
+Tinker's ``SamplingClient.sample`` surface: the hosted Tinker client or the local engine's.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from tinkertrace.serving.admission import AdmissionGate
+
+InflightMode = Literal["keep-cache", "recompute-cache", "off"]
 
 SamplerLoader = Callable[[str], Any]
 """Turns a ``tinker://.../sampler_weights/...`` path into a SamplingClient (e.g. a ServiceClient's
@@ -61,6 +66,7 @@ class PolicyHolder:
         version: int = 0,
         model_path: str | None = None,
         loader: SamplerLoader | None = None,
+        inflight: InflightMode = "keep-cache",
     ) -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -68,7 +74,10 @@ class PolicyHolder:
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
         self._policy = Policy(resolve_client(sampling_client), version, model_path)
+        _label(self._policy.sampling_client, version)
+        self.inflight = inflight
         self.swaps = 0
+        self.taken_over = 0  # swaps that moved running requests onto the new weights
         self.admission = AdmissionGate()  # which new rollouts may start: set by the trainer's demand
 
     def current(self) -> Policy:
@@ -94,6 +103,12 @@ class PolicyHolder:
                 )
             self._policy = Policy(client, new_version, model_path)
             self.swaps += 1
+            take_over = getattr(client, "take_over", None)
+            if self.inflight != "off" and callable(take_over):
+                recompute = self.inflight == "recompute-cache"
+                self.taken_over += bool(take_over(current.sampling_client, new_version, recompute))
+            else:
+                _label(client, new_version)
             return self._policy
 
     def load(self, model_path: str, version: int | None = None) -> Policy:
@@ -122,6 +137,22 @@ class PolicyHolder:
             close(cancel=True)
 
 
+def _label(client: Any, version: int) -> None:
+    """Name ``version`` on the tokens ``client`` samples, where it records versions per token."""
+    if hasattr(client, "policy_version"):
+        client.policy_version = version
+
+
+def policy_versions(sequence: Any, policy: Policy) -> list[int]:
+    """The policy version of each token of a ``sequence`` sampled with ``policy``: recorded by the
+    sampler where the holder labels its versions (the local engine's client), else the policy's version
+    for all (a client the holder cannot label, e.g. one wrapping the engine's, records its own)."""
+    recorded = getattr(sequence, "policy_versions", None)
+    if recorded is not None and hasattr(policy.sampling_client, "policy_version"):
+        return [int(v) for v in recorded]
+    return [policy.version] * len(sequence.tokens)
+
+
 def model_tokenizer(model: str, sampling_client: Any) -> Any:
     """``model``'s tokenizer: built in, or a local model's own; for a name only the service knows
     (a hosted Tinker model), the sampling client's."""
@@ -142,6 +173,7 @@ def policy_from_service(
     model_path: str | None = None,
     served_name: str | None = None,
     version: int = 0,
+    inflight: InflightMode = "keep-cache",
 ) -> PolicyHolder:
     """The one way to serve a model: a :class:`PolicyHolder` over ``service`` (the local engine's or
     hosted Tinker's ``ServiceClient``) sampling ``model``, or the sampler weights at ``model_path``,
@@ -157,4 +189,5 @@ def policy_from_service(
         version=version,
         model_path=model_path,
         loader=lambda path: service.create_sampling_client(model_path=path),
+        inflight=inflight,
     )

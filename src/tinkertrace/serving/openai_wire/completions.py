@@ -32,6 +32,28 @@ class Choice:
     finish_reason: str
     prompt_token_ids: list[int]
     tool_calls: tuple[ToolCall, ...] = ()  # parsed from the text, which then holds only the content
+    policy_versions: list[int] | None = None  # per token: the policy version that sampled it
+
+    def version_runs(self) -> list[int] | None:
+        """``policy_versions`` as flat ``[version, count, ...]`` runs (``semconv.POLICY_VERSION_RUNS``)."""
+        if self.policy_versions is None:
+            return None
+        runs: list[int] = []
+        for version in self.policy_versions:
+            if runs and runs[-2] == version:
+                runs[-1] += 1
+            else:
+                runs += [version, 1]
+        return runs
+
+    def version_fields(self, fallback: int) -> dict[str, Any]:
+        """The wire's ``policy_version`` (of the first token; ``fallback`` when there is none) and
+        ``policy_version_runs`` (when known)."""
+        runs = self.version_runs()
+        fields: dict[str, Any] = {semconv.RESPONSE_POLICY_VERSION: runs[0] if runs else fallback}
+        if runs is not None:
+            fields[semconv.RESPONSE_POLICY_VERSION_RUNS] = runs
+        return fields
 
     def piece(self, start: int, end: int, text: str) -> Choice:
         """Tokens ``start:end`` of this choice (with their logprobs) as a stream piece showing ``text``."""
@@ -46,6 +68,7 @@ class Choice:
             logprobs=cut(self.logprobs),
             token_texts=cut(self.token_texts),
             top_logprobs=cut(self.top_logprobs),
+            policy_versions=cut(self.policy_versions),
         )
 
 
@@ -160,6 +183,7 @@ def chat_response(
         }
         if token_ids:
             choice[semconv.RESPONSE_CHOICE_TOKEN_IDS] = c.token_ids
+        _add_runs(choice, c)
         out_choices.append(choice)
     body = {
         **_envelope("chat.completion", rid, model, extra),
@@ -221,7 +245,7 @@ def chat_chunks(
                     chunk[semconv.RESPONSE_CHOICE_TOKEN_IDS] = piece.token_ids
             out.append({**base, "choices": [chunk]})
         finish = {"index": i, "delta": {}, "logprobs": None, "finish_reason": c.finish_reason}
-        out.append({**base, "choices": [finish]})
+        out.append({**base, "choices": [_add_runs(finish, c)]})
     if include_usage:
         prompt_tokens = len(choices[0].prompt_token_ids)
         out.append(
@@ -233,6 +257,14 @@ def chat_chunks(
 def _completion_usage(choices: list[Choice], n: int) -> dict[str, int]:
     prompt_tokens = sum(len(c.prompt_token_ids) for c in choices[::n])
     return usage(prompt_tokens, sum(len(c.token_ids) for c in choices))
+
+
+def _add_runs(choice: dict[str, Any], c: Choice) -> dict[str, Any]:
+    """``choice`` (a wire object) with the whole choice's ``policy_version_runs``, when known."""
+    runs = c.version_runs()
+    if runs is not None:
+        choice[semconv.RESPONSE_POLICY_VERSION_RUNS] = runs
+    return choice
 
 
 def _completion_choice(
@@ -260,7 +292,7 @@ def completion_response(
     return {
         **_envelope("text_completion", rid, model, extra),
         "choices": [
-            _completion_choice(i, c, top_n, token_ids=token_ids, finish=c.finish_reason)
+            _add_runs(_completion_choice(i, c, top_n, token_ids=token_ids, finish=c.finish_reason), c)
             for i, c in enumerate(choices)
         ],
         "usage": _completion_usage(choices, n),
@@ -297,7 +329,7 @@ def completion_chunks(
                 finish=c.finish_reason if last else None,
                 prompt_ids=k == 0,
             )
-            out.append({**base, "choices": [chunk]})
+            out.append({**base, "choices": [_add_runs(chunk, c) if last else chunk]})
     if include_usage:
         out.append({**base, "choices": [], "usage": _completion_usage(choices, n)})
     return out
