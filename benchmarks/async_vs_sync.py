@@ -5,10 +5,13 @@ processes running :mod:`examples.long_tail.agent`, follow trainer publishing eac
 the modes interleaved ``--pairs`` times on the same seed, model and machine, each for the same
 ``--seconds`` of training. Modes (``--modes``, any of :data:`MODES`):
 
-- ``sync``: ``--sync`` (staleness 0 with admission: a step trains only rollouts of the policy it updates);
-- ``drop``: follow with ``--max-staleness S``, rollouts over the bound dropped (today's default);
+- ``sync``: ``--sync`` (staleness 0 with admission: a step trains only rollouts of the policy it
+  updates), requests finishing on the weights they started on (``--inflight off``);
+- ``drop``: follow with ``--max-staleness S``, rollouts over the bound dropped, ``--inflight off``
+  (follow mode as it was before in-flight updates);
 - ``correct``: follow with ``--max-staleness S --staleness-mode correct`` (whole groups over the bound
-  dropped, the rest trained with the decoupled-PPO correction).
+  dropped, the rest trained with the decoupled-PPO correction) and in-flight updates (keep-cache);
+- ``correct-no-inflight``: the same correction with ``--inflight off``.
 
 For each run it prints, from the agents' own logs (every sampled rollout, trained or not, so dropping
 long episodes cannot flatter a mode): wall seconds and sampled rollouts until the mean reward of the
@@ -42,9 +45,10 @@ from tinkertrace.training.jsonl import read_jsonl
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = "examples.long_tail.agent"
 MODES: dict[str, dict[str, Any]] = {
-    "sync": {"sync": True},
-    "drop": {"staleness_mode": "drop"},
-    "correct": {"staleness_mode": "correct"},
+    "sync": {"sync": True, "inflight": "off"},
+    "drop": {"staleness_mode": "drop", "inflight": "off"},
+    "correct": {"staleness_mode": "correct", "inflight": "keep-cache"},
+    "correct-no-inflight": {"staleness_mode": "correct", "inflight": "off"},
 }
 
 
@@ -131,9 +135,11 @@ def run_mode(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     )
     stack, config, options = demo_configs(settings)
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    stack = dataclasses.replace(stack, agent_module=AGENT, worker_env={"PYTHONPATH": path})
+    follow = dict(MODES[name])
+    inflight = follow.pop("inflight")  # the endpoint's; the rest are the follow trainer's
+    stack = dataclasses.replace(stack, agent_module=AGENT, worker_env={"PYTHONPATH": path}, inflight=inflight)
     config = dataclasses.replace(config, seed=args.seed)
-    options = dataclasses.replace(options, max_steps=None, **MODES[name])
+    options = dataclasses.replace(options, max_steps=None, **follow)
     summary = run_demo(settings, console=Console(file=io.StringIO()), configs=(stack, config, options))
     rows = [r for p in sorted((out / "agents").glob("worker-*.jsonl")) for r in read_jsonl(p, skip_bad=True)]
     return figures(rows, summary, args.threshold, args.window, args.seconds)

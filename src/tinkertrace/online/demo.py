@@ -137,6 +137,7 @@ def demo_configs(settings: DemoSettings) -> tuple[StackSettings, TrainSettings, 
         agent_module=s.preset.agent_module,
         roll_seconds=s.roll_seconds,
         export_delay_s=s.export_delay_s,
+        inflight=s.inflight,
     )
     config = TrainSettings(
         source=stack.spans_dir,

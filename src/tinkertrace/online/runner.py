@@ -20,10 +20,17 @@ from typing import Any
 from tinkertrace.collector.launch import collector_command, wait_until_healthy
 from tinkertrace.netutil import BackgroundServer, free_port
 from tinkertrace.online.settings import StackSettings
+from tinkertrace.serving.policy import InflightMode
 
 
 def serve_policy(
-    service: Any, model: str, max_tokens: int, *, model_path: str | None = None, version: int = 0
+    service: Any,
+    model: str,
+    max_tokens: int,
+    *,
+    model_path: str | None = None,
+    version: int = 0,
+    inflight: InflightMode = "keep-cache",
 ) -> tuple[Any, BackgroundServer]:
     """Serve ``model`` (or the sampler weights at ``model_path``, as ``version``) from ``service`` (a
     local-engine ``ServiceClient``): a ``PolicyHolder`` whose loader opens ``tinker://`` sampler
@@ -32,7 +39,7 @@ def serve_policy(
     from tinkertrace.serving.app import create_app
     from tinkertrace.serving.policy import policy_from_service
 
-    holder = policy_from_service(service, model, model_path=model_path, version=version)
+    holder = policy_from_service(service, model, model_path=model_path, version=version, inflight=inflight)
     server = BackgroundServer(create_app(holder, default_max_tokens=max_tokens)).start()
     return holder, server
 
@@ -77,7 +84,12 @@ class OnlineStack:
         s = self.settings
         self.service = self.service or ServiceClient(base_dir=s.engine_dir)
         self.holder, self._server = serve_policy(
-            self.service, s.model, s.max_tokens, model_path=s.model_path, version=s.policy_version
+            self.service,
+            s.model,
+            s.max_tokens,
+            model_path=s.model_path,
+            version=s.policy_version,
+            inflight=s.inflight,
         )
         self.base_url = self._server.url + "/v1"
 

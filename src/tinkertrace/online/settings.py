@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tinkertrace.models.builtin import BUILTIN_MODEL, DEMO_MODEL
+from tinkertrace.serving.policy import InflightMode
 from tinkertrace.settings import check_choices, load, raise_problems, setting
 from tinkertrace.training.offpolicy import DEFAULT_STALENESS_CAP
 
@@ -133,6 +134,7 @@ class StackSettings:
         None  # sampler weights the endpoint starts with (a resumed run's), else the model's
     )
     policy_version: int = 0  # the version those weights are served as
+    inflight: InflightMode = "keep-cache"  # how running requests meet newly published weights
 
     @property
     def spans_dir(self) -> Path:
@@ -222,6 +224,12 @@ class DemoSettings:
         "drop", "What follow mode does with stale rollouts: drop, correct or downweight (see train --follow)."
     )
     sync: bool = setting(False, "Synchronous RL: each step trains only rollouts of the policy it updates.")
+    inflight: InflightMode = setting(
+        "keep-cache",
+        "How requests being decoded meet newly published weights: continue on them from their next token "
+        "with their KV cache kept ('keep-cache') or recomputed ('recompute-cache'), or finish on the "
+        "weights they started on ('off'). As `serve --inflight`.",
+    )
     admission: bool = setting(
         True, "The endpoint starts only rollouts the trainer will take within max_staleness.", cli=False
     )
