@@ -162,7 +162,7 @@ def _pipeline_case(
         return httpx.Request("POST", url, json=body)
 
     def agent_side() -> None:
-        call = capture.begin(httpx, build())
+        call, _ = capture.begin(httpx, build())
         assert call is not None
         call.attach(_Recorded(headers), tee)
         for chunk in chunks:
