@@ -43,7 +43,8 @@ from tinkertrace.serving.openai_wire.responses import new_item_id, parse_respons
 from tinkertrace.serving.openai_wire.responses_stream import stream_events
 from tinkertrace.serving.openai_wire.sse import sse_response
 from tinkertrace.serving.policy import Policy, PolicyHolder, StalePolicyError
-from tinkertrace.serving.recording import CallRecorder, rollout_routes
+from tinkertrace.serving.recording import CallRecorder
+from tinkertrace.serving.reward_routes import rollout_routes
 from tinkertrace.serving.rollout_routing import RolloutPrefix, header_text
 from tinkertrace.serving.tool_parsers import make_tool_parser
 from tinkertrace.serving.tool_use import plan_tools

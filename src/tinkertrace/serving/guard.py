@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -14,9 +14,12 @@ from starlette.responses import Response
 
 from tinkertrace.sdk.llm_call import call_kind
 from tinkertrace.serving.openai_wire.errors import ApiError
-from tinkertrace.serving.recording import CallRecorder, Handler
+from tinkertrace.serving.recording import CallRecorder
 
 log = logging.getLogger(__name__)
+
+Handler = Callable[[Request], Awaitable[Response]]
+"""A route's handler, as the guard wraps it."""
 
 
 def presented_token(request: Request) -> str | None:

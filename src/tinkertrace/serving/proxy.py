@@ -33,7 +33,8 @@ from tinkertrace.sdk.llm_call import LlmCall
 from tinkertrace.serving.guard import check_token, guarded, http_error
 from tinkertrace.serving.limits import BodyLimit, RequestLimits
 from tinkertrace.serving.openai_wire.errors import ApiError
-from tinkertrace.serving.recording import CallRecorder, rollout_routes
+from tinkertrace.serving.recording import CallRecorder
+from tinkertrace.serving.reward_routes import rollout_routes
 from tinkertrace.serving.rollout_routing import RolloutPrefix
 
 # headers not passed on: hop-by-hop ones, and those httpx / the ASGI server set themselves

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -41,8 +41,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanContext
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import Response, StreamingResponse
 
 from tinkertrace import semconv
 from tinkertrace.sdk import config as sdk_config
@@ -54,13 +53,12 @@ from tinkertrace.sdk.spans import start_span
 from tinkertrace.serving.journal import Journal
 from tinkertrace.serving.journal_delivery import Durable, JournalStats, JournalUnavailable
 from tinkertrace.serving.journal_targets import default_journal_dir, targets_for
-from tinkertrace.serving.openai_wire.errors import ApiError, read_json, require_object
+from tinkertrace.serving.openai_wire.errors import ApiError
 from tinkertrace.serving.rollout_routing import CallIdentity
 from tinkertrace.serving.served_calls import ServedCall
 from tinkertrace.serving.served_rollouts import FinishedRollout, ServedRollout
 from tinkertrace.serving.settings import DEFAULT_ROLLOUT_IDLE_S
 
-Handler = Callable[[Request], Awaitable[Response]]
 ROLLOUT_STATUSES = (semconv.STATUS_SUCCEEDED, semconv.STATUS_FAILED)
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -373,41 +371,6 @@ class CallRecorder:
         delivered = self.journal.flush(timeout_s)
         self.rt.provider.shutdown()  # the journal's too
         return delivered
-
-
-def rollout_routes(recorder: CallRecorder | None, guard: Callable[[Handler], Handler]) -> list[Route]:
-    """``POST /v1/rollouts/{id}/reward`` and ``/finish`` (each behind ``guard``): a reward span from
-    ``{"value", "name"?, "primary"?, "response_id"?}``, the rollout's end from ``{"status"?}``. Without
-    a recorder they answer 404, saying how to turn recording on."""
-
-    def recording() -> CallRecorder:
-        if recorder is None:
-            raise ApiError(
-                404,
-                "Recording is off: start with --collector URL or --spans-dir DIR to record calls, rewards "
-                "and rollouts.",
-                code="recording_disabled",
-            )
-        return recorder
-
-    async def reward(request: Request) -> Response:
-        body = require_object(await read_json(request))
-        with recording().journal.capture() as durable:
-            answer = recording().reward(request.path_params["rollout_id"], body)
-        await recording().stored(durable)
-        return JSONResponse(answer)
-
-    async def finish(request: Request) -> Response:
-        body = require_object(await read_json(request)) if (await request.body()).strip() else {}
-        with recording().journal.capture() as durable:
-            answer = recording().finish(request.path_params["rollout_id"], body)
-        await recording().stored(durable)
-        return JSONResponse(answer)
-
-    return [
-        Route("/v1/rollouts/{rollout_id}/reward", guard(reward), methods=["POST"]),
-        Route("/v1/rollouts/{rollout_id}/finish", guard(finish), methods=["POST"]),
-    ]
 
 
 async def _teed(body: AsyncIterable[Any], call: LlmCall, recorder: CallRecorder) -> AsyncIterator[Any]:
