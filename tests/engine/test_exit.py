@@ -90,6 +90,7 @@ def test_a_policy_holder_and_a_service_close_their_samplers() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # ~90 s on a quiet 2-core machine; 240 s measured under load average 19
 def test_a_process_leaving_mid_decode_exits_cleanly_every_time() -> None:
     """10 runs of the real exit path (two at a time; each imports torch, ~6 s of CPU): each ends with
     code 0 and no abort. Before the engine stopped its thread at exit, every run aborted (exit 134)."""
