@@ -100,7 +100,9 @@ def test_config_file_trains_both_environments_then_batch_and_resume(
         probe_logprobs(service.create_sampling_client(**where))
         for where in ({"model_path": started}, {"model_path": saved}, {"base_model": NANO})
     )
-    assert served == pytest.approx(resumed_lp, abs=1e-5) and served != pytest.approx(base, abs=1e-3)
+    # one cross_entropy step at the config's lr 1e-5 moves these logprobs by ~1e-4..1e-3 (measured)
+    moved = max(abs(s - b) for s, b in zip(served, base, strict=True))
+    assert served == pytest.approx(resumed_lp, abs=1e-5) and moved > 5e-5, moved
 
     wrong = train(
         ors_server,
