@@ -88,10 +88,6 @@ class BackgroundServer:
             target=lambda: self._server.run(sockets=sockets), name=f"uvicorn:{self.port}", daemon=True
         )
 
-    @property
-    def started(self) -> bool:
-        return bool(self._server.started)
-
     def serve_here(self) -> None:
         """Serve in the calling thread until interrupted (Ctrl-C), then close the socket."""
         try:
