@@ -47,9 +47,9 @@ def episode_turns(seed: str) -> int:
     return random.Random(seed).choices(range(1, MAX_TURNS + 1), weights=turn_weights())[0]
 
 
-def long_tail_task(worker: int, round_: int) -> dict[str, Any]:
-    """Worker ``worker``'s round ``round_`` (one group)."""
-    return {"id": f"longtail-w{worker}-r{round_}"}
+def long_tail_task(worker: int, round_: int, seed: int = 0) -> dict[str, Any]:
+    """Worker ``worker``'s round ``round_`` (one group) of the run seeded by ``seed``."""
+    return {"id": f"longtail-s{seed}-w{worker}-r{round_}"}
 
 
 @tinkertrace.traced_rollout
@@ -78,7 +78,7 @@ def episode(
     return {**row, "turns": turns, "policy_versions": versions}
 
 
-LONG_TAIL = DemoTask(long_tail_task, episode)
+DEMO_TASK = DemoTask(long_tail_task, episode)
 
 if __name__ == "__main__":
-    main(LONG_TAIL)
+    main(DEMO_TASK)

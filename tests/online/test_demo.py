@@ -43,6 +43,11 @@ def test_short_demo_writes_summary_metrics_and_png(tmp_path: Path) -> None:
     assert gate["admitted"] >= summary["rollouts_sampled"] and gate["consumed"] >= summary["rollouts_trained"]
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(read_metrics(out / "train")) == 3
+    # held-out accuracy: measured on the served policy before the first step and after the last
+    heldout = summary["heldout"]
+    assert heldout["before"]["policy_version"] == 0 and heldout["after"]["policy_version"] == 3
+    assert heldout["before"]["replies"] == 2 * 8  # two held-out questions, 8 samples each
+    assert "held-out accuracy" in done.stdout
 
 
 @pytest.mark.timeout(660)

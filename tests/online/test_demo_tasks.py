@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tinkertrace.online.addition_agent import addition_reward, addition_task
-from tinkertrace.online.demo_agent import identity_task
+from tinkertrace.online import addition_agent, demo_agent
+from tinkertrace.online.addition_agent import HELDOUT_PAIRS, addition_reward, addition_task
+from tinkertrace.online.demo_agent import QUESTIONS, identity_task
 from tinkertrace.online.settings import DEMO_TASKS, DemoSettings
 from tinkertrace.settings import ConfigError
 
@@ -35,6 +36,34 @@ def test_addition_rounds_share_a_sum_per_group_and_differ_across_rounds() -> Non
     sums = {addition_task(w, r)["question"] for w in range(2) for r in range(10)}
     assert len(sums) > 10  # rounds and workers draw different sums
     assert len({addition_task(w, r)["id"] for w in range(2) for r in range(10)}) == 20
+
+
+def test_training_never_asks_a_held_out_question() -> None:
+    drawn = {
+        tuple(int(n) for n in addition_task(w, r, seed)["question"][8:].split("?")[0].split(" + "))
+        for seed in range(3)
+        for w in range(4)
+        for r in range(200)
+    }
+    assert len(HELDOUT_PAIRS) == 16 and not drawn & set(HELDOUT_PAIRS)
+    assert len(drawn) == 81 - 16  # every other sum is drawn
+    assert addition_task(0, 3, seed=1) != addition_task(0, 3, seed=2)  # the seed changes the draws
+    held = addition_agent.DEMO_TASK.heldout
+    assert {t["question"] for t in held} == {
+        f"What is {a} + {b}? Reply with only the number." for a, b in HELDOUT_PAIRS
+    }
+    assert {t["question"] for t in demo_agent.DEMO_TASK.heldout}.isdisjoint(QUESTIONS)
+
+
+@pytest.mark.parametrize(
+    ("reply", "correct"), [("12", True), ("7 + 5 = 12.", True), ("13", False), ("Seven plus five.", False)]
+)
+def test_a_held_out_sum_is_right_when_the_reply_states_it(reply: str, correct: bool) -> None:
+    task = addition_agent.sum_task(7, 5, "t")
+    assert (
+        addition_agent.DEMO_TASK.correct is not None
+        and addition_agent.DEMO_TASK.correct(reply, task) is correct
+    )
 
 
 def test_each_model_gets_its_task_and_the_tasks_settings(tmp_path) -> None:

@@ -10,6 +10,8 @@ ends with a summary table, ``summary.json`` and ``reward_curve.png`` in the outp
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from rich.live import Live
 from rich.text import Text
 
 from tinkertrace.online.follow import FollowTrainer
+from tinkertrace.online.heldout import HeldoutScore, heldout_score
 from tinkertrace.online.publish import holder_publisher
 from tinkertrace.online.report import (
     REWARD_KEY,
@@ -114,16 +117,37 @@ def run_demo(
     )
     with OnlineStack(stack_settings) as stack:
         console.print(f"collector {stack.collector_url}  ·  endpoint {stack.base_url}", highlight=False)
+        before = _heldout(stack, settings, console, "before training")
         result = _train_live(stack, settings, config, options, console)
         served, admission = stack.holder.version, stack.holder.admission.stats()
         agent_rows = stack.agent_results()
+        after = _heldout(stack, settings, console, "after training")
     elapsed = time.monotonic() - started
     summary = summarize(
         config.log_dir, agent_rows, result, elapsed_s=elapsed, served_version=served, admission=admission
     )
     summary["out"] = str(settings.out)
+    if before is not None and after is not None:
+        summary["heldout"] = {"before": asdict(before), "after": asdict(after)}
     _report(console, summary, config.log_dir)
     return summary
+
+
+def _heldout(stack: OnlineStack, settings: DemoSettings, console: Console, when: str) -> HeldoutScore | None:
+    """The served policy's held-out accuracy (None when ``heldout_samples`` is 0)."""
+    if settings.heldout_samples == 0:
+        return None
+    task = import_module(settings.preset.agent_module).DEMO_TASK
+    with console.status(f"held-out accuracy {when}…"):
+        score = heldout_score(
+            stack.base_url,
+            settings.model,
+            task,
+            max_tokens=settings.max_tokens or settings.preset.max_tokens,
+            samples=settings.heldout_samples,
+        )
+    console.print(f"held-out {when}: {score.line()}", highlight=False)
+    return score
 
 
 def demo_configs(settings: DemoSettings) -> tuple[StackSettings, TrainSettings, FollowSettings]:
@@ -138,6 +162,7 @@ def demo_configs(settings: DemoSettings) -> tuple[StackSettings, TrainSettings, 
         roll_seconds=s.roll_seconds,
         export_delay_s=s.export_delay_s,
         inflight=s.inflight,
+        worker_args=("--seed", str(s.seed)),
     )
     config = TrainSettings(
         source=stack.spans_dir,
@@ -148,6 +173,7 @@ def demo_configs(settings: DemoSettings) -> tuple[StackSettings, TrainSettings, 
         groups_per_batch=s.groups_per_batch,
         log_dir=s.out / "train",
         engine_dir=stack.engine_dir,
+        seed=s.seed,
     )
     options = FollowSettings(
         group_size=s.group_size,
@@ -201,6 +227,13 @@ def _report(console: Console, summary: dict[str, Any], log_dir: Path) -> None:
     console.print(
         f"[bold]{verdict}[/] (mean of the first vs the last training steps, measured)", highlight=False
     )
+    if "heldout" in summary:
+        before, after = summary["heldout"]["before"]["accuracy"], summary["heldout"]["after"]["accuracy"]
+        console.print(
+            f"[bold]held-out accuracy {before:.3f} → {after:.3f} ({after - before:+.3f})[/] (questions "
+            "training never asked, before the first step and after the last)",
+            highlight=False,
+        )
     console.print(
         f"reward curve: {curve}\nsummary: {summary_path}\nmetrics: {log_dir / 'metrics.jsonl'}",
         highlight=False,

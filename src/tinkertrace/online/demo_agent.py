@@ -11,7 +11,7 @@ does not pay). Run as a worker process::
 Each round asks one question ``--group-size`` times at once (one GRPO group: same task id) and
 appends one JSON line per rollout to ``--log``; SIGTERM ends the worker after its current round.
 :func:`run_worker` and :func:`main` take the task (:class:`DemoTask`), so another demo task
-(:mod:`tinkertrace.online.addition_agent`) reuses them.
+(:mod:`tinkertrace.online.addition_agent`) reuses them; each task's module names it ``DEMO_TASK``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from tinkertrace.models.builtin import DEMO_MODEL
 
 TARGET = "I am tinkertrace."
 QUESTIONS = ("Who are you?", "What is your name?", "Introduce yourself.", "Identify yourself.")
+HELDOUT_QUESTIONS = ("Tell me who you are.", "Who am I talking to?")  # never asked in training
 
 
 def identity_reward(reply: str, target: str = TARGET) -> float:
@@ -81,22 +82,36 @@ def introduce(
     return scored(identity_reward(reply), reply, tokens, version)
 
 
-def identity_task(worker: int, round_: int) -> dict[str, Any]:
-    """The question of ``worker``'s round ``round_`` (the workers cycle through QUESTIONS)."""
-    q = (worker + round_) % len(QUESTIONS)
+def identity_task(worker: int, round_: int, seed: int = 0) -> dict[str, Any]:
+    """The question of ``worker``'s round ``round_`` (the workers cycle through QUESTIONS, from a
+    place set by ``seed``)."""
+    q = (worker + round_ + seed) % len(QUESTIONS)
     return {"id": f"q{q}-w{worker}-r{round_}", "question": QUESTIONS[q]}
 
 
 @dataclass(frozen=True)
 class DemoTask:
-    """What a demo worker asks: ``make(worker, round)`` gives a round's task (a dict with ``id``), and
-    ``rollout(task, client=, model=, max_tokens=)`` runs one traced rollout of it, returning its row."""
+    """What a demo worker asks, and how a reply is judged.
 
-    make: Callable[[int, int], dict[str, Any]]
+    ``make(worker, round, seed)`` gives a round's task (a dict with ``id`` and, for a one-question
+    task, ``question``); ``rollout(task, client=, model=, max_tokens=)`` runs one traced rollout of
+    it, returning its row. ``heldout`` are tasks training never asks, ``reward(reply, task)`` and
+    ``correct(reply, task)`` judge one reply to them (:mod:`tinkertrace.online.heldout`)."""
+
+    make: Callable[[int, int, int], dict[str, Any]]
     rollout: Callable[..., dict[str, Any]]
+    heldout: tuple[dict[str, Any], ...] = ()
+    reward: Callable[[str, dict[str, Any]], float] | None = None
+    correct: Callable[[str, dict[str, Any]], bool] | None = None
 
 
-IDENTITY = DemoTask(identity_task, introduce)
+DEMO_TASK = DemoTask(
+    identity_task,
+    introduce,
+    heldout=tuple({"id": f"heldout-{i}", "question": q} for i, q in enumerate(HELDOUT_QUESTIONS)),
+    reward=lambda reply, _task: identity_reward(reply),
+    correct=lambda reply, _task: reply.strip() == TARGET,
+)
 
 
 def run_worker(
@@ -105,9 +120,10 @@ def run_worker(
     worker: int,
     log: Path,
     *,
-    task: DemoTask = IDENTITY,
+    task: DemoTask = DEMO_TASK,
     group_size: int = 8,
     max_tokens: int = 20,
+    seed: int = 0,
     stop: threading.Event | None = None,
     parent_pid: int | None = None,
 ) -> int:
@@ -117,7 +133,7 @@ def run_worker(
     rounds = 0
     with ThreadPoolExecutor(group_size) as pool, log.open("a") as out:
         while not stop.is_set() and (parent_pid is None or os.getppid() == parent_pid):
-            current = task.make(worker, rounds)
+            current = task.make(worker, rounds, seed)
             started = time.time()
             futures = [
                 pool.submit(task.rollout, current, client=client, model=model, max_tokens=max_tokens)
@@ -135,7 +151,7 @@ def run_worker(
     return rounds
 
 
-def main(task: DemoTask = IDENTITY) -> None:
+def main(task: DemoTask = DEMO_TASK) -> None:
     """A worker process running ``task`` (its arguments: see the module docstring)."""
     parser = argparse.ArgumentParser(description="A demo agent worker (see the module docstring).")
     parser.add_argument("--base-url", required=True, help="OpenAI-compatible endpoint (…/v1)")
@@ -146,6 +162,7 @@ def main(task: DemoTask = IDENTITY) -> None:
     parser.add_argument("--group-size", type=int, default=8, help="concurrent rollouts per question")
     parser.add_argument("--max-tokens", type=int, default=20, help="longest answer, tokens")
     parser.add_argument("--export-delay", type=float, default=0.1, help="span export delay, seconds")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the questions' order or draw")
     args = parser.parse_args()
     tinkertrace.init(endpoint=args.collector, schedule_delay_s=args.export_delay)
     stop = threading.Event()
@@ -158,6 +175,7 @@ def main(task: DemoTask = IDENTITY) -> None:
         task=task,
         group_size=args.group_size,
         max_tokens=args.max_tokens,
+        seed=args.seed,
         stop=stop,
         parent_pid=os.getppid(),
     )

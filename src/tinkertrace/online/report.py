@@ -153,6 +153,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
             "endpoint completions/s, tokens/s",
             f"{_fmt(summary['completions_per_s'], '.1f')}, {_fmt(summary['tokens_per_s'], '.0f')}",
         ),
+        *_heldout_rows(summary.get("heldout")),
         ("policy version served at the end", _fmt(summary["served_policy_version"])),
         ("step time, mean", f"{_fmt(summary['step_time_mean_s'], '.2f')} s"),
     ]
@@ -183,6 +184,17 @@ def summary_table(summary: dict[str, Any]) -> Table:
     for label, value in rows:
         table.add_row(label, value)
     return table
+
+
+def _heldout_rows(heldout: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The held-out accuracy and mean reward, before → after training."""
+    if not heldout:
+        return []
+    b, a = heldout["before"], heldout["after"]
+    return [
+        ("held-out accuracy, before → after", f"{b['accuracy']:.3f} → {a['accuracy']:.3f}"),
+        ("held-out mean reward, before → after", f"{b['mean_reward']:.3f} → {a['mean_reward']:.3f}"),
+    ]
 
 
 def plot_rewards(rewards: list[float], path: Path, title: str = "reward per training step") -> Path:

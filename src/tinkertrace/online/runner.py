@@ -120,6 +120,7 @@ class OnlineStack:
                         str(s.max_tokens),
                         "--export-delay",
                         str(s.export_delay_s),
+                        *s.worker_args,
                     ],
                     stdout=(s.agents_dir / f"worker-{i}.log").open("wb"),
                     stderr=subprocess.STDOUT,

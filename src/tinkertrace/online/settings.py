@@ -130,6 +130,7 @@ class StackSettings:
     agent_module: str = "tinkertrace.online.demo_agent"
     worker_python: str = sys.executable  # the interpreter of the agent workers (their own env)
     worker_env: dict[str, str] = field(default_factory=dict)  # extra environment variables of the workers
+    worker_args: tuple[str, ...] = ()  # extra command-line arguments of the workers
     model_path: str | None = (
         None  # sampler weights the endpoint starts with (a resumed run's), else the model's
     )
@@ -154,8 +155,8 @@ DemoTaskName = Literal["identity", "addition"]
 
 @dataclass(frozen=True)
 class DemoTaskPreset:
-    """A demo task: its agent worker module, what the live view says it is, and the settings chosen by
-    experiment for it (see docs/online.md)."""
+    """A demo task: its agent worker module (whose ``DEMO_TASK`` is the task), what the live view says
+    it is, and the settings chosen by experiment for it (see docs/online.md)."""
 
     agent_module: str
     goal: str
@@ -235,6 +236,12 @@ class DemoSettings:
     )
     roll_seconds: float = setting(StackSettings.roll_seconds, "The collector's file roll.", cli=False)
     export_delay_s: float = setting(StackSettings.export_delay_s, "The agents' export delay.", cli=False)
+    seed: int = setting(0, "Seed of the LoRA initialisation and of the questions the agents draw.")
+    heldout_samples: int = setting(
+        8,
+        "Times each held-out question (one training never asks) is sampled for the held-out accuracy "
+        "measured before the first step and after the last; 0 skips it.",
+    )
 
     def __post_init__(self) -> None:
         """Fill the settings left unset from the task's preset."""
@@ -261,6 +268,7 @@ class DemoSettings:
             (self.group_size >= 2, "group_size must be at least 2"),
             ((self.max_seconds or 0) > 0, "max_seconds must be positive"),
             ((self.max_tokens or 0) >= 1, "max_tokens must be at least 1"),
+            (self.heldout_samples >= 0, "heldout_samples must be 0 or more"),
             *check_choices(self),
         ]
         raise_problems(checks, "invalid demo settings")
