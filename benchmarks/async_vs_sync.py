@@ -1,4 +1,5 @@
-"""Asynchronous vs synchronous RL on the long-tail multi-turn task (``examples/long_tail``).
+"""Asynchronous vs synchronous RL on the long-tail multi-turn task (``examples/long_tail``), or on the
+demo's own identity task (``--agent tinkertrace.online.demo_agent``: the built-in demo, old follow vs new).
 
 Runs the demo's whole stack (collector subprocess, local-engine endpoint with admission, agent worker
 processes running :mod:`examples.long_tail.agent`, follow trainer publishing each step) once per mode,
@@ -9,6 +10,7 @@ the modes interleaved ``--pairs`` times on the same seed, model and machine, eac
   updates), requests finishing on the weights they started on (``--inflight off``);
 - ``drop``: follow with ``--max-staleness S``, rollouts over the bound dropped, ``--inflight off``
   (follow mode as it was before in-flight updates);
+- ``drop-inflight``: the same with in-flight updates (keep-cache): the demo's defaults;
 - ``correct``: follow with ``--max-staleness S --staleness-mode correct`` (whole groups over the bound
   dropped, the rest trained with the decoupled-PPO correction) and in-flight updates (keep-cache);
 - ``correct-no-inflight``: the same correction with ``--inflight off``.
@@ -16,7 +18,8 @@ the modes interleaved ``--pairs`` times on the same seed, model and machine, eac
 For each run it prints, from the agents' own logs (every sampled rollout, trained or not, so dropping
 long episodes cannot flatter a mode): wall seconds and sampled rollouts until the mean reward of the
 last ``--window`` sampled rollouts first reaches ``--threshold``; the mean reward of the rollouts that
-ended in the last quarter of the common horizon (final reward at equal wall time); and, from the
+ended in the last quarter of the common horizon (final reward at equal wall time) and its rise over
+the first window's, per 100 s of the horizon; and, from the
 trainer: steps, share of sampled rollouts trained, lag p50/p95, and the ``offpolicy/…`` figures
 (mismatch KL, truncated and clipped shares, token ages, seconds waited for stragglers).
 
@@ -47,6 +50,7 @@ AGENT = "examples.long_tail.agent"
 MODES: dict[str, dict[str, Any]] = {
     "sync": {"sync": True, "inflight": "off"},
     "drop": {"staleness_mode": "drop", "inflight": "off"},
+    "drop-inflight": {"staleness_mode": "drop", "inflight": "keep-cache"},
     "correct": {"staleness_mode": "correct", "inflight": "keep-cache"},
     "correct-no-inflight": {"staleness_mode": "correct", "inflight": "off"},
 }
@@ -77,6 +81,8 @@ def figures(
     start = min(r["start"] for r in ok) if ok else 0.0
     late = [r["reward"] for r in ok if 0.75 * horizon <= r["end"] - start <= horizon]
     off = summary["offpolicy"]
+    first = float(curve[min(window, len(curve)) - 1]) if len(curve) else None
+    final = float(np.mean(late)) if late else None
     return {
         "steps": summary["steps"],
         "sampled": summary["rollouts_sampled"],
@@ -85,8 +91,9 @@ def figures(
         "in_flight": summary["rollouts_in_flight_at_end"],
         "to_threshold_s": float(ends[reached[0]]) if reached.size else None,
         "to_threshold_rollouts": int(reached[0] + 1) if reached.size else None,
-        "final_reward": float(np.mean(late)) if late else None,
-        "reward_first_window": float(curve[min(window, len(curve)) - 1]) if len(curve) else None,
+        "final_reward": final,
+        "reward_first_window": first,
+        "rise_per_100s": None if first is None or final is None else 100 * (final - first) / horizon,
         "step_s": summary["step_time_mean_s"],
         "lag_p50_s": summary["lag_p50_s"],
         "lag_p95_s": summary["lag_p95_s"],
@@ -111,7 +118,8 @@ def row_text(name: str, f: dict[str, Any]) -> str:
         f"(stale {f['dropped_stale']}, in flight {f['in_flight']})  "
         f"to threshold {_f(f['to_threshold_s'], '.0f'):>4}s / "
         f"{_f(f['to_threshold_rollouts'], 'd'):>4} rollouts  "
-        f"reward {_f(f['reward_first_window'], '.3f')} -> final {_f(f['final_reward'], '.3f')}  "
+        f"reward {_f(f['reward_first_window'], '.3f')} -> final {_f(f['final_reward'], '.3f')} "
+        f"({_f(f['rise_per_100s'], '+.3f')} per 100 s)  "
         f"step {_f(f['step_s'], '.2f')}s  "
         f"lag p50/p95 {_f(f['lag_p50_s'], '.1f')}/{_f(f['lag_p95_s'], '.1f')}s  "
         f"mismatch KL {_f(f['mismatch_kl_mean'], '.2g')}  truncated {_f(f['truncated_frac'], '.1%')}  "
@@ -132,13 +140,16 @@ def run_mode(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         groups_per_batch=args.groups_per_batch,
         learning_rate=args.learning_rate,
         model=args.model,
+        heldout_samples=0,  # the figures come from the sampled rollouts
+        seed=args.seed,
     )
     stack, config, options = demo_configs(settings)
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     follow = dict(MODES[name])
     inflight = follow.pop("inflight")  # the endpoint's; the rest are the follow trainer's
-    stack = dataclasses.replace(stack, agent_module=AGENT, worker_env={"PYTHONPATH": path}, inflight=inflight)
-    config = dataclasses.replace(config, seed=args.seed)
+    stack = dataclasses.replace(
+        stack, agent_module=args.agent, worker_env={"PYTHONPATH": path}, inflight=inflight
+    )
     options = dataclasses.replace(options, max_steps=None, **follow)
     summary = run_demo(settings, console=Console(file=io.StringIO()), configs=(stack, config, options))
     rows = [r for p in sorted((out / "agents").glob("worker-*.jsonl")) for r in read_jsonl(p, skip_bad=True)]
@@ -160,6 +171,7 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, default=0.3, help="reward the sampled rollouts must reach")
     parser.add_argument("--window", type=int, default=64, help="sampled rollouts in the reward's moving mean")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--agent", default=AGENT, help="the agent workers' module (a DEMO_TASK's)")
     args = parser.parse_args()
     modes = args.modes.split(",")
     unknown = set(modes) - set(MODES)
@@ -169,7 +181,8 @@ def main() -> None:
     print(f"machine: {platform.machine()} {platform.processor()}, {os.cpu_count()} cores; load {load}")
     print(
         f"each run: {args.seconds:.0f}s of training, {args.workers} workers × groups of {args.group_size}, "
-        f"{args.groups_per_batch} groups per step, model {args.model}, lr {args.learning_rate:g}, "
+        f"{args.groups_per_batch} groups per step, agent {args.agent}, model {args.model}, "
+        f"lr {args.learning_rate:g}, "
         f"seed {args.seed}, bound {args.max_staleness}, "
         f"threshold {args.threshold} over {args.window} rollouts"
     )
