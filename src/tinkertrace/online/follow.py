@@ -47,6 +47,7 @@ from tinkertrace.online.publish import (
     admin_publisher,
     consumed_ids,
     demand_stated,
+    hand_back,
     publish_version,
 )
 from tinkertrace.online.settings import FollowSettings
@@ -110,6 +111,7 @@ class FollowTrainer:
         self.consumed: set[str] = set()  # rollouts trained or dropped (recorded in checkpoints)
         self._dropped_since_save: list[str] = []  # dropped, to be recorded with the next checkpoint
         self._last_publish_s = float("nan")  # seconds the last publication took (logged with the next step)
+        self._published: dict[str, Any] | None = None  # the checkpoint record published last
         self._stale_now: list[str] = []  # dropped as stale by the latest poll
         self._drop_records: list[dict[str, Any]] = []  # outcome records of those drops (outcomes.jsonl)
         self._stale_groups: set[str] = set()  # correct mode: groups dropped whole (later rollouts too)
@@ -187,7 +189,11 @@ class FollowTrainer:
         with demand_stated(self.publish if o.admission else None, per_step, o.max_staleness):
             session, result = self._open()
             with session:
-                self._follow(session, result, stop or threading.Event(), console, progress)
+                try:
+                    self._follow(session, result, stop or threading.Event(), console, progress)
+                finally:  # while the session (and its inflight clients) still lives
+                    if self.publish is not None:
+                        hand_back(self.publish, self._published)
         if self.stager is not None and self.stager.foreign:
             result.notes.append(f"left out {len(self.stager.foreign)} rollouts of no listed environment")
         if result.rollouts_dropped_stale:
@@ -216,6 +222,7 @@ class FollowTrainer:
         )
         if last is not None and self.publish is not None:
             publish_version(self.publish, session.client, last)
+            self._published = last
         result = FollowResult(log_dir=session.log_dir, start_step=step, steps=step, notes=list(session.notes))
         return session, result
 
@@ -317,6 +324,7 @@ class FollowTrainer:
         published = time.monotonic()
         if self.publish is not None:
             publish_version(self.publish, session.client, saved)
+            self._published = saved
         self._last_publish_s = time.monotonic() - published
         result.checkpoints.append(saved)
         result.steps, result.last_metrics = step + 1, metrics

@@ -108,7 +108,7 @@ class HolderPublisher:
         path, version = record["sampler_path"], record["policy_version"]
         with suppress(StalePolicyError):
             if sampling_client is not None:
-                self.holder.swap(sampling_client, version, path)
+                self.holder.swap(sampling_client, version, path, inflight=True)
             else:
                 self.holder.load(path, version)
         self.holder.admission.consume(consumed_ids(record))
@@ -123,6 +123,17 @@ def publish_version(publish: Publisher, training_client: Any, record: dict[str, 
     if publish.sampler_kind() == "inflight":
         client = resolve_client(training_client.save_weights_and_get_sampling_client(kind="inflight"))
     publish.publish(record, client)
+
+
+def hand_back(publish: Publisher, record: dict[str, Any] | None) -> None:
+    """The trainer stops (before its session ends): an endpoint that took its inflight clients gets
+    ``record``'s version (the last published) again as the snapshot at its path, for Tinker's inflight
+    clients end with the session that made them while the endpoint goes on serving."""
+    import httpx
+
+    with suppress(httpx.HTTPError, RuntimeError):  # an endpoint that is gone serves nothing
+        if record is not None and publish.sampler_kind() == "inflight":
+            publish.publish(record)
 
 
 def admin_publisher(url: str, token: str | None) -> Publisher:

@@ -38,7 +38,8 @@ def resolve_client(client: Any) -> Any:
 
 
 class StalePolicyError(ValueError):
-    """A swap asked for a version that is not newer than the one being served."""
+    """A swap asked for a version that is not newer than the one being served (and not the served
+    weights in their other form)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,16 @@ class Policy:
     version: int
     model_path: str | None = None
     loaded_at: float = field(default_factory=time.time)
+    inflight: bool = False  # a Tinker inflight client: the service moves its running requests on
+
+
+def _check_newer(current: Policy, version: int, model_path: str | None, inflight: bool) -> None:
+    """StalePolicyError unless ``version`` is newer than ``current``'s or is ``current``'s weights in
+    the other form (the same version and path: a snapshot for an inflight client, or back)."""
+    same_weights = (version, model_path) == (current.version, current.model_path)
+    if version <= current.version and not (same_weights and inflight != current.inflight):
+        served = current.version
+        raise StalePolicyError(f"policy version {version} is not newer than the served version {served}")
 
 
 class PolicyHolder:
@@ -91,20 +102,26 @@ class PolicyHolder:
     def version(self) -> int:
         return self._policy.version
 
-    def swap(self, sampling_client: Any, version: int | None = None, model_path: str | None = None) -> Policy:
-        """Serve ``sampling_client`` from now on, as ``version`` (default: current + 1).
+    def swap(
+        self,
+        sampling_client: Any,
+        version: int | None = None,
+        model_path: str | None = None,
+        *,
+        inflight: bool = False,
+    ) -> Policy:
+        """Serve ``sampling_client`` from now on, as ``version`` (default: current + 1); ``inflight``:
+        it is a Tinker inflight client (see :attr:`sampler_kind`).
 
-        Raises :class:`StalePolicyError` when ``version`` is not newer than the served version.
+        Raises :class:`StalePolicyError` when ``version`` is not newer than the served version, unless
+        it is the served weights (same version and path) in the other form.
         """
         client = resolve_client(sampling_client)  # may block on a future: outside the lock
         with self._lock:
             current = self._policy
             new_version = current.version + 1 if version is None else int(version)
-            if new_version <= current.version:
-                raise StalePolicyError(
-                    f"policy version {new_version} is not newer than the served version {current.version}"
-                )
-            self._policy = Policy(client, new_version, model_path)
+            _check_newer(current, new_version, model_path, inflight)
+            self._policy = Policy(client, new_version, model_path, inflight=inflight)
             self.swaps += 1
             take_over = getattr(client, "take_over", None)
             if self.inflight != "off" and callable(take_over):
@@ -122,22 +139,21 @@ class PolicyHolder:
 
         Loading (which can take a while) happens outside the swap lock, so requests keep flowing on
         the old policy until the new one is ready. A version that is already served or older raises
-        :class:`StalePolicyError` before anything is loaded.
+        :class:`StalePolicyError` before anything is loaded (unless it is the served weights in the
+        other form: a trainer that stops hands an inflight version back as its snapshot).
         """
         inflight = sampler_handle is not None and self.sampler_kind == "inflight"
         if self._loader is None and not inflight:
             raise RuntimeError("this PolicyHolder has no loader: pass loader= to load weights by path")
         with self._load_lock:  # one load at a time; swaps stay ordered
-            if version is not None and int(version) <= self.version:
-                raise StalePolicyError(
-                    f"policy version {version} is not newer than the served version {self.version}"
-                )
+            if version is not None:
+                _check_newer(self.current(), int(version), model_path, inflight)
             if sampler_handle is not None and inflight:
                 client = open_sampler_handle(sampler_handle)
             else:
                 assert self._loader is not None
                 client = self._loader(model_path)
-            return self.swap(client, version, model_path)
+            return self.swap(client, version, model_path, inflight=inflight)
 
     @property
     def sampler_kind(self) -> SamplerKind:
