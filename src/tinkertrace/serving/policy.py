@@ -24,6 +24,12 @@ from tinkertrace.serving.admission import AdmissionGate
 
 InflightMode = Literal["keep-cache", "recompute-cache", "off"]
 SamplerKind = Literal["snapshot", "inflight"]  # Tinker's ``types.SamplingClientKind``
+INFLIGHT_HELP = (
+    "How requests being decoded meet newly published weights: they continue on them from their next "
+    "token, their KV cache kept ('keep-cache') or rebuilt under the new weights ('recompute-cache'), or "
+    "finish on the weights they started with ('off'). On hosted Tinker new weights come as Tinker "
+    "inflight sampling clients, whose cache is kept either way."
+)
 
 SamplerLoader = Callable[[str], Any]
 """Turns a ``tinker://.../sampler_weights/...`` path into a SamplingClient (e.g. a ServiceClient's
