@@ -72,6 +72,7 @@ def test_a_request_being_decoded_continues_on_weights_published_through_the_host
 ) -> None:
     holder: PolicyHolder = policy_from_service(endpoint_service, NANO, inflight=inflight)  # type: ignore[arg-type]
     assert holder.sampler_kind == ("snapshot" if inflight == "off" else "inflight")
+    assert type(holder.current().sampling_client) is tinker.SamplingClient  # the client, not a future of one
     trainer = sdk.create_lora_training_client(base_model=NANO, rank=4, seed=1).result()
     with BackgroundServer(create_app(holder, admin_token=ADMIN, batch_window_s=0)) as server:
         in_process = publisher == "in-process"
