@@ -192,8 +192,8 @@ class FollowTrainer:
                 try:
                     self._follow(session, result, stop or threading.Event(), console, progress)
                 finally:  # while the session (and its inflight clients) still lives
-                    if self.publish is not None:
-                        hand_back(self.publish, self._published)
+                    if self.publish is not None and (note := hand_back(self.publish, self._published)):
+                        result.notes.append(note)
         if self.stager is not None and self.stager.foreign:
             result.notes.append(f"left out {len(self.stager.foreign)} rollouts of no listed environment")
         if result.rollouts_dropped_stale:

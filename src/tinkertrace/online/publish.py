@@ -125,15 +125,18 @@ def publish_version(publish: Publisher, training_client: Any, record: dict[str, 
     publish.publish(record, client)
 
 
-def hand_back(publish: Publisher, record: dict[str, Any] | None) -> None:
+def hand_back(publish: Publisher, record: dict[str, Any] | None) -> str | None:
     """The trainer stops (before its session ends): an endpoint that took its inflight clients gets
     ``record``'s version (the last published) again as the snapshot at its path, for Tinker's inflight
-    clients end with the session that made them while the endpoint goes on serving."""
-    import httpx
-
-    with suppress(httpx.HTTPError, RuntimeError):  # an endpoint that is gone serves nothing
+    clients end with the session that made them while the endpoint goes on serving. A note when that
+    failed (the run is ending: the failure must not hide why), else None."""
+    try:
         if record is not None and publish.sampler_kind() == "inflight":
             publish.publish(record)
+    except Exception as exc:  # reported as the run's note
+        version = record["policy_version"] if record else None
+        return f"could not hand version {version} back to the endpoint as a snapshot: {exc}"
+    return None
 
 
 def admin_publisher(url: str, token: str | None) -> Publisher:
