@@ -5,53 +5,21 @@ the new ones, on the old cache when it is kept, on a recomputed one otherwise)."
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from tinker import types
 
 from tinkertrace.engine import ServiceClient
 from tinkertrace.engine.sampling import SamplingClient
 from tinkertrace.models.tokenizer import BUILTIN_MODEL
+from tinkertrace.testing.inflight import by_hand, pause_after
 
 NANO_MODEL = f"{BUILTIN_MODEL}:nano"
 
 SWITCH_AT = 3  # forward passes under the old weights: the prefill (token 0) and two steps (tokens 1, 2)
 PROMPT = "<|im_start|>user\nsay something long<|im_end|>\n<|im_start|>assistant\n"
-
-
-def pause_after(model: Any, calls: int) -> tuple[threading.Event, threading.Event, Any]:
-    """A forward hook on ``model`` that, after its ``calls``-th forward pass, signals ``reached`` and
-    holds the decoding thread until ``go`` is set (so new weights land at a known step)."""
-    reached, go, seen = threading.Event(), threading.Event(), [0]
-
-    def hook(module: Any, args: Any, kwargs: Any, output: Any) -> None:
-        seen[0] += 1
-        if seen[0] == calls:
-            reached.set()
-            assert go.wait(120), "the test never published the new weights"
-
-    return reached, go, model.register_forward_hook(hook, with_kwargs=True)
-
-
-@torch.inference_mode()
-def by_hand(old: Any, new: Any, prompt: list[int], tokens: list[int], k: int, recompute: bool) -> np.ndarray:
-    """Logprobs of ``tokens`` decoded in two pieces: ``tokens[:k]`` under ``old``, the rest under
-    ``new`` — over ``old``'s cache of prompt + tokens[:k-1] when kept, else over ``new``'s own."""
-    ids = torch.tensor([prompt + tokens])
-    n = len(prompt)
-    first = torch.log_softmax(old(input_ids=ids[:, : n + k - 1]).logits[0].float(), -1)
-    if recompute:
-        second = torch.log_softmax(new(input_ids=ids[:, :-1]).logits[0].float(), -1)[n + k - 1 :]
-    else:
-        cache = old(input_ids=ids[:, : n + k - 1], use_cache=True).past_key_values
-        out = new(input_ids=ids[:, n + k - 1 : -1], past_key_values=cache, use_cache=True)
-        second = torch.log_softmax(out.logits[0].float(), -1)
-    rows = torch.cat([first[n - 1 :], second])
-    return rows.gather(-1, torch.tensor(tokens)[:, None])[:, 0].numpy()
 
 
 def train_one_step(trainer: Any, kit: Any) -> None:

@@ -24,6 +24,32 @@ def test_swap_is_monotonic_and_snapshots_are_stable(tokenizer) -> None:
         holder.load("tinker://run/sampler_weights/x")
 
 
+class TakesOver:
+    """A client the holder moves running requests onto itself (as the local engine's)."""
+
+    def take_over(self, previous: object, version: int, recompute: bool = False) -> bool:
+        return True
+
+
+def test_the_sampler_kind_and_the_served_weights_changing_form(tokenizer) -> None:
+    """Hosted clients (none the holder can take over) want Tinker inflight clients unless in-flight
+    updates are off; a served version may come again only as the same weights in the other form."""
+    assert PolicyHolder(TakesOver(), tokenizer, "m").sampler_kind == "snapshot"
+    assert PolicyHolder("hosted", tokenizer, "m", inflight="off").sampler_kind == "snapshot"
+    holder = PolicyHolder("hosted", tokenizer, "m", loader=lambda p: f"snapshot:{p}")
+    assert holder.sampler_kind == "inflight"
+    path = "tinker://r/sampler_weights/000003"
+    holder.swap("inflight-3", 3, path, inflight=True)
+    with pytest.raises(StalePolicyError):  # the same form again
+        holder.swap("inflight-3b", 3, path, inflight=True)
+    with pytest.raises(StalePolicyError):  # other weights under the served version
+        holder.load("tinker://r/sampler_weights/other", 3)
+    assert holder.load(path, 3).sampling_client == f"snapshot:{path}"  # a stopping trainer's hand-back
+    assert not holder.current().inflight and holder.swaps == 2
+    with pytest.raises(StalePolicyError):
+        holder.load(path, 3)
+
+
 def test_parse_record_reads_the_training_loop_format() -> None:
     record = parse_record(
         {"name": "000004", "step": 4, "state_path": "s", "sampler_path": "tinker://r/sampler_weights/4"}

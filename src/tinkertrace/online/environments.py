@@ -53,6 +53,7 @@ def train_with_agents(
         model=config.model,
         agent_module=WORKER_MODULE,
         worker_python=options.worker_python or sys.executable,
+        inflight=options.inflight,
     )
     log_dir.mkdir(parents=True, exist_ok=True)
     spec = log_dir / "agents" / "environments.json"

@@ -6,7 +6,9 @@ once it holds ``group_size`` rollouts, or at least two after waiting ``group_tim
 ``groups_per_batch`` groups are ready (or the oldest ready one waited ``group_timeout_s``) one step
 runs: advantages and Datums as in batch mode (the shared step of ``training.step``), then a
 checkpoint whose record lists the rollouts trained (and dropped), then the new weights are published
-as policy version = steps.
+as policy version = steps, in the form the endpoint takes
+(:func:`~tinkertrace.online.publish.publish_version`: the checkpoint's sampler path, or on hosted
+Tinker an inflight sampling client).
 
 Staleness: a token sampled by policy version ``v`` is ``step - v`` versions old at training time, a
 row as old as its oldest token (:mod:`tinkertrace.online.staleness`). Beyond ``max_staleness`` a
@@ -40,7 +42,14 @@ from rich.console import Console
 
 from tinkertrace.online.group_staging import GroupStager, pick_groups, rollouts_per_step
 from tinkertrace.online.lag import LAG_PARTS, follow_progress, follow_status, percentiles, rollout_lags
-from tinkertrace.online.publish import Publisher, admin_publisher, consumed_ids, demand_stated
+from tinkertrace.online.publish import (
+    Publisher,
+    admin_publisher,
+    consumed_ids,
+    demand_stated,
+    hand_back,
+    publish_version,
+)
 from tinkertrace.online.settings import FollowSettings
 from tinkertrace.online.staleness import correct_batch, row_ages, stale_rows, staleness_metrics
 from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll
@@ -102,6 +111,7 @@ class FollowTrainer:
         self.consumed: set[str] = set()  # rollouts trained or dropped (recorded in checkpoints)
         self._dropped_since_save: list[str] = []  # dropped, to be recorded with the next checkpoint
         self._last_publish_s = float("nan")  # seconds the last publication took (logged with the next step)
+        self._published: dict[str, Any] | None = None  # the checkpoint record published last
         self._stale_now: list[str] = []  # dropped as stale by the latest poll
         self._drop_records: list[dict[str, Any]] = []  # outcome records of those drops (outcomes.jsonl)
         self._stale_groups: set[str] = set()  # correct mode: groups dropped whole (later rollouts too)
@@ -179,7 +189,11 @@ class FollowTrainer:
         with demand_stated(self.publish if o.admission else None, per_step, o.max_staleness):
             session, result = self._open()
             with session:
-                self._follow(session, result, stop or threading.Event(), console, progress)
+                try:
+                    self._follow(session, result, stop or threading.Event(), console, progress)
+                finally:  # while the session (and its inflight clients) still lives
+                    if self.publish is not None and (note := hand_back(self.publish, self._published)):
+                        result.notes.append(note)
         if self.stager is not None and self.stager.foreign:
             result.notes.append(f"left out {len(self.stager.foreign)} rollouts of no listed environment")
         if result.rollouts_dropped_stale:
@@ -207,7 +221,8 @@ class FollowTrainer:
             self.config, start_step=step, resume_from=last, service=self.service, extra_config=follow_settings
         )
         if last is not None and self.publish is not None:
-            self.publish.publish(last)
+            publish_version(self.publish, session.client, last)
+            self._published = last
         result = FollowResult(log_dir=session.log_dir, start_step=step, steps=step, notes=list(session.notes))
         return session, result
 
@@ -308,7 +323,8 @@ class FollowTrainer:
         self._dropped_since_save.clear()
         published = time.monotonic()
         if self.publish is not None:
-            self.publish.publish(saved)
+            publish_version(self.publish, session.client, saved)
+            self._published = saved
         self._last_publish_s = time.monotonic() - published
         result.checkpoints.append(saved)
         result.steps, result.last_metrics = step + 1, metrics

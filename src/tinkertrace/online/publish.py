@@ -3,6 +3,8 @@
 :class:`AdminPublisher` talks to a ``tinkertrace serve`` in another process through its admin API;
 :class:`HolderPublisher` to an endpoint served in this process (``serving.policy.PolicyHolder``).
 Both feed the endpoint's admission gate (:mod:`tinkertrace.serving.admission`).
+:func:`publish_version` publishes a new version in the form the endpoint asks for
+(``PolicyHolder.sampler_kind``): a sampler path, or a Tinker ``kind="inflight"`` sampling client.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tinkertrace.serving.policy import SamplerKind, StalePolicyError, resolve_client
+
 
 class Publisher(Protocol):
     """Where the follow trainer states its demand and publishes each new policy version."""
@@ -19,8 +23,12 @@ class Publisher(Protocol):
     def demand(self, rollouts_per_step: int, max_staleness: int) -> None:
         """Before the first step: what the trainer consumes (the endpoint admits rollouts by it)."""
 
-    def publish(self, record: dict[str, Any]) -> None:
-        """A new version (a checkpoint record with its trained and dropped rollout ids)."""
+    def sampler_kind(self) -> SamplerKind:
+        """The form the endpoint takes new weights in (``PolicyHolder.sampler_kind``)."""
+
+    def publish(self, record: dict[str, Any], sampling_client: Any = None) -> None:
+        """A new version (a checkpoint record with its trained and dropped rollout ids); with
+        ``sampling_client``, a Tinker inflight client of the record's weights to serve them."""
 
     def withdraw(self) -> None:
         """The trainer stopped: the endpoint no longer holds new rollouts for it."""
@@ -38,16 +46,29 @@ class AdminPublisher:
 
     url: str
     token: str | None = None
+    _kind: SamplerKind | None = None
 
-    def _post(self, path: str, body: dict[str, Any], ok: tuple[int, ...] = (200,)) -> None:
+    def _send(self, method: str, path: str, body: dict[str, Any] | None, ok: tuple[int, ...] = (200,)) -> Any:
         import httpx
 
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        response = httpx.post(self.url.rstrip("/") + path, json=body, headers=headers, timeout=60)
+        url = self.url.rstrip("/") + path
+        response = httpx.request(method, url, json=body, headers=headers, timeout=60)
         if response.status_code not in ok:
             raise RuntimeError(
                 f"publishing to {self.url}{path} failed: HTTP {response.status_code} {response.text[:200]}"
             )
+        return response
+
+    def _post(self, path: str, body: dict[str, Any], ok: tuple[int, ...] = (200,)) -> None:
+        self._send("POST", path, body, ok)
+
+    def sampler_kind(self) -> SamplerKind:
+        """What ``GET /admin/policy`` says (asked once); ``snapshot`` from an endpoint that does not say."""
+        if self._kind is None:
+            kind = self._send("GET", "/admin/policy", None).json().get("sampler_kind")
+            self._kind = "inflight" if kind == "inflight" else "snapshot"
+        return self._kind
 
     def demand(self, rollouts_per_step: int, max_staleness: int) -> None:
         body = {"rollouts_per_step": rollouts_per_step, "max_staleness": max_staleness}
@@ -59,8 +80,10 @@ class AdminPublisher:
         with suppress(httpx.HTTPError, RuntimeError):  # an endpoint that is gone holds nothing back
             self._post("/admin/admission", {"withdraw": True})
 
-    def publish(self, record: dict[str, Any]) -> None:
+    def publish(self, record: dict[str, Any], sampling_client: Any = None) -> None:
         body = {"model_path": record["sampler_path"], "version": record["policy_version"]}
+        if sampling_client is not None:  # the endpoint opens it with its own Tinker key
+            body["sampler_handle"] = sampling_client.get_sampler_handle()
         self._post("/admin/policy", body, ok=(200, 409))  # 409: that version or newer is served already
         self._post("/admin/admission", {"rollout_ids": consumed_ids(record)})
 
@@ -78,12 +101,42 @@ class HolderPublisher:
     def withdraw(self) -> None:
         self.holder.admission.withdraw()
 
-    def publish(self, record: dict[str, Any]) -> None:
-        from tinkertrace.serving.policy import StalePolicyError
+    def sampler_kind(self) -> SamplerKind:
+        return self.holder.sampler_kind
 
+    def publish(self, record: dict[str, Any], sampling_client: Any = None) -> None:
+        path, version = record["sampler_path"], record["policy_version"]
         with suppress(StalePolicyError):
-            self.holder.load(record["sampler_path"], record["policy_version"])
+            if sampling_client is not None:
+                self.holder.swap(sampling_client, version, path, inflight=True)
+            else:
+                self.holder.load(path, version)
         self.holder.admission.consume(consumed_ids(record))
+
+
+def publish_version(publish: Publisher, training_client: Any, record: dict[str, Any]) -> None:
+    """Publish ``record`` (a checkpoint whose weights are ``training_client``'s now) in the form the
+    endpoint takes: with ``"inflight"``, a Tinker ``kind="inflight"`` sampling client of those weights
+    (the requests the endpoint is decoding continue on them; the record's snapshot path stays the
+    policy's path), else the record's sampler path, loaded as a snapshot."""
+    client = None
+    if publish.sampler_kind() == "inflight":
+        client = resolve_client(training_client.save_weights_and_get_sampling_client(kind="inflight"))
+    publish.publish(record, client)
+
+
+def hand_back(publish: Publisher, record: dict[str, Any] | None) -> str | None:
+    """The trainer stops (before its session ends): an endpoint that took its inflight clients gets
+    ``record``'s version (the last published) again as the snapshot at its path, for Tinker's inflight
+    clients end with the session that made them while the endpoint goes on serving. A note when that
+    failed (the run is ending: the failure must not hide why), else None."""
+    try:
+        if record is not None and publish.sampler_kind() == "inflight":
+            publish.publish(record)
+    except Exception as exc:  # reported as the run's note
+        version = record["policy_version"] if record else None
+        return f"could not hand version {version} back to the endpoint as a snapshot: {exc}"
+    return None
 
 
 def admin_publisher(url: str, token: str | None) -> Publisher:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tinkertrace.models.builtin import BUILTIN_MODEL, DEMO_MODEL
-from tinkertrace.serving.policy import InflightMode
+from tinkertrace.serving.policy import INFLIGHT_HELP, InflightMode
 from tinkertrace.settings import check_choices, load, raise_problems, setting
 from tinkertrace.training.offpolicy import DEFAULT_STALENESS_CAP
 
@@ -79,6 +79,9 @@ class FollowSettings:
         None,
         "With agents: they sample from this OpenAI-compatible server (…/v1) instead of the endpoint this "
         "command starts (new versions reach it only through --publish-url).",
+    )
+    inflight: InflightMode = setting(
+        "keep-cache", "With agents (--config), the endpoint this command starts. " + INFLIGHT_HELP
     )
     admission: bool = setting(
         True,
@@ -225,12 +228,7 @@ class DemoSettings:
         "drop", "What follow mode does with stale rollouts: drop, correct or downweight (see train --follow)."
     )
     sync: bool = setting(False, "Synchronous RL: each step trains only rollouts of the policy it updates.")
-    inflight: InflightMode = setting(
-        "keep-cache",
-        "How requests being decoded meet newly published weights: continue on them from their next token "
-        "with their KV cache kept ('keep-cache') or recomputed ('recompute-cache'), or finish on the "
-        "weights they started on ('off'). As `serve --inflight`.",
-    )
+    inflight: InflightMode = setting("keep-cache", INFLIGHT_HELP)
     admission: bool = setting(
         True, "The endpoint starts only rollouts the trainer will take within max_staleness.", cli=False
     )

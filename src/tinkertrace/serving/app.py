@@ -227,6 +227,7 @@ class SamplingEndpoint:
             "model_path": current.model_path,
             "loaded_at": current.loaded_at,
             "swaps": self.policy.swaps,
+            "sampler_kind": self.policy.sampler_kind,  # the form POST /admin/policy wants new weights in
             "requests_served": self.requests_served,
             "sample_calls": self.generator.batcher.calls,
             "admission": self.policy.admission.stats(),
@@ -250,8 +251,13 @@ class SamplingEndpoint:
         version = body.get("version")
         if version is not None and type(version) is not int:
             raise ApiError(400, "Invalid type for 'version': expected an integer.", param="version")
+        handle = body.get("sampler_handle")
+        if handle is not None and (not isinstance(handle, str) or not handle):
+            raise ApiError(
+                400, "Invalid type for 'sampler_handle': expected a string.", param="sampler_handle"
+            )
         try:
-            await asyncio.to_thread(self.policy.load, model_path, version)
+            await asyncio.to_thread(self.policy.load, model_path, version, handle)
         except StalePolicyError as exc:
             raise ApiError(409, str(exc), param="version", code="stale_version") from exc
         except Exception as exc:

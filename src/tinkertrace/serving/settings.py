@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tinkertrace.models.builtin import BUILTIN_MODEL
-from tinkertrace.serving.policy import InflightMode
+from tinkertrace.serving.policy import INFLIGHT_HELP, InflightMode
 from tinkertrace.settings import check_choices, listen_host, listen_port, port_check, raise_problems, setting
 from tinkertrace.training.backends import Backend
 
@@ -113,13 +113,7 @@ class ServeSettings(RequestLimitSettings, RecordingSettings):
         None, "Serve these sampler weights (tinker://.../sampler_weights/...) instead of the base."
     )
     policy_version: int = setting(0, "Policy version reported for the initial weights.")
-    inflight: InflightMode = setting(
-        "keep-cache",
-        "When new weights are published, requests being decoded continue on them from their next token "
-        "('keep-cache': their KV cache is kept; 'recompute-cache': it is rebuilt under the new weights) "
-        "or finish on the weights they started with ('off'). The local engine only; hosted Tinker "
-        "snapshot clients always finish on their own weights.",
-    )
+    inflight: InflightMode = setting("keep-cache", INFLIGHT_HELP)
     watch_checkpoints: Path | None = setting(
         None, "Follow this checkpoint record (LOG_DIR/checkpoints.jsonl) and serve each new entry."
     )
