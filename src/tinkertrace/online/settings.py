@@ -177,7 +177,7 @@ DEMO_TASKS: dict[str, DemoTaskPreset] = {
     # a pretrained chat model (SmolLM2-135M-Instruct) learns to answer a sum with only the number
     "addition": DemoTaskPreset(
         "tinkertrace.online.addition_agent", "answer [cyan]'What is a + b?'[/] with only the number",
-        12, 900.0, 1e-3, 12,
+        12, 900.0, 5e-4, 12,
     ),
 }  # fmt: skip
 
