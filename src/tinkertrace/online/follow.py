@@ -183,10 +183,13 @@ class FollowTrainer:
         The demand is stated first, so agents started with the trainer sample no more than it takes
         while it opens its training client."""
         o, envs = self.options, self.config.environments
-        per_step = self.config.groups_per_batch * o.group_size
-        if envs:
+        per_step, group_size = self.config.groups_per_batch * o.group_size, o.group_size
+        if envs:  # groups of different sizes: admitted rollout by rollout
             per_step = rollouts_per_step(envs, self.config.groups_per_batch)
-        with demand_stated(self.publish if o.admission else None, per_step, o.max_staleness):
+            sizes = {env.group_size for env in envs}
+            group_size = sizes.pop() if len(sizes) == 1 else 1
+        publish = self.publish if o.admission else None
+        with demand_stated(publish, per_step, o.max_staleness, group_size):
             session, result = self._open()
             with session:
                 try:
