@@ -157,15 +157,17 @@ class FollowTrainer:
             self.buffer = self.buffer.filter(pc.invert(stale))
         return ids
 
-    def _select(self) -> tuple[pa.Table, list[str]] | None:
-        """The rows of the groups to train now (and their ids), or None to keep waiting."""
+    def _select(self, step: int) -> tuple[pa.Table, list[str]] | None:
+        """The rows of the groups to train at ``step`` (and their ids), or None to keep waiting."""
         if self.buffer.num_rows == 0:
             return None
         keys = group_keys(self.buffer, self.config.group_by)
         arrived = pa.array([self._arrived[r] for r in self.buffer["rollout_id"].to_pylist()], pa.float64())
         names = [env.name for env in self.config.environments]
+        bounded = self.options.max_staleness is not None and self.turns is None
+        ages = row_ages(self.buffer, step) if bounded else None  # nearest the bound first
         chosen = pick_groups(
-            keys, self.buffer, arrived, self.options, self.config.groups_per_batch, self.turns, names
+            keys, self.buffer, arrived, self.options, self.config.groups_per_batch, self.turns, names, ages
         )
         if chosen is None:
             return None
@@ -249,7 +251,7 @@ class FollowTrainer:
                 if self._collect(feed.take(), result):
                     idle_since = time.monotonic()
                 self._write_drops(session)
-                picked = self._select()
+                picked = self._select(result.steps)
                 if picked is None:
                     if self._waiting_since is None and (self.buffer.num_rows or self._staged()):
                         self._waiting_since = time.monotonic()  # data waits for the rest of a batch
