@@ -51,7 +51,13 @@ from tinkertrace.online.publish import (
     publish_version,
 )
 from tinkertrace.online.settings import FollowSettings
-from tinkertrace.online.staleness import correct_batch, row_ages, stale_rows, staleness_metrics
+from tinkertrace.online.staleness import (
+    correct_batch,
+    rollout_ages,
+    row_ages,
+    stale_rows,
+    staleness_metrics,
+)
 from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll
 from tinkertrace.settings import ConfigError
 from tinkertrace.training.checkpoints import read_checkpoints
@@ -149,7 +155,7 @@ class FollowTrainer:
         stale = pa.array(over)
         ids = pc.unique(pc.filter(self.buffer["rollout_id"], stale)).to_pylist()
         if ids:
-            behind = row_ages(self.buffer, step)[over].tolist()
+            behind = rollout_ages(self.buffer, step)[over].tolist()
             rows = self.buffer.filter(stale)
             self._drop_records += outcome_rows(
                 rows, DROPPED, step=step, reason="stale", versions_behind=behind
