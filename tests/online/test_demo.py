@@ -91,6 +91,7 @@ def test_sync_demo_is_on_policy(tmp_path: Path) -> None:
     summary = run_demo(settings, console=Console(file=io.StringIO()))
     assert summary["steps"] == 3 and summary["rollouts_dropped"]["stale"] == 0
     assert summary["admission"]["capacity"] == 4 * 4  # one step's rollouts: staleness 0
+    assert summary["admission"]["group_size"] == 4  # admitted whole groups at a time
     for metrics in read_metrics(tmp_path / "sync" / "train"):
         assert metrics["offpolicy/token_age_0"] == metrics["env/all/total_ac_tokens"] > 0
         assert metrics["offpolicy/rollout_age_0"] == metrics["env/all/total_episodes"]

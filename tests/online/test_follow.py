@@ -111,7 +111,7 @@ def test_a_rollout_whose_agents_train_in_different_steps_keeps_its_arrival_time(
     config = TrainSettings(
         source=tmp_path, log_dir=tmp_path / "train", group_by="task+agent", groups_per_batch=1
     )
-    trainer = FollowTrainer(config, FollowSettings(group_size=2))
+    trainer = FollowTrainer(config, FollowSettings(group_size=2, max_staleness=None))
     rows = pa.table(
         {
             "rollout_id": ["r1", "r1", "r2", "r2"],
@@ -121,13 +121,13 @@ def test_a_rollout_whose_agents_train_in_different_steps_keeps_its_arrival_time(
         }
     )
     trainer.add(rows)
-    first = trainer._select()
+    first = trainer._select(0)
     assert first is not None
     table, ids = first
     assert sorted(ids) == ["r1", "r2"] and len(set(table["agent_name"].to_pylist())) == 1  # one agent's group
     rollout_lags(table, set(ids), trainer._arrived, step_started=2.0)
     trainer._consume(ids)
-    second = trainer._select()  # the other agent's group: before the fix, a KeyError on its arrival time
+    second = trainer._select(0)  # the other agent's group: before the fix, a KeyError on its arrival time
     assert second is not None and sorted(second[1]) == ["r1", "r2"]
     trainer._consume(second[1])
     assert trainer._arrived == {}  # nothing left waiting: every arrival time is gone

@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from tinkertrace.online.staleness import (
     VERSIONS_COLUMN,
+    rollout_ages,
     row_ages,
     stale_rows,
     staleness_metrics,
@@ -62,3 +63,13 @@ def test_histograms_count_tokens_and_rollouts_by_age() -> None:
     assert rollouts == [1, 1, 0, 0, 1]  # y's oldest token is 1 version old
     assert metrics["offpolicy/multi_version_rollouts"] == 1  # y: versions 4 and 5
     assert metrics["offpolicy/token_age_mean"] == np.mean([0, 0, 1, 1, 0, 0, 5])
+
+
+def test_a_rollout_of_several_segments_goes_stale_whole() -> None:
+    """A long episode built as two segments (rows): its first turns by version 1, its last by 3. At
+    step 3 with bound 1 the rollout is two versions old in both rows — before, only the first row was
+    dropped and the second trained or dropped a step later, the rollout counted stale twice."""
+    table = rows([1, 3, 3], [[0, 1]] * 3, ["long", "long", "short"])
+    assert rollout_ages(table, 3).tolist() == [2, 2, 0]
+    assert row_ages(table, 3).tolist() == [2, 0, 0]
+    assert stale_rows(table, pa.array(["g", "g", "g"]), 3, 1, "drop", set()).tolist() == [True, True, False]

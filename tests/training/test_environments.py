@@ -186,7 +186,7 @@ def test_follow_trainer_stages_then_shares_by_weight(spans: Path, tmp_path: Path
     trainer._collect([TailPoll(built)], result)
     assert set(trainer.stager.arrived) == {"alpha/t2/r0"}  # two of its three rollouts: still held
     assert result.environments["alpha"]["rollouts"] == 3 and result.environments["beta"]["truncated"] == 1
-    selected, _ = trainer._select()  # type: ignore[misc]
+    selected, _ = trainer._select(0)  # type: ignore[misc]
     envs = sorted({t.split("/")[0] for t in selected["task_id"].to_pylist()})
     assert envs == ["alpha", "beta"] and len(set(selected["task_id"].to_pylist())) == 2
     assert "other/x/r0" not in set(trainer.buffer["task_id"].to_pylist())

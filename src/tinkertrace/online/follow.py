@@ -51,7 +51,13 @@ from tinkertrace.online.publish import (
     publish_version,
 )
 from tinkertrace.online.settings import FollowSettings
-from tinkertrace.online.staleness import correct_batch, row_ages, stale_rows, staleness_metrics
+from tinkertrace.online.staleness import (
+    correct_batch,
+    rollout_ages,
+    row_ages,
+    stale_rows,
+    staleness_metrics,
+)
 from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll
 from tinkertrace.settings import ConfigError
 from tinkertrace.training.checkpoints import read_checkpoints
@@ -149,7 +155,7 @@ class FollowTrainer:
         stale = pa.array(over)
         ids = pc.unique(pc.filter(self.buffer["rollout_id"], stale)).to_pylist()
         if ids:
-            behind = row_ages(self.buffer, step)[over].tolist()
+            behind = rollout_ages(self.buffer, step)[over].tolist()
             rows = self.buffer.filter(stale)
             self._drop_records += outcome_rows(
                 rows, DROPPED, step=step, reason="stale", versions_behind=behind
@@ -157,15 +163,17 @@ class FollowTrainer:
             self.buffer = self.buffer.filter(pc.invert(stale))
         return ids
 
-    def _select(self) -> tuple[pa.Table, list[str]] | None:
-        """The rows of the groups to train now (and their ids), or None to keep waiting."""
+    def _select(self, step: int) -> tuple[pa.Table, list[str]] | None:
+        """The rows of the groups to train at ``step`` (and their ids), or None to keep waiting."""
         if self.buffer.num_rows == 0:
             return None
         keys = group_keys(self.buffer, self.config.group_by)
         arrived = pa.array([self._arrived[r] for r in self.buffer["rollout_id"].to_pylist()], pa.float64())
         names = [env.name for env in self.config.environments]
+        bounded = self.options.max_staleness is not None and self.turns is None
+        ages = row_ages(self.buffer, step) if bounded else None  # nearest the bound first
         chosen = pick_groups(
-            keys, self.buffer, arrived, self.options, self.config.groups_per_batch, self.turns, names
+            keys, self.buffer, arrived, self.options, self.config.groups_per_batch, self.turns, names, ages
         )
         if chosen is None:
             return None
@@ -183,10 +191,13 @@ class FollowTrainer:
         The demand is stated first, so agents started with the trainer sample no more than it takes
         while it opens its training client."""
         o, envs = self.options, self.config.environments
-        per_step = self.config.groups_per_batch * o.group_size
-        if envs:
+        per_step, group_size = self.config.groups_per_batch * o.group_size, o.group_size
+        if envs:  # groups of different sizes: admitted rollout by rollout
             per_step = rollouts_per_step(envs, self.config.groups_per_batch)
-        with demand_stated(self.publish if o.admission else None, per_step, o.max_staleness):
+            sizes = {env.group_size for env in envs}
+            group_size = sizes.pop() if len(sizes) == 1 else 1
+        publish = self.publish if o.admission else None
+        with demand_stated(publish, per_step, o.max_staleness, group_size):
             session, result = self._open()
             with session:
                 try:
@@ -246,7 +257,7 @@ class FollowTrainer:
                 if self._collect(feed.take(), result):
                     idle_since = time.monotonic()
                 self._write_drops(session)
-                picked = self._select()
+                picked = self._select(result.steps)
                 if picked is None:
                     if self._waiting_since is None and (self.buffer.num_rows or self._staged()):
                         self._waiting_since = time.monotonic()  # data waits for the rest of a batch

@@ -126,19 +126,30 @@ def pick_groups(
     groups_per_batch: int,
     turns: WeightedTurns | None,
     env_names: Sequence[str],
+    ages: Any = None,
 ) -> pa.Array | None:
-    """The keys of the groups a step trains now (``rows``: the buffered trajectory rows, ``keys`` and
-    ``arrived`` per row), or None to keep waiting. A group is ready with ``options.group_size``
-    rollouts, or with two once it has waited ``options.group_timeout_s``; a step takes
-    ``groups_per_batch`` of them, oldest first, or what is ready once the oldest waited out; with
-    environments (``turns``) the stager releases whole groups and they are shared out by weight."""
+    """The keys of the groups a step trains now (``rows``: the buffered trajectory rows, ``keys``,
+    ``arrived`` and ``ages`` — versions old at this step — per row), or None to keep waiting. A group
+    is ready with ``options.group_size`` rollouts, or with two once it has waited
+    ``options.group_timeout_s``; a step runs once ``groups_per_batch`` are ready, or what is ready
+    once the oldest waited out. It takes the groups nearest the staleness bound first (oldest sampled
+    version, then oldest arrival), and a group *due* — as old as ``options.max_staleness``, so stale
+    at the next step — trains with the two or more rollouts it has (its stragglers would go stale
+    with it otherwise). With environments (``turns``) the stager releases whole groups and they are
+    shared out by weight."""
     import numpy as np
 
     frame = pa.table(
-        {"key": keys, "rollout_id": rows["rollout_id"], "task_id": rows["task_id"], "arrived": arrived}
+        {
+            "key": keys,
+            "rollout_id": rows["rollout_id"],
+            "task_id": rows["task_id"],
+            "arrived": arrived,
+            "age": pa.array(np.zeros(rows.num_rows, np.int64) if ages is None else ages, pa.int64()),
+        }
     )
     groups = frame.group_by("key").aggregate(
-        [("rollout_id", "count_distinct"), ("arrived", "min"), ("task_id", "min")]
+        [("rollout_id", "count_distinct"), ("arrived", "min"), ("task_id", "min"), ("age", "max")]
     )
     waited = time.time() - groups["arrived_min"].to_numpy()
     timeout = options.group_timeout_s
@@ -153,9 +164,13 @@ def pick_groups(
         return groups["key"].take(pa.array(picked, pa.int64()))
     count = groups["rollout_id_count_distinct"].to_numpy()
     ready = (count >= options.group_size) | ((count >= 2) & (waited >= timeout))
-    if not ready.any():
+    if not ready.any() or (ready.sum() < groups_per_batch and waited[ready].max() < timeout):
         return None
-    order = np.argsort(-waited[ready], kind="stable")
-    if ready.sum() < groups_per_batch and waited[ready].max() < timeout:
-        return None
-    return groups["key"].take(pa.array(np.flatnonzero(ready)[order][:groups_per_batch]))
+    age = groups["age_max"].to_numpy()
+    due = np.zeros(len(age), dtype=bool)
+    if ages is not None and options.max_staleness is not None and options.staleness_mode != "downweight":
+        due = (count >= 2) & (age >= options.max_staleness)
+    candidates = np.flatnonzero(ready | due)
+    # nearest the bound first; of equal age the ready (whole) groups, then the longest waiting
+    order = np.lexsort((-waited[candidates], ~ready[candidates], -age[candidates]))
+    return groups["key"].take(pa.array(candidates[order][:groups_per_batch]))

@@ -20,8 +20,9 @@ from tinkertrace.serving.policy import SamplerKind, StalePolicyError, resolve_cl
 class Publisher(Protocol):
     """Where the follow trainer states its demand and publishes each new policy version."""
 
-    def demand(self, rollouts_per_step: int, max_staleness: int) -> None:
-        """Before the first step: what the trainer consumes (the endpoint admits rollouts by it)."""
+    def demand(self, rollouts_per_step: int, max_staleness: int, group_size: int = 1) -> None:
+        """Before the first step: what the trainer consumes, in groups of ``group_size`` rollouts
+        (the endpoint admits rollouts by it, whole groups at a time)."""
 
     def sampler_kind(self) -> SamplerKind:
         """The form the endpoint takes new weights in (``PolicyHolder.sampler_kind``)."""
@@ -70,8 +71,10 @@ class AdminPublisher:
             self._kind = "inflight" if kind == "inflight" else "snapshot"
         return self._kind
 
-    def demand(self, rollouts_per_step: int, max_staleness: int) -> None:
+    def demand(self, rollouts_per_step: int, max_staleness: int, group_size: int = 1) -> None:
         body = {"rollouts_per_step": rollouts_per_step, "max_staleness": max_staleness}
+        if group_size > 1:  # an endpoint from before group admission refuses nothing it lacks
+            body["group_size"] = group_size
         self._post("/admin/admission", body)
 
     def withdraw(self) -> None:
@@ -95,8 +98,8 @@ class HolderPublisher:
 
     holder: Any
 
-    def demand(self, rollouts_per_step: int, max_staleness: int) -> None:
-        self.holder.admission.set_demand(rollouts_per_step, max_staleness)
+    def demand(self, rollouts_per_step: int, max_staleness: int, group_size: int = 1) -> None:
+        self.holder.admission.set_demand(rollouts_per_step, max_staleness, group_size)
 
     def withdraw(self) -> None:
         self.holder.admission.withdraw()
@@ -151,15 +154,15 @@ def holder_publisher(holder: Any) -> Publisher:
 
 @contextmanager
 def demand_stated(
-    publish: Publisher | None, rollouts_per_step: int, max_staleness: int | None
+    publish: Publisher | None, rollouts_per_step: int, max_staleness: int | None, group_size: int = 1
 ) -> Iterator[None]:
     """While training: the endpoint ``publish`` reaches starts only the rollouts the trainer will take
-    within ``max_staleness`` versions (its admission gate); withdrawn when the run ends. Nothing
-    without a publisher or a bound."""
+    within ``max_staleness`` versions, whole groups of ``group_size`` at a time (its admission gate);
+    withdrawn when the run ends. Nothing without a publisher or a bound."""
     if publish is None or max_staleness is None:
         yield
         return
-    publish.demand(rollouts_per_step, max_staleness)
+    publish.demand(rollouts_per_step, max_staleness, group_size)
     try:
         yield
     finally:

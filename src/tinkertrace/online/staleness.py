@@ -4,6 +4,8 @@
   ``response_policy_versions`` column when it is there (one version per sampled token, in order), else
   each row's ``policy_version`` repeated over its sampled tokens.
 * :func:`row_ages` — each row's age in versions at a step: the age of its oldest token.
+* :func:`rollout_ages` — each row's rollout's age: its oldest token over all the rollout's rows
+  (segments).
 * :func:`stale_rows` — the rows over ``max_staleness``: rollout by rollout (``drop``), or whole groups
   (``correct``: a group is never split across the bound).
 * :func:`staleness_metrics` — the step's staleness histograms (tokens and rollouts) and how many
@@ -68,13 +70,23 @@ def row_ages(table: pa.Table, step: int) -> np.ndarray:
     return np.where(oldest == NEVER, 0, step - np.minimum(oldest, step))
 
 
+def rollout_ages(table: pa.Table, step: int) -> np.ndarray:
+    """Per row, its rollout's age at ``step``: the oldest token of all the rollout's rows (a rollout
+    built as several segments is as old as its first turn in every one of them)."""
+    ages = pa.table({"rollout_id": table["rollout_id"], "age": row_ages(table, step)})
+    oldest = ages.group_by("rollout_id").aggregate([("age", "max")])
+    where = pc.index_in(table["rollout_id"], value_set=oldest["rollout_id"])
+    return np.asarray(oldest["age_max"].take(where).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
 def stale_rows(
     table: pa.Table, keys: pa.Array, step: int, bound: int, mode: str, stale_groups: set[str]
 ) -> np.ndarray:
-    """Rows over ``bound`` versions old at ``step``. In ``correct`` mode a whole group goes when any
-    of its rows is over (and every group in ``stale_groups``, where the keys found here are added):
-    later rollouts of a group dropped before cannot train alone."""
-    over = row_ages(table, step) > bound
+    """Rows over ``bound`` versions old at ``step``, whole rollouts at a time (a rollout's segments are
+    never split across the bound). In ``correct`` mode a whole group goes when any of its rows is over
+    (and every group in ``stale_groups``, where the keys found here are added): later rollouts of a
+    group dropped before cannot train alone."""
+    over = rollout_ages(table, step) > bound
     if mode != "correct":
         return over
     stale_groups.update(k for k in pc.unique(pc.filter(keys, pa.array(over))).to_pylist() if k is not None)

@@ -1,16 +1,25 @@
 """Staleness-aware admission: the endpoint starts only the rollouts the trainer will train.
 
 An agent traced by tinkertrace sends its rollout id with every LLM call
-(``x-tinkertrace-rollout-id``). The *first* call of a new rollout is admitted only while the
-rollouts that were started but not yet consumed by the trainer fit in what the trainer will consume
-before they go stale: ``rollouts_per_step × (max_staleness + 1)`` (the trainer states both, its
-*demand*). Later calls of an admitted rollout always pass, so no rollout waits on itself. A held call
-waits at the endpoint, in arrival order, up to ``max_wait_s`` and then passes anyway (counted): the
-client sees latency, never an error.
+(``x-tinkertrace-rollout-id``), and its task id (``x-tinkertrace-task-id``). The *first* call of a new
+rollout is admitted only while the rollouts that were started but not yet consumed by the trainer fit
+in what the trainer will consume before they go stale: ``rollouts_per_step × (max_staleness + 1)``
+(the trainer states both, its *demand*). Later calls of an admitted rollout always pass, so no
+rollout waits on itself.
 
-The trainer reports each step's trained and dropped rollouts (:meth:`AdmissionGate.consume`), which
-frees their places; a rollout the trainer never reports (its agent died) gives its place back after
-``expire_s``. Until a demand is stated, and for calls without a rollout id, everything passes.
+The trainer trains whole groups (the rollouts of one task id), so the gate admits whole groups: with
+the demand's ``group_size`` above 1, the first rollout of a task is admitted only when there is room
+for its whole group, which it reserves; the rest of the group then passes at once, up to
+``group_size`` (a rollout past that starts a new group). Admitting rollout by rollout split groups
+across policy versions: part of a group started on one version, the rest (held) on the next, and
+the trainer could train neither part in time. A group's unfilled places are given back once the
+trainer consumed any of it (later rollouts of the task are a new group).
+
+A held call waits at the endpoint, in arrival order, up to ``max_wait_s`` and then passes anyway
+(counted): the client sees latency, never an error. The trainer reports each step's trained and
+dropped rollouts (:meth:`AdmissionGate.consume`), which frees their places; a rollout the trainer
+never reports (its agent died) gives its place back after ``expire_s``. Until a demand is stated,
+and for calls without a rollout id, everything passes.
 
 The gate is shared between the event loop that serves requests and the trainer's thread: its state
 sits under one lock, and waiting requests poll it briefly (no cross-thread wake-ups to get wrong).
@@ -33,15 +42,37 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Demand:
-    """What the trainer consumes: rollouts per step, and how many versions old a rollout may be."""
+    """What the trainer consumes: rollouts per step, how many versions old a rollout may be, and
+    the rollouts of one group (admitted together; 1: rollout by rollout)."""
 
     rollouts_per_step: int
     max_staleness: int
+    group_size: int = 1
 
     @property
     def capacity(self) -> int:
         """Rollouts that may be started and not yet consumed at once."""
         return self.rollouts_per_step * (self.max_staleness + 1)
+
+    @property
+    def group_places(self) -> int:
+        """Places a new group reserves (never more than the capacity, so every group can start)."""
+        return max(1, min(self.group_size, self.capacity))
+
+
+@dataclass(eq=False)
+class _Group:
+    """The admitted rollouts of one task id: ``places`` reserved, ``admitted`` so far; it takes more
+    rollouts (``accepting``) until full or until the trainer consumed one of them."""
+
+    places: int
+    opened: float
+    admitted: int = 0
+    accepting: bool = True
+
+    @property
+    def unfilled(self) -> int:
+        return self.places - self.admitted if self.accepting else 0
 
 
 class AdmissionGate:
@@ -63,6 +94,8 @@ class AdmissionGate:
         self.last_demand: Demand | None = None  # kept after a withdrawal, for the figures
         self._lock = threading.Lock()
         self._open: dict[str, float] = {}  # admitted rollout id -> when
+        self._groups: dict[str, _Group] = {}  # task id -> its group taking rollouts now
+        self._group_of: dict[str, _Group] = {}  # admitted rollout id -> its group
         self._queue: deque[int] = deque()  # tickets of held first calls, in arrival order
         self._tickets = itertools.count()
         self.admitted = 0  # rollouts admitted (first calls)
@@ -73,12 +106,14 @@ class AdmissionGate:
         self._waits: deque[float] = deque(maxlen=4096)
 
     # --- the trainer's side ------------------------------------------------------------------------
-    def set_demand(self, rollouts_per_step: int, max_staleness: int) -> None:
+    def set_demand(self, rollouts_per_step: int, max_staleness: int, group_size: int = 1) -> None:
         """State (or change) what the trainer consumes; the gate is open until this is called."""
-        if rollouts_per_step < 1 or max_staleness < 0:
-            raise ValueError("rollouts_per_step must be at least 1 and max_staleness 0 or more")
+        if rollouts_per_step < 1 or max_staleness < 0 or group_size < 1:
+            raise ValueError(
+                "rollouts_per_step and group_size must be at least 1 and max_staleness 0 or more"
+            )
         with self._lock:
-            self.demand = self.last_demand = Demand(rollouts_per_step, max_staleness)
+            self.demand = self.last_demand = Demand(rollouts_per_step, max_staleness, group_size)
 
     def withdraw(self) -> None:
         """The trainer stopped consuming: open the gate (held calls pass at once)."""
@@ -92,34 +127,64 @@ class AdmissionGate:
             for rid in rollout_ids:
                 if self._open.pop(rid, None) is not None:
                     self.consumed += 1
+                if (group := self._group_of.pop(rid, None)) is not None:
+                    group.accepting = False  # the trainer took part of it: the rest is a new group
             horizon = self.clock() - self.expire_s
             gone = [rid for rid, at in self._open.items() if at < horizon]
             for rid in gone:
                 del self._open[rid]
+                self._group_of.pop(rid, None)
             self.expired += len(gone)
+            for task, group in list(self._groups.items()):
+                if not group.accepting or group.opened < horizon:
+                    del self._groups[task]
+
+    def _used(self) -> int:
+        """Places taken: admitted rollouts not yet consumed, and the unfilled places of open groups."""
+        return len(self._open) + sum(group.unfilled for group in self._groups.values())
+
+    def _enter(self, rollout_id: str, task_id: str | None) -> None:
+        """Admit ``rollout_id`` (of ``task_id``'s group, opened here when it has none taking more)."""
+        now = self.clock()
+        self._open[rollout_id] = now
+        self.admitted += 1
+        demand = self.demand
+        if not task_id or demand is None or demand.group_places == 1:  # rollout by rollout
+            return
+        group = self._groups.get(task_id)
+        if group is None or not group.accepting:
+            group = self._groups[task_id] = _Group(demand.group_places, now)
+        group.admitted += 1
+        group.accepting = group.admitted < group.places
+        self._group_of[rollout_id] = group
 
     # --- the endpoint's side -----------------------------------------------------------------------
-    def _try_admit(self, rollout_id: str, ticket: int | None) -> bool:
-        """Admit ``rollout_id`` if it is open already, or if there is room and no earlier waiter."""
+    def _try_admit(self, rollout_id: str, task_id: str | None, ticket: int | None) -> bool:
+        """Admit ``rollout_id`` if it is open already, if its group has a place reserved for it, or
+        if there is room (for its whole group) and no earlier waiter."""
         with self._lock:
             if rollout_id in self._open:
                 return True
-            head = self._queue[0] if self._queue else None
-            # an open gate (no demand) lets everyone through; else a newcomer (ticket None) goes only
-            # if none wait, a waiter only at the head of the line, and only while there is room
+            group = self._groups.get(task_id) if task_id else None
+            reserved = group is not None and group.accepting
+            # an open gate (no demand) lets everyone through, and so does a group's reserved place;
+            # else a newcomer (ticket None) goes only if none wait, a waiter only at the head of the
+            # line, and only while there is room for its group
             demand = self.demand
-            if demand is not None and (head != ticket or len(self._open) >= demand.capacity):
-                return False
-            self._open[rollout_id] = self.clock()
-            self.admitted += 1
+            if demand is not None and not reserved:
+                head = self._queue[0] if self._queue else None
+                places = demand.group_places if task_id else 1
+                if head != ticket or self._used() + places > demand.capacity:
+                    return False
+            self._enter(rollout_id, task_id)
             if ticket is not None:
                 self._queue.remove(ticket)
             return True
 
-    async def admit(self, rollout_id: str | None) -> float:
-        """Wait until the call of ``rollout_id`` may be sampled; returns the seconds waited.
-        Never raises for capacity: past ``max_wait_s`` it passes."""
-        if not rollout_id or self._try_admit(rollout_id, None):
+    async def admit(self, rollout_id: str | None, task_id: str | None = None) -> float:
+        """Wait until the call of ``rollout_id`` (of task ``task_id``'s group) may be sampled; returns
+        the seconds waited. Never raises for capacity: past ``max_wait_s`` it passes."""
+        if not rollout_id or self._try_admit(rollout_id, task_id, None):
             return 0.0
         started = self.clock()
         with self._lock:
@@ -127,12 +192,11 @@ class AdmissionGate:
             self._queue.append(ticket)
             self.held += 1
         try:
-            while not self._try_admit(rollout_id, ticket):
+            while not self._try_admit(rollout_id, task_id, ticket):
                 if self.clock() - started >= self.max_wait_s:
                     with self._lock:
                         self._queue.remove(ticket)
-                        self._open[rollout_id] = self.clock()
-                        self.admitted += 1
+                        self._enter(rollout_id, task_id)
                         self.timed_out += 1
                     break
                 await asyncio.sleep(self.poll_s)
@@ -155,7 +219,9 @@ class AdmissionGate:
                 "capacity": demand.capacity if demand else None,
                 "rollouts_per_step": demand.rollouts_per_step if demand else None,
                 "max_staleness": demand.max_staleness if demand else None,
+                "group_size": demand.group_size if demand else None,
                 "open": len(self._open),
+                "reserved": sum(group.unfilled for group in self._groups.values()),
                 "waiting": len(self._queue),
                 "admitted": self.admitted,
                 "held": self.held,

@@ -107,9 +107,11 @@ class SamplingEndpoint:
             )
 
     async def _admit(self, request: Request) -> None:
-        """Hold the first call of a new rollout until the trainer's demand has room for it."""
+        """Hold the first call of a new rollout until the trainer's demand has room for it (and for
+        the rest of its task's group)."""
         rollout_id = header_text(request.headers, semconv.HEADER_ROLLOUT_ID)
-        await self.policy.admission.admit(rollout_id)
+        task_id = header_text(request.headers, semconv.HEADER_TASK_ID)
+        await self.policy.admission.admit(rollout_id, task_id or None)
 
     # --- OpenAI routes -------------------------------------------------------------------------------
     def _version_fields(self, choices: list[Choice], policy: Policy) -> dict[str, Any]:
@@ -269,8 +271,9 @@ class SamplingEndpoint:
         )
 
     async def set_admission(self, request: Request) -> Response:
-        """The trainer's demand (``rollouts_per_step``, ``max_staleness``; ``withdraw: true`` when it
-        stops) and/or the ``rollout_ids`` it trained or dropped: see :mod:`.admission`."""
+        """The trainer's demand (``rollouts_per_step``, ``max_staleness``, optional ``group_size``;
+        ``withdraw: true`` when it stops) and/or the ``rollout_ids`` it trained or dropped: see
+        :mod:`.admission`."""
         body = require_object(await read_json(request))
         gate = self.policy.admission
         if body.get("withdraw") is True:
@@ -284,7 +287,10 @@ class SamplingEndpoint:
                     "go together.",
                     param="rollouts_per_step",
                 )
-            gate.set_demand(per_step, staleness)
+            group_size = body.get("group_size", 1)
+            if type(group_size) is not int or group_size < 1:
+                raise ApiError(400, "'group_size' must be an integer >= 1.", param="group_size")
+            gate.set_demand(per_step, staleness, group_size)
         if "rollout_ids" in body:
             ids = body["rollout_ids"]
             if not isinstance(ids, list) or not all(isinstance(r, str) for r in ids):
