@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import duckdb
@@ -10,7 +10,7 @@ import pytest
 from openai import OpenAI
 
 import tinkertrace
-from tinkertrace.online.demo_agent import introduce
+from tinkertrace.online.demo_agent import ask, introduce
 from tinkertrace.online.runner import OnlineStack
 from tinkertrace.online.settings import StackSettings
 from tinkertrace.spanstore.reader import open_spans
@@ -28,14 +28,27 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnlineStack]:
         tinkertrace.shutdown()
 
 
-def make_rollouts(stack: OnlineStack, prefix: str, groups: int, size: int = 4) -> set[str]:
-    """Run ``groups`` × ``size`` traced identity rollouts; wait until their spans are in files.
+@tinkertrace.traced_rollout
+def rewarded(task: dict, *, client: OpenAI, reward: float) -> None:
+    """One traced rollout of ``task`` whose reward is ``reward``, whatever the reply."""
+    ask(client, MODEL, task["question"], 6)
+    tinkertrace.emit_reward(reward)
+
+
+def make_rollouts(
+    stack: OnlineStack, prefix: str, groups: int, size: int = 4, rewards: Sequence[float] | None = None
+) -> set[str]:
+    """Run ``groups`` × ``size`` traced identity rollouts (rewarded ``rewards[i]`` for the i-th of a
+    group when given: a group whose advantages cannot all be 0); wait until their spans are in files.
     Returns the task ids."""
     client = OpenAI(base_url=stack.base_url, api_key="EMPTY")
     tasks = [{"id": f"{prefix}-{g}", "question": "Who are you?"} for g in range(groups)]
     for task in tasks:
-        for _ in range(size):
-            introduce(task, client=client, model=MODEL, max_tokens=6)
+        for i in range(size):
+            if rewards is None:
+                introduce(task, client=client, model=MODEL, max_tokens=6)
+            else:
+                rewarded(task, client=client, reward=rewards[i])
     assert tinkertrace.flush()
     wait_until(
         lambda: stored_rollouts(stack.settings.spans_dir, tasks) == groups * size, 30, "rollouts stored"

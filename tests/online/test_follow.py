@@ -138,12 +138,13 @@ def test_correct_mode_trains_stale_groups_within_the_bound_and_drops_whole_group
 ) -> None:
     """Groups sampled by version 0, one trained per step, bound 1: the second step trains a group one
     version old with the correction (its tokens' weights from one forward pass on the moved trainer,
-    a positive mismatch KL); after it the rest, two versions old, are dropped."""
-    make_rollouts(stack, "c", groups=3)
+    a positive mismatch KL); after it the rest, two versions old, are dropped. Each group's rewards
+    differ and constant-reward groups (earlier tests' rollouts in the same spans folder can be) are
+    not trained, so every step moves the trainer."""
+    make_rollouts(stack, "c", groups=3, rewards=[0.0, 0.3, 0.6, 1.0])
     config = TrainSettings(
         source=stack.settings.spans_dir, model=MODEL, groups_per_batch=1, log_dir=tmp_path / "correct",
-        engine_dir=stack.settings.engine_dir, learning_rate=3e-2, remove_constant_reward_groups=False,
-        loss="ppo",
+        engine_dir=stack.settings.engine_dir, learning_rate=3e-2, loss="ppo",
     )  # fmt: skip
     options = FollowSettings(
         group_size=4, max_staleness=1, staleness_mode="correct", poll_s=0.2, max_steps=3, idle_timeout_s=3
@@ -160,6 +161,7 @@ def test_correct_mode_trains_stale_groups_within_the_bound_and_drops_whole_group
     assert abs(first["offpolicy/mismatch_kl"]) < 1e-4  # sampled by the trainer's own weights
     assert second["offpolicy/mismatch_kl"] > 1e-4  # the trainer moved one step since
     assert second["offpolicy/clipped_frac"] == 0  # clipped against the proximal policy: ratio 1 at the start
-    stale = [o for o in read_outcomes(tmp_path / "correct") if o["outcome"] == "dropped"]
+    dropped = [o for o in read_outcomes(tmp_path / "correct") if o["outcome"] == "dropped"]
+    stale = [o for o in dropped if o["reason"] == "stale"]  # the rest: constant-reward groups
     assert len({o["rollout_id"] for o in stale}) == result.rollouts_dropped_stale
     assert {(o["reason"], o["step"], o["versions_behind"]) for o in stale} == {("stale", 2, 2)}

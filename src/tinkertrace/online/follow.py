@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 from rich.console import Console
 
 from tinkertrace.online.group_staging import GroupStager, pick_groups, rollouts_per_step
-from tinkertrace.online.lag import LAG_PARTS, follow_progress, follow_status, percentiles, rollout_lags
+from tinkertrace.online.lag import LAG_PARTS, follow_progress, follow_status, step_lags
 from tinkertrace.online.publish import (
     Publisher,
     admin_publisher,
@@ -51,13 +51,7 @@ from tinkertrace.online.publish import (
     publish_version,
 )
 from tinkertrace.online.settings import FollowSettings
-from tinkertrace.online.staleness import (
-    correct_batch,
-    rollout_ages,
-    row_ages,
-    stale_rows,
-    staleness_metrics,
-)
+from tinkertrace.online.staleness import correct_batch, rollout_ages, row_ages, stale_rows, staleness_metrics
 from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll
 from tinkertrace.settings import ConfigError
 from tinkertrace.training.checkpoints import read_checkpoints
@@ -362,17 +356,10 @@ class FollowTrainer:
         _, metrics = session.step(data, rows, step, {"progress/epoch": 0}, before_train=correct)
         metrics.update(staleness_metrics(data.table, step))
         metrics["offpolicy/straggler_wait_s"] = waited
-        lags, parts = rollout_lags(table, kept, self._arrived, started_at)
-        result.lags_s.extend(lags)
-        for name, values in parts.items():
-            result.lag_parts_s[name].extend(values)
-            metrics[f"lag/{name}_p95_s"] = percentiles(values)[1]
+        metrics.update(step_lags(table, kept, self._arrived, started_at, result.lags_s, result.lag_parts_s))
         result.rollouts_trained += len(kept)
-        p50, p95 = percentiles(lags)
         metrics.update(
             {
-                "lag/rollout_to_trained_p50_s": p50,
-                "lag/rollout_to_trained_p95_s": p95,
                 "lag/staleness_mean": float(age.mean()) if len(age) else 0.0,
                 "lag/staleness_max": int(age.max()) if len(age) else 0,
                 "follow/rollouts_trained": len(kept),

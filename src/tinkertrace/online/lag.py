@@ -42,6 +42,26 @@ def rollout_lags(
     return (now - ends).tolist(), {k: np.broadcast_to(v, ends.shape).tolist() for k, v in parts.items()}
 
 
+def step_lags(
+    table: pa.Table,
+    kept: set[str],
+    arrived: dict[str, float],
+    step_started: float,
+    lags_s: list[float],
+    parts_s: dict[str, list[float]],
+) -> dict[str, float]:
+    """This step's lags (:func:`rollout_lags`) appended to the run's ``lags_s`` and ``parts_s``; the
+    step's lag metrics (p50 and p95 of the whole lag, p95 of each part)."""
+    lags, parts = rollout_lags(table, kept, arrived, step_started)
+    lags_s.extend(lags)
+    metrics: dict[str, float] = {}
+    for name, values in parts.items():
+        parts_s[name].extend(values)
+        metrics[f"lag/{name}_p95_s"] = percentiles(values)[1]
+    p50, p95 = percentiles(lags)
+    return {**metrics, "lag/rollout_to_trained_p50_s": p50, "lag/rollout_to_trained_p95_s": p95}
+
+
 def follow_progress(
     console: Console | None, enabled: bool, total: int | None, completed: int
 ) -> StepProgress:
