@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,6 +27,9 @@ from tinkertrace.training.environments import (
     environment_rows,
     group_environments,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class GroupStager:
@@ -126,7 +129,7 @@ def pick_groups(
     groups_per_batch: int,
     turns: WeightedTurns | None,
     env_names: Sequence[str],
-    ages: Any = None,
+    ages: np.ndarray | None = None,
 ) -> pa.Array | None:
     """The keys of the groups a step trains now (``rows``: the buffered trajectory rows, ``keys``,
     ``arrived`` and ``ages`` — versions old at this step — per row), or None to keep waiting. A group

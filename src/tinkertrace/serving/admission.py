@@ -139,9 +139,13 @@ class AdmissionGate:
                 if not group.accepting or group.opened < horizon:
                     del self._groups[task]
 
+    def _reserved(self) -> int:
+        """Places open groups hold for rollouts of theirs not yet started."""
+        return sum(group.unfilled for group in self._groups.values())
+
     def _used(self) -> int:
-        """Places taken: admitted rollouts not yet consumed, and the unfilled places of open groups."""
-        return len(self._open) + sum(group.unfilled for group in self._groups.values())
+        """Places taken: admitted rollouts not yet consumed, and the places open groups reserve."""
+        return len(self._open) + self._reserved()
 
     def _enter(self, rollout_id: str, task_id: str | None) -> None:
         """Admit ``rollout_id`` (of ``task_id``'s group, opened here when it has none taking more)."""
@@ -221,7 +225,7 @@ class AdmissionGate:
                 "max_staleness": demand.max_staleness if demand else None,
                 "group_size": demand.group_size if demand else None,
                 "open": len(self._open),
-                "reserved": sum(group.unfilled for group in self._groups.values()),
+                "reserved": self._reserved(),
                 "waiting": len(self._queue),
                 "admitted": self.admitted,
                 "held": self.held,
