@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -121,6 +122,19 @@ def test_incremental_exclude_rollouts_and_files(tmp_path: Path, rows: SpanRows) 
     assert new.triplets.column("rollout_id").to_pylist() == ["r9"]
     assert new.summary.rollouts_excluded == 3
     assert build(tmp_path, files=[second]).summary.rollout_ids == ["r9"]
+
+
+def test_a_build_of_some_files_reads_only_those(tmp_path: Path, rows: SpanRows) -> None:
+    """Follow mode builds each poll's new files only: a file elsewhere in the folder is not even bound
+    (it was: every poll bound the whole folder, its cost growing with the run, and a file of
+    conflicting column types anywhere broke every build)."""
+    root = rows.rollout("r9", llm_calls=1)
+    rows.llm("r9", root, [4], [5], start=1, end=2)
+    mine = rows.write(tmp_path, "part-1.parquet")
+    conflicting = pa.table({"trace_id": ["t"], "span_id": ["s"], "start_time": ["yesterday"]})
+    pq.write_table(conflicting, tmp_path / "foreign.parquet")
+    built = build(tmp_path, files=[mine]).summary
+    assert (built.rollout_ids, built.corrupt_files) == (["r9"], [])
 
 
 def test_rebuild_gives_identical_files(tmp_path: Path, rows: SpanRows) -> None:

@@ -62,18 +62,6 @@ def open_logs(con: duckdb.DuckDBPyConnection, spans_dir: Path) -> list[tuple[Pat
 def open_raw(
     con: duckdb.DuckDBPyConnection, spans_dir: Path, files: tuple[Path, ...] | None = None
 ) -> ReadReport:
-    """Create the raw view ``spans_raw`` over the valid span files under ``spans_dir`` (corrupt ones
-    skipped and reported), restricted to ``files`` when given."""
-    report = open_spans(con, spans_dir, view=RAW_VIEW + "_all")
-    if files is None:
-        con.execute(f"CREATE OR REPLACE VIEW {RAW_VIEW} AS SELECT * FROM {RAW_VIEW}_all")
-        return report
-    wanted = {Path(f).resolve() for f in files}
-    kept = [f for f in report.files if f.resolve() in wanted]
-    skipped = [(f, why) for f, why in report.skipped if f.resolve() in wanted]
-    listing = literal_list(kept) or "NULL"
-    # A literal IN list lets DuckDB skip the other files at scan time.
-    con.execute(
-        f"CREATE OR REPLACE VIEW {RAW_VIEW} AS SELECT * FROM {RAW_VIEW}_all WHERE filename IN ({listing})"
-    )
-    return ReadReport(files=kept, skipped=skipped)
+    """Create the raw view ``spans_raw`` over the valid span files under ``spans_dir``, or just
+    ``files`` when given (corrupt ones skipped and reported)."""
+    return open_spans(con, spans_dir, view=RAW_VIEW, files=files)

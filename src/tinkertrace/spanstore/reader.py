@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,13 +74,17 @@ def empty_spans_sql() -> str:
 
 
 def open_spans(
-    con: duckdb.DuckDBPyConnection, root: str | os.PathLike[str], view: str = "spans"
+    con: duckdb.DuckDBPyConnection,
+    root: str | os.PathLike[str],
+    view: str = "spans",
+    files: Sequence[Path] | None = None,
 ) -> ReadReport:
-    """Create (or replace) view ``view`` over all valid span files under ``root``."""
+    """Create (or replace) view ``view`` over all valid span files under ``root``, or over just
+    ``files`` (the only files then checked and bound: the cost follows them, not the folder)."""
     report = ReadReport()
     superseded = superseded_inputs(Path(root))  # inputs of a compaction that is finishing right now
-    for path in list_span_files(root):
-        if path in superseded:
+    for path in list_span_files(root) if files is None else files:
+        if path in superseded or not path.exists():  # a given file compacted away since it was listed
             continue
         problem = check_file(path)
         if problem is None:
