@@ -8,13 +8,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
 import tinkertrace
 from tinkertrace import semconv
-from tinkertrace.online.publish import admin_publisher
+from tinkertrace.online.publish import admin_publisher, demand_stated, holder_publisher
 from tinkertrace.sdk.context import current_rollout
 from tinkertrace.serving.admission import AdmissionGate
 from tinkertrace.serving.policy import PolicyHolder
@@ -48,16 +49,45 @@ def test_gate_admits_up_to_capacity_then_in_arrival_order() -> None:
     assert asyncio.run(scenario()) == ["c", "d"]
 
 
-def test_gate_is_open_without_demand_or_rollout_id_and_bounded_in_wait() -> None:
+def test_gate_is_open_without_demand_or_rollout_id() -> None:
     async def scenario() -> None:
-        gate = AdmissionGate(max_wait_s=0.1, poll_s=0.005)
+        gate = AdmissionGate(poll_s=0.005)
         for i in range(50):  # no demand stated: everything passes
             assert await gate.admit(f"r{i}") == 0.0
         gate.set_demand(rollouts_per_step=1, max_staleness=0)
         assert await gate.admit(None) == 0.0  # a call outside any rollout is not gated
-        waited = await gate.admit("late")  # full: waits its bound, then passes (no error)
-        assert 0.1 <= waited < 1.0
-        assert gate.stats()["timed_out"] == 1
+        assert gate.stats()["held"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_held_call_waits_while_the_trainer_renews_and_passes_once_its_demand_lapses() -> None:
+    """No fixed wait limit lets a call through to a rollout too old to train: it waits as long as
+    the trainer is heard from, and a trainer gone silent releases it after its lease."""
+    now = [0.0]
+
+    async def scenario() -> None:
+        gate = AdmissionGate(poll_s=0.002, clock=lambda: now[0])
+        gate.set_demand(rollouts_per_step=1, max_staleness=0, lease_s=10)
+        await gate.admit("a")
+        held = asyncio.create_task(gate.admit("b"))
+        await wait_until_async(lambda: gate.stats()["waiting"] == 1, what="b held")
+        for _ in range(30):  # 150 s of a slow trainer (a fixed 30 s wait would have let b in), renewing
+            now[0] += 5
+            gate.set_demand(rollouts_per_step=1, max_staleness=0, lease_s=10)
+            await asyncio.sleep(0.01)
+            assert not held.done()
+        gate.consume([])  # consuming counts as word from the trainer too
+        now[0] += 9
+        await asyncio.sleep(0.02)
+        assert not held.done() and gate.stats()["enabled"] is True
+        now[0] += 2  # silent for longer than the lease: the trainer is gone, the gate opens
+        assert await asyncio.wait_for(held, timeout=1) == 161
+        stats = gate.stats()
+        assert (stats["enabled"], stats["lapsed"], stats["held"], stats["lease_s"]) == (False, 1, 1, 10)
+        assert await gate.admit("c") == 0.0  # open until the trainer states a demand again
+        gate.set_demand(rollouts_per_step=1, max_staleness=0, lease_s=10)
+        assert gate.stats()["enabled"] is True
 
     asyncio.run(scenario())
 
@@ -81,7 +111,7 @@ def test_gate_forgets_a_waiter_that_went_away() -> None:
 
 def test_a_withdrawn_demand_releases_held_calls_at_once() -> None:
     async def scenario() -> None:
-        gate = AdmissionGate(poll_s=0.005, max_wait_s=30)
+        gate = AdmissionGate(poll_s=0.005)
         gate.set_demand(rollouts_per_step=1, max_staleness=0)
         await gate.admit("a")
         held = asyncio.create_task(gate.admit("b"))
@@ -89,9 +119,20 @@ def test_a_withdrawn_demand_releases_held_calls_at_once() -> None:
         assert not held.done()
         gate.withdraw()  # the trainer stopped: nobody is held for it any more
         assert await asyncio.wait_for(held, timeout=1) < 1
-        assert gate.stats()["enabled"] is False and gate.stats()["timed_out"] == 0
+        assert gate.stats()["enabled"] is False and gate.stats()["lapsed"] == 0
 
     asyncio.run(scenario())
+
+
+def test_a_stated_demand_is_renewed_while_training_and_withdrawn_after() -> None:
+    """``demand_stated`` keeps the demand alive past its lease (a step may take longer than it)."""
+    gate = AdmissionGate()
+    publisher = holder_publisher(SimpleNamespace(admission=gate))
+    with demand_stated(publisher, rollouts_per_step=4, max_staleness=1, group_size=2, lease_s=0.3):
+        time.sleep(1.0)  # more than three leases without a step
+        stats = gate.stats()
+        assert (stats["enabled"], stats["lapsed"], stats["capacity"], stats["group_size"]) == (True, 0, 8, 2)
+    assert gate.stats()["enabled"] is False and gate.stats()["lapsed"] == 0
 
 
 def test_endpoint_holds_a_new_rollout_until_the_trainer_consumes(scripted_server, openai_client) -> None:
@@ -128,15 +169,23 @@ def test_admin_admission_route_feeds_the_gate_and_refuses_bad_bodies(
     policy = PolicyHolder(scripted(["ok"]), tokenizer, "scripted-model")
     server = start_server(policy, admin_token="secret")
     publisher = admin_publisher(server.url, "secret")
-    publisher.demand(rollouts_per_step=8, max_staleness=2)
-    assert policy.admission.stats()["capacity"] == 24
+    publisher.demand(rollouts_per_step=8, max_staleness=2, lease_s=45)
+    assert (policy.admission.stats()["capacity"], policy.admission.stats()["lease_s"]) == (24, 45)
     auth = {"Authorization": "Bearer secret"}
-    for bad in ({"rollouts_per_step": 0, "max_staleness": 1}, {"rollouts_per_step": 4}, {"rollout_ids": "x"}):
+    demand = {"rollouts_per_step": 1, "max_staleness": 1}
+    for bad in (
+        {"rollouts_per_step": 0, "max_staleness": 1},
+        {"rollouts_per_step": 4},
+        {"rollout_ids": "x"},
+        {**demand, "lease_s": 0},
+        {**demand, "lease_s": "soon"},
+    ):
         answer = httpx.post(server.url + "/admin/admission", json=bad, headers=auth)
         assert answer.status_code == 400, bad
         assert answer.json()["error"]["message"]
     assert httpx.post(server.url + "/admin/admission", json={"rollout_ids": []}).status_code == 401
     assert policy.admission.stats()["capacity"] == 24  # refused bodies changed nothing
+    assert policy.admission.stats()["lease_s"] == 45
     publisher.withdraw()  # the trainer stopped
     assert policy.admission.stats()["enabled"] is False
 

@@ -15,11 +15,16 @@ across policy versions: part of a group started on one version, the rest (held) 
 the trainer could train neither part in time. A group's unfilled places are given back once the
 trainer consumed any of it (later rollouts of the task are a new group).
 
-A held call waits at the endpoint, in arrival order, up to ``max_wait_s`` and then passes anyway
-(counted): the client sees latency, never an error. The trainer reports each step's trained and
-dropped rollouts (:meth:`AdmissionGate.consume`), which frees their places; a rollout the trainer
-never reports (its agent died) gives its place back after ``expire_s``. Until a demand is stated,
-and for calls without a rollout id, everything passes.
+A held call waits at the endpoint, in arrival order, for as long as the demand holds: the client
+sees latency, never an error. A demand is a lease: it lapses ``lease_s`` after the trainer was last
+heard from (it stated its demand or consumed), and the trainer renews it while it runs
+(:func:`tinkertrace.online.publish.demand_stated`). So a held call waits for a live trainer however
+slow its steps (a fixed wait limit let calls through to rollouts that were then too old to train),
+and is released within ``lease_s`` of a trainer that died without withdrawing (counted as
+``lapsed``). The trainer reports each step's trained and dropped rollouts
+(:meth:`AdmissionGate.consume`), which frees their places; a rollout the trainer never reports (its
+agent died) gives its place back after ``expire_s``. Until a demand is stated, after it is
+withdrawn or has lapsed, and for calls without a rollout id, everything passes.
 
 The gate is shared between the event loop that serves requests and the trainer's thread: its state
 sits under one lock, and waiting requests poll it briefly (no cross-thread wake-ups to get wrong).
@@ -39,15 +44,19 @@ from typing import Any
 
 import numpy as np
 
+DEFAULT_LEASE_S = 30.0  # a demand not renewed (or no rollout consumed) this long lapses
+
 
 @dataclass(frozen=True)
 class Demand:
-    """What the trainer consumes: rollouts per step, how many versions old a rollout may be, and
-    the rollouts of one group (admitted together; 1: rollout by rollout)."""
+    """What the trainer consumes: rollouts per step, how many versions old a rollout may be, the
+    rollouts of one group (admitted together; 1: rollout by rollout), and how long the demand holds
+    without word from the trainer (``lease_s``)."""
 
     rollouts_per_step: int
     max_staleness: int
     group_size: int = 1
+    lease_s: float = DEFAULT_LEASE_S
 
     @property
     def capacity(self) -> int:
@@ -81,16 +90,15 @@ class AdmissionGate:
     def __init__(
         self,
         *,
-        max_wait_s: float = 30.0,
         poll_s: float = 0.02,
         expire_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.max_wait_s = max_wait_s
         self.poll_s = poll_s
         self.expire_s = expire_s
         self.clock = clock
         self.demand: Demand | None = None
+        self._heard = clock()  # when the trainer last stated its demand or consumed
         self.last_demand: Demand | None = None  # kept after a withdrawal, for the figures
         self._lock = threading.Lock()
         self._open: dict[str, float] = {}  # admitted rollout id -> when
@@ -100,20 +108,30 @@ class AdmissionGate:
         self._tickets = itertools.count()
         self.admitted = 0  # rollouts admitted (first calls)
         self.held = 0  # of those, how many had to wait
-        self.timed_out = 0  # of those, how many passed after max_wait_s
+        self.lapsed = 0  # demands that lapsed (the trainer went silent without withdrawing)
         self.consumed = 0  # rollouts the trainer reported trained or dropped
         self.expired = 0  # rollouts whose place was given back without a report
         self._waits: deque[float] = deque(maxlen=4096)
 
     # --- the trainer's side ------------------------------------------------------------------------
-    def set_demand(self, rollouts_per_step: int, max_staleness: int, group_size: int = 1) -> None:
-        """State (or change) what the trainer consumes; the gate is open until this is called."""
-        if rollouts_per_step < 1 or max_staleness < 0 or group_size < 1:
+    def set_demand(
+        self,
+        rollouts_per_step: int,
+        max_staleness: int,
+        group_size: int = 1,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> None:
+        """State, change or renew what the trainer consumes; the gate is open until this is called,
+        and again once ``lease_s`` passed without the trainer stating it or consuming."""
+        if rollouts_per_step < 1 or max_staleness < 0 or group_size < 1 or not lease_s > 0:
             raise ValueError(
-                "rollouts_per_step and group_size must be at least 1 and max_staleness 0 or more"
+                "rollouts_per_step and group_size must be at least 1, max_staleness 0 or more "
+                "and lease_s above 0"
             )
+        demand = Demand(rollouts_per_step, max_staleness, group_size, lease_s)
         with self._lock:
-            self.demand = self.last_demand = Demand(rollouts_per_step, max_staleness, group_size)
+            self.demand = self.last_demand = demand
+            self._heard = self.clock()
 
     def withdraw(self) -> None:
         """The trainer stopped consuming: open the gate (held calls pass at once)."""
@@ -124,6 +142,7 @@ class AdmissionGate:
         """The trainer has trained or dropped ``rollout_ids``: free their places (and those of
         rollouts admitted more than ``expire_s`` ago)."""
         with self._lock:
+            self._heard = self.clock()
             for rid in rollout_ids:
                 if self._open.pop(rid, None) is not None:
                     self.consumed += 1
@@ -138,6 +157,13 @@ class AdmissionGate:
             for task, group in list(self._groups.items()):
                 if not group.accepting or group.opened < horizon:
                     del self._groups[task]
+
+    def _live_demand(self) -> Demand | None:
+        """The demand, unless it lapsed (then the gate opens: the trainer is gone)."""
+        if self.demand is not None and self.clock() - self._heard > self.demand.lease_s:
+            self.demand = None
+            self.lapsed += 1
+        return self.demand
 
     def _reserved(self) -> int:
         """Places open groups hold for rollouts of theirs not yet started."""
@@ -174,7 +200,7 @@ class AdmissionGate:
             # an open gate (no demand) lets everyone through, and so does a group's reserved place;
             # else a newcomer (ticket None) goes only if none wait, a waiter only at the head of the
             # line, and only while there is room for its group
-            demand = self.demand
+            demand = self._live_demand()
             if demand is not None and not reserved:
                 head = self._queue[0] if self._queue else None
                 places = demand.group_places if task_id else 1
@@ -187,7 +213,7 @@ class AdmissionGate:
 
     async def admit(self, rollout_id: str | None, task_id: str | None = None) -> float:
         """Wait until the call of ``rollout_id`` (of task ``task_id``'s group) may be sampled; returns
-        the seconds waited. Never raises for capacity: past ``max_wait_s`` it passes."""
+        the seconds waited (as long as the demand holds). Never raises for capacity."""
         if not rollout_id or self._try_admit(rollout_id, task_id, None):
             return 0.0
         started = self.clock()
@@ -197,12 +223,6 @@ class AdmissionGate:
             self.held += 1
         try:
             while not self._try_admit(rollout_id, task_id, ticket):
-                if self.clock() - started >= self.max_wait_s:
-                    with self._lock:
-                        self._queue.remove(ticket)
-                        self._enter(rollout_id, task_id)
-                        self.timed_out += 1
-                    break
                 await asyncio.sleep(self.poll_s)
         except BaseException:  # the client went away while held: leave the line
             with self._lock, contextlib.suppress(ValueError):
@@ -216,6 +236,7 @@ class AdmissionGate:
         """Counts and wait times (seconds) of held first calls, for /health and the demo summary.
         ``enabled``: a demand holds now; the demand figures are the last one stated."""
         with self._lock:
+            self._live_demand()
             waits = np.asarray(self._waits, dtype=np.float64)
             demand = self.last_demand
             return {
@@ -224,12 +245,13 @@ class AdmissionGate:
                 "rollouts_per_step": demand.rollouts_per_step if demand else None,
                 "max_staleness": demand.max_staleness if demand else None,
                 "group_size": demand.group_size if demand else None,
+                "lease_s": demand.lease_s if demand else None,
                 "open": len(self._open),
                 "reserved": self._reserved(),
                 "waiting": len(self._queue),
                 "admitted": self.admitted,
                 "held": self.held,
-                "timed_out": self.timed_out,
+                "lapsed": self.lapsed,
                 "consumed": self.consumed,
                 "expired": self.expired,
                 "wait_p50_s": float(np.percentile(waits, 50)) if waits.size else 0.0,

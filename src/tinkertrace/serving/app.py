@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,6 +30,7 @@ from starlette.routing import Route
 
 from tinkertrace import semconv
 from tinkertrace.serving import anthropic_wire
+from tinkertrace.serving.admission import DEFAULT_LEASE_S
 from tinkertrace.serving.batching import SampleBatcher
 from tinkertrace.serving.checkpoint_watch import CheckpointWatcher
 from tinkertrace.serving.conversations import ConversationStore, assistant_message
@@ -271,9 +273,9 @@ class SamplingEndpoint:
         )
 
     async def set_admission(self, request: Request) -> Response:
-        """The trainer's demand (``rollouts_per_step``, ``max_staleness``, optional ``group_size``;
-        ``withdraw: true`` when it stops) and/or the ``rollout_ids`` it trained or dropped: see
-        :mod:`.admission`."""
+        """The trainer's demand (``rollouts_per_step``, ``max_staleness``, optional ``group_size`` and
+        ``lease_s``; re-stated to renew it; ``withdraw: true`` when it stops) and/or the
+        ``rollout_ids`` it trained or dropped: see :mod:`.admission`."""
         body = require_object(await read_json(request))
         gate = self.policy.admission
         if body.get("withdraw") is True:
@@ -290,7 +292,10 @@ class SamplingEndpoint:
             group_size = body.get("group_size", 1)
             if type(group_size) is not int or group_size < 1:
                 raise ApiError(400, "'group_size' must be an integer >= 1.", param="group_size")
-            gate.set_demand(per_step, staleness, group_size)
+            lease_s = body.get("lease_s", DEFAULT_LEASE_S)
+            if type(lease_s) not in (int, float) or not 0 < lease_s < math.inf:
+                raise ApiError(400, "'lease_s' must be a number of seconds above 0.", param="lease_s")
+            gate.set_demand(per_step, staleness, group_size, float(lease_s))
         if "rollout_ids" in body:
             ids = body["rollout_ids"]
             if not isinstance(ids, list) or not all(isinstance(r, str) for r in ids):
