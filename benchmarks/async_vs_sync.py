@@ -76,6 +76,11 @@ def reward_curve(rows: list[dict[str, Any]], window: int) -> tuple[np.ndarray, n
     return ends, (sums[idx] - sums[lo]) / (idx - lo)
 
 
+def settled(summary: dict[str, Any]) -> int:
+    """Sampled rollouts the trainer trained or dropped (not those in flight when the run ended)."""
+    return int(summary["rollouts_sampled"]) - int(summary["rollouts_in_flight_at_end"])
+
+
 def figures(
     rows: list[dict[str, Any]], summary: dict[str, Any], threshold: float, window: int, horizon: float
 ) -> dict[str, Any]:
@@ -92,6 +97,8 @@ def figures(
         "steps": summary["steps"],
         "sampled": summary["rollouts_sampled"],
         "trained_frac": summary["trained_fraction"],
+        # of the rollouts the trainer is done with (trained or dropped): the run's end leaves the rest
+        "trained_of_settled": summary["rollouts_trained"] / max(1, settled(summary)),
         "dropped_stale": summary["rollouts_dropped"]["stale"],
         "in_flight": summary["rollouts_in_flight_at_end"],
         "to_threshold_s": float(ends[reached[0]]) if reached.size else None,
@@ -120,7 +127,8 @@ def row_text(name: str, f: dict[str, Any]) -> str:
     return (
         f"{name:8} steps {f['steps']:3d}  sampled {f['sampled']:4d}  "
         f"trained {_f(f['trained_frac'], '.1%'):>6} "
-        f"(stale {f['dropped_stale']}, in flight {f['in_flight']})  "
+        f"(stale {f['dropped_stale']}, in flight {f['in_flight']}; "
+        f"{_f(f['trained_of_settled'], '.1%')} of the settled)  "
         f"to threshold {_f(f['to_threshold_s'], '.0f'):>4}s / "
         f"{_f(f['to_threshold_rollouts'], 'd'):>4} rollouts  "
         f"reward {_f(f['reward_first_window'], '.3f')} -> final {_f(f['final_reward'], '.3f')} "
