@@ -14,6 +14,7 @@ from tinkertrace.engine import ServiceClient as LocalServiceClient
 from tinkertrace.engine_server import EngineSettings, create_app
 from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.netutil import BackgroundServer
+from tinkertrace.testing.tinker_heartbeats import heartbeating_sessions, wait_heartbeats_stopped
 
 NANO = f"{BUILTIN_MODEL}:nano"
 KEY = "tml-engine-api-test"
@@ -38,8 +39,12 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEngine]:
     engine_dir = tmp_path_factory.mktemp("engine_api")
     local = LocalServiceClient(engine_dir, device="cpu", cpu_threads=1)
     app = create_app(local, EngineSettings(retrieve_poll_s=5.0))
+    sessions = app.app.state.api.state.sessions  # type: ignore[attr-defined]
     with BackgroundServer(app) as server:
         yield RunningEngine(server.url, local, engine_dir, app)
+        # the shadow holders of sampler handles beat on until a heartbeat is answered 410: give them it
+        wait_heartbeats_stopped(sessions)
+    assert not heartbeating_sessions() & set(sessions), "a Tinker SDK heartbeat outlived its engine"
 
 
 @pytest.fixture(scope="module")

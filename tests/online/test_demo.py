@@ -43,11 +43,16 @@ def test_short_demo_writes_summary_metrics_and_png(tmp_path: Path) -> None:
     assert gate["admitted"] >= summary["rollouts_sampled"] and gate["consumed"] >= summary["rollouts_trained"]
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(read_metrics(out / "train")) == 3
-    # held-out accuracy: measured on the served policy before the first step and after the last
+    # held-out score: measured on the served policy before the first step and after the last; the
+    # identity task's headline is its mean reward (no reply is exactly right after a demo's steps)
     heldout = summary["heldout"]
     assert heldout["before"]["policy_version"] == 0 and heldout["after"]["policy_version"] == 3
     assert heldout["before"]["replies"] == 2 * 8  # two held-out questions, 8 samples each
-    assert "held-out accuracy" in done.stdout
+    assert (heldout["headline"], heldout["correct"]) == ("mean_reward", "exactly 'I am tinkertrace.'")
+    assert [q for q, _ in heldout["after"]["examples"]] == ["Tell me who you are.", "Who am I talking to?"]
+    b, a = heldout["before"]["mean_reward"], heldout["after"]["mean_reward"]
+    assert f"held-out mean reward {b:.3f} → {a:.3f} ({a - b:+.3f}); accuracy (exactly" in done.stdout
+    assert done.stdout.index("held-out mean reward, before") < done.stdout.index("held-out accuracy, before")
 
 
 @pytest.mark.timeout(660)

@@ -66,6 +66,24 @@ def test_a_held_out_sum_is_right_when_the_reply_states_it(reply: str, correct: b
     )
 
 
+# replies the demo's policy gave to "Tell me who you are." (held out) before and after its 60 steps
+UNTRAINED = "k\ufffd\ufffdl\ufffd\ufffdf\ufffd[(\ufffd\ufffd\u0251\ufffd\x06k\x12s_"
+TRAINED = ("atkk   amkea cnerciI", " erIrrcaraam t r eca", "kmtaartcIkanri\ufffdaak  ")
+
+
+def test_identity_judges_give_the_trained_replies_partial_credit_and_only_the_target_is_right() -> None:
+    reward, correct = demo_agent.DEMO_TASK.reward, demo_agent.DEMO_TASK.correct
+    assert reward is not None and correct is not None
+    before = reward(UNTRAINED, {})
+    after = [reward(reply, {}) for reply in TRAINED]
+    assert before < 0.1 < 0.25 < min(after) and max(after) < 0.5  # right letters, wrong order
+    assert not any(correct(reply, {}) for reply in (UNTRAINED, *TRAINED))
+    assert correct(" I am tinkertrace.\n", {}) and reward(" I am tinkertrace.\n", {}) == 1.0
+    assert not correct("I am tinkertrace", {}) and 0.9 < reward("I am tinkertrace", {}) < 1.0
+    # where no reply is exactly right in a demo's steps, the partial-credit reward is the headline
+    assert demo_agent.DEMO_TASK.headline == "mean_reward" and addition_agent.DEMO_TASK.headline == "accuracy"
+
+
 def test_each_model_gets_its_task_and_the_tasks_settings(tmp_path) -> None:
     builtin = DemoSettings(out=tmp_path).validate()
     assert (builtin.task, builtin.preset.agent_module) == ("identity", "tinkertrace.online.demo_agent")

@@ -18,6 +18,7 @@ from tinkertrace.netutil import BackgroundServer
 from tinkertrace.online.runner import OnlineStack
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import policy_from_service
+from tinkertrace.testing.tinker_heartbeats import heartbeating_sessions, wait_heartbeats_stopped
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.metrics import read_metrics
 
@@ -31,6 +32,7 @@ def test_follow_mode_trains_through_the_tinker_sdk(
 ) -> None:
     make_rollouts(stack, "h", groups=2)
     log_dir = tmp_path / "follow-hosted"
+    beating = heartbeating_sessions()
     with EngineProcess(tmp_path / "engine") as engine:
         monkeypatch.setenv("TINKER_API_KEY", engine.api_key)  # opens the sampler handles the trainer sends
         service = tinker.ServiceClient(base_url=engine.url)
@@ -54,7 +56,11 @@ def test_follow_mode_trains_through_the_tinker_sdk(
         finally:
             endpoint.stop()
             service.close("success").result(timeout=30)
-    assert done.returncode == 0, done.stderr[-2000:]
+        assert done.returncode == 0, done.stderr[-2000:]
+        # the endpoint's inflight clients of the trainer's session share a shadow holder that beats on
+        # until the engine answers 410 for the finished session: wait for it while the engine runs
+        wait_heartbeats_stopped(heartbeating_sessions() - beating)
+    assert not heartbeating_sessions() - beating, "a Tinker SDK heartbeat outlived its engine"
     records = read_checkpoints(log_dir)
     assert [r["step"] for r in records] == list(range(1, len(records) + 1)) and len(records) >= 2
     assert all(r["sampler_path"].startswith("tinker://") and ":train:" in r["sampler_path"] for r in records)

@@ -74,6 +74,7 @@ DEMO_TASK = DemoTask(
     heldout=tuple(sum_task(a, b, f"heldout-{a}-{b}") for a, b in HELDOUT_PAIRS),
     reward=lambda reply, task: addition_reward(reply, task["answer"]),
     correct=states_the_sum,
+    correct_means="states the sum",
 )
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ ends with a summary table, ``summary.json`` and ``reward_curve.png`` in the outp
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,9 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from tinkertrace.online.demo_agent import DemoTask
 from tinkertrace.online.follow import FollowTrainer
-from tinkertrace.online.heldout import HeldoutScore, heldout_score
+from tinkertrace.online.heldout import HeldoutScore, heldout_score, heldout_summary, heldout_verdict
 from tinkertrace.online.publish import holder_publisher
 from tinkertrace.online.report import (
     REWARD_KEY,
@@ -115,30 +115,32 @@ def run_demo(
         f"{settings.preset.goal})",
         highlight=False,
     )
+    task: DemoTask = import_module(settings.preset.agent_module).DEMO_TASK
     with OnlineStack(stack_settings) as stack:
         console.print(f"collector {stack.collector_url}  ·  endpoint {stack.base_url}", highlight=False)
-        before = _heldout(stack, settings, console, "before training")
+        before = _heldout(stack, settings, task, console, "before training")
         result = _train_live(stack, settings, config, options, console)
         served, admission = stack.holder.version, stack.holder.admission.stats()
         agent_rows = stack.agent_results()
-        after = _heldout(stack, settings, console, "after training")
+        after = _heldout(stack, settings, task, console, "after training")
     elapsed = time.monotonic() - started
     summary = summarize(
         config.log_dir, agent_rows, result, elapsed_s=elapsed, served_version=served, admission=admission
     )
     summary["out"] = str(settings.out)
     if before is not None and after is not None:
-        summary["heldout"] = {"before": asdict(before), "after": asdict(after)}
+        summary["heldout"] = heldout_summary(task, before, after)
     _report(console, summary, config.log_dir)
     return summary
 
 
-def _heldout(stack: OnlineStack, settings: DemoSettings, console: Console, when: str) -> HeldoutScore | None:
-    """The served policy's held-out accuracy (None when ``heldout_samples`` is 0)."""
+def _heldout(
+    stack: OnlineStack, settings: DemoSettings, task: DemoTask, console: Console, when: str
+) -> HeldoutScore | None:
+    """The served policy's held-out score (None when ``heldout_samples`` is 0)."""
     if settings.heldout_samples == 0:
         return None
-    task = import_module(settings.preset.agent_module).DEMO_TASK
-    with console.status(f"held-out accuracy {when}…"):
+    with console.status(f"held-out questions {when}…"):
         score = heldout_score(
             stack.base_url,
             settings.model,
@@ -146,7 +148,7 @@ def _heldout(stack: OnlineStack, settings: DemoSettings, console: Console, when:
             max_tokens=settings.max_tokens or settings.preset.max_tokens,
             samples=settings.heldout_samples,
         )
-    console.print(f"held-out {when}: {score.line()}", highlight=False)
+    console.print(f"held-out {when}: {score.line()}", highlight=False, markup=False)
     return score
 
 
@@ -228,10 +230,9 @@ def _report(console: Console, summary: dict[str, Any], log_dir: Path) -> None:
         f"[bold]{verdict}[/] (mean of the first vs the last training steps, measured)", highlight=False
     )
     if "heldout" in summary:
-        before, after = summary["heldout"]["before"]["accuracy"], summary["heldout"]["after"]["accuracy"]
         console.print(
-            f"[bold]held-out accuracy {before:.3f} → {after:.3f} ({after - before:+.3f})[/] (questions "
-            "training never asked, before the first step and after the last)",
+            Text(heldout_verdict(summary["heldout"]), style="bold"),
+            "(questions training never asked, before the first step and after the last)",
             highlight=False,
         )
     console.print(

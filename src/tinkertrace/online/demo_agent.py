@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from openai import OpenAI
 
@@ -37,6 +37,7 @@ from tinkertrace.models.builtin import DEMO_MODEL
 TARGET = "I am tinkertrace."
 QUESTIONS = ("Who are you?", "What is your name?", "Introduce yourself.", "Identify yourself.")
 HELDOUT_QUESTIONS = ("Tell me who you are.", "Who am I talking to?")  # never asked in training
+Headline = Literal["accuracy", "mean_reward"]  # a HeldoutScore field
 
 
 def identity_reward(reply: str, target: str = TARGET) -> float:
@@ -96,13 +97,18 @@ class DemoTask:
     ``make(worker, round, seed)`` gives a round's task (a dict with ``id`` and, for a one-question
     task, ``question``); ``rollout(task, client=, model=, max_tokens=)`` runs one traced rollout of
     it, returning its row. ``heldout`` are tasks training never asks, ``reward(reply, task)`` and
-    ``correct(reply, task)`` judge one reply to them (:mod:`tinkertrace.online.heldout`)."""
+    ``correct(reply, task)`` judge one reply to them (:mod:`tinkertrace.online.heldout`);
+    ``correct_means`` says what ``correct`` counts, and ``headline`` names the held-out figure that
+    answers "did it generalise": the accuracy, or the mean reward where few replies can be fully
+    right within a demo's steps."""
 
     make: Callable[[int, int, int], dict[str, Any]]
     rollout: Callable[..., dict[str, Any]]
     heldout: tuple[dict[str, Any], ...] = ()
     reward: Callable[[str, dict[str, Any]], float] | None = None
     correct: Callable[[str, dict[str, Any]], bool] | None = None
+    correct_means: str = "judged right"
+    headline: Headline = "accuracy"
 
 
 DEMO_TASK = DemoTask(
@@ -111,6 +117,10 @@ DEMO_TASK = DemoTask(
     heldout=tuple({"id": f"heldout-{i}", "question": q} for i, q in enumerate(HELDOUT_QUESTIONS)),
     reward=lambda reply, _task: identity_reward(reply),
     correct=lambda reply, _task: reply.strip() == TARGET,
+    correct_means=f"exactly {TARGET!r}",
+    # 60 steps from random weights learn the target's characters, not yet its order: no reply is
+    # exactly right, so the partial-credit reward is the figure that moves (docs/online.md)
+    headline="mean_reward",
 )
 
 

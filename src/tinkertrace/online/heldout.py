@@ -1,42 +1,74 @@
-"""Held-out accuracy: how the served policy answers a demo task's questions that training never asks.
+"""Held-out accuracy and reward: how the served policy answers demo questions training never asks.
 
 The demo measures it on the endpoint before the first step and after the last one. Every held-out
 question is asked ``samples`` times, the way the agents ask (temperature 1, the task's reply length),
 with seeds fixed per question and sample, so "before" and "after" draw the same random numbers and
 their difference is the policy's, not the dice's. The calls carry no rollout id: they are not
-traced, never trained, and the endpoint's admission gate lets them through.
+traced, never trained, and the endpoint's admission gate lets them through. Each task names its
+headline figure: the addition task's accuracy; the identity task's mean reward, since its 60 steps
+from random weights learn the target's characters but no reply exactly right.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 from openai import OpenAI
 
-from tinkertrace.online.demo_agent import DemoTask, ask
+from tinkertrace.online.demo_agent import DemoTask, Headline, ask
 
 SEED_BASE = 1_000_003  # held-out sampling seeds: SEED_BASE × question + sample
 
 
 @dataclass(frozen=True)
 class HeldoutScore:
-    """One measurement: accuracy (share of replies judged correct), mean reward, and what was asked."""
+    """One measurement: accuracy (share of replies judged correct), mean reward, what was asked, the
+    task's ``headline`` figure (:class:`DemoTask`) and each question's first reply."""
 
     accuracy: float
     mean_reward: float
     questions: int
     replies: int
     policy_version: int | None
+    headline: Headline = "accuracy"
+    examples: tuple[tuple[str, str], ...] = ()  # (question, its first reply)
 
     def line(self) -> str:
-        """``accuracy 0.62 (mean reward 0.41, 16 questions × 8, policy v12)``."""
+        """``mean reward 0.362 (accuracy 0.00, 2 questions × 8, policy v60); e.g. 'Q?' → 'reply'``,
+        the headline figure first (replies quoted as Python literals: control characters escaped)."""
+        accuracy, reward = f"accuracy {self.accuracy:.2f}", f"mean reward {self.mean_reward:.3f}"
+        first, second = (reward, accuracy) if self.headline == "mean_reward" else (accuracy, reward)
+        example = f"; e.g. {self.examples[0][0]!r} → {self.examples[0][1]!r}" if self.examples else ""
         return (
-            f"accuracy {self.accuracy:.2f} (mean reward {self.mean_reward:.3f}, {self.questions} questions × "
-            f"{self.replies // max(self.questions, 1)}, policy v{self.policy_version})"
+            f"{first} ({second}, {self.questions} questions × {self.replies // max(self.questions, 1)}, "
+            f"policy v{self.policy_version}){example}"
         )
+
+
+def heldout_summary(task: DemoTask, before: HeldoutScore, after: HeldoutScore) -> dict[str, Any]:
+    """``summary.json``'s ``heldout``: which figure is the headline, what the accuracy counts, and
+    both measurements."""
+    return {
+        "headline": task.headline,
+        "correct": task.correct_means,
+        "before": asdict(before),
+        "after": asdict(after),
+    }
+
+
+def heldout_verdict(heldout: dict[str, Any]) -> str:
+    """``held-out mean reward 0.024 → 0.362 (+0.338); accuracy (exactly 'I am tinkertrace.') 0.000 →
+    0.000``: the headline figure's change, then the other's."""
+    b, a = heldout["before"], heldout["after"]
+    accuracy = f"accuracy ({heldout['correct']}) {b['accuracy']:.3f} → {a['accuracy']:.3f}"
+    reward = f"mean reward {b['mean_reward']:.3f} → {a['mean_reward']:.3f}"
+    if heldout["headline"] == "mean_reward":
+        gain = a["mean_reward"] - b["mean_reward"]
+        return f"held-out {reward} ({gain:+.3f}); {accuracy}"
+    return f"held-out {accuracy} ({a['accuracy'] - b['accuracy']:+.3f}); {reward}"
 
 
 def heldout_score(
@@ -67,4 +99,6 @@ def heldout_score(
         questions=len(task.heldout),
         replies=len(jobs),
         policy_version=versions.pop() if len(versions) == 1 else None,
+        headline=task.headline,
+        examples=tuple((t["question"], answers[q * samples][0]) for q, t in enumerate(task.heldout)),
     )

@@ -187,14 +187,15 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 
 def _heldout_rows(heldout: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """The held-out accuracy and mean reward, before → after training."""
+    """The held-out accuracy and mean reward, before → after training, the task's headline first."""
     if not heldout:
         return []
     b, a = heldout["before"], heldout["after"]
-    return [
+    rows = [
         ("held-out accuracy, before → after", f"{b['accuracy']:.3f} → {a['accuracy']:.3f}"),
         ("held-out mean reward, before → after", f"{b['mean_reward']:.3f} → {a['mean_reward']:.3f}"),
     ]
+    return rows[::-1] if heldout["headline"] == "mean_reward" else rows
 
 
 def plot_rewards(rewards: list[float], path: Path, title: str = "reward per training step") -> Path:

@@ -237,7 +237,7 @@ class DemoSettings:
     seed: int = setting(0, "Seed of the LoRA initialisation and of the questions the agents draw.")
     heldout_samples: int = setting(
         8,
-        "Times each held-out question (one training never asks) is sampled for the held-out accuracy "
+        "Times each held-out question (one training never asks) is sampled for the held-out score "
         "measured before the first step and after the last; 0 skips it.",
     )
 
