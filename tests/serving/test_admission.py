@@ -17,7 +17,7 @@ import tinkertrace
 from tinkertrace import semconv
 from tinkertrace.online.publish import admin_publisher, demand_stated, holder_publisher
 from tinkertrace.sdk.context import current_rollout
-from tinkertrace.serving.admission import AdmissionGate
+from tinkertrace.serving.admission import AdmissionGate, Demand
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.testing.waiting import wait_until, wait_until_async
 
@@ -25,7 +25,7 @@ from tinkertrace.testing.waiting import wait_until, wait_until_async
 def test_gate_admits_up_to_capacity_then_in_arrival_order() -> None:
     async def scenario() -> list[str]:
         gate = AdmissionGate(poll_s=0.005)
-        gate.set_demand(rollouts_per_step=1, max_staleness=1)  # capacity 2
+        gate.set_demand(Demand(rollouts_per_step=1, max_staleness=1))  # capacity 2
         order: list[str] = []
         assert await gate.admit("a") == 0.0 and await gate.admit("b") == 0.0
 
@@ -49,12 +49,26 @@ def test_gate_admits_up_to_capacity_then_in_arrival_order() -> None:
     assert asyncio.run(scenario()) == ["c", "d"]
 
 
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"rollouts_per_step": 0, "max_staleness": 1}, "rollouts_per_step"),
+        ({"rollouts_per_step": 1, "max_staleness": -1}, "max_staleness"),
+        ({"rollouts_per_step": 1, "max_staleness": 0, "group_size": 0}, "group_size"),
+        ({"rollouts_per_step": 1, "max_staleness": 0, "lease_s": 0}, "lease_s"),
+    ],
+)
+def test_a_demand_out_of_range_is_refused_naming_what(fields: dict[str, float], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        Demand(**fields)  # type: ignore[arg-type]
+
+
 def test_gate_is_open_without_demand_or_rollout_id() -> None:
     async def scenario() -> None:
         gate = AdmissionGate(poll_s=0.005)
         for i in range(50):  # no demand stated: everything passes
             assert await gate.admit(f"r{i}") == 0.0
-        gate.set_demand(rollouts_per_step=1, max_staleness=0)
+        gate.set_demand(Demand(rollouts_per_step=1, max_staleness=0))
         assert await gate.admit(None) == 0.0  # a call outside any rollout is not gated
         assert gate.stats()["held"] == 0
 
@@ -68,13 +82,13 @@ def test_a_held_call_waits_while_the_trainer_renews_and_passes_once_its_demand_l
 
     async def scenario() -> None:
         gate = AdmissionGate(poll_s=0.002, clock=lambda: now[0])
-        gate.set_demand(rollouts_per_step=1, max_staleness=0, lease_s=10)
+        gate.set_demand(Demand(rollouts_per_step=1, max_staleness=0, lease_s=10))
         await gate.admit("a")
         held = asyncio.create_task(gate.admit("b"))
         await wait_until_async(lambda: gate.stats()["waiting"] == 1, what="b held")
         for _ in range(30):  # 150 s of a slow trainer (a fixed 30 s wait would have let b in), renewing
             now[0] += 5
-            gate.set_demand(rollouts_per_step=1, max_staleness=0, lease_s=10)
+            gate.set_demand(Demand(rollouts_per_step=1, max_staleness=0, lease_s=10))
             await asyncio.sleep(0.01)
             assert not held.done()
         gate.consume([])  # consuming counts as word from the trainer too
@@ -86,7 +100,7 @@ def test_a_held_call_waits_while_the_trainer_renews_and_passes_once_its_demand_l
         stats = gate.stats()
         assert (stats["enabled"], stats["lapsed"], stats["held"], stats["lease_s"]) == (False, 1, 1, 10)
         assert await gate.admit("c") == 0.0  # open until the trainer states a demand again
-        gate.set_demand(rollouts_per_step=1, max_staleness=0, lease_s=10)
+        gate.set_demand(Demand(rollouts_per_step=1, max_staleness=0, lease_s=10))
         assert gate.stats()["enabled"] is True
 
     asyncio.run(scenario())
@@ -95,7 +109,7 @@ def test_a_held_call_waits_while_the_trainer_renews_and_passes_once_its_demand_l
 def test_gate_forgets_a_waiter_that_went_away() -> None:
     async def scenario() -> None:
         gate = AdmissionGate(poll_s=0.005)
-        gate.set_demand(rollouts_per_step=1, max_staleness=0)
+        gate.set_demand(Demand(rollouts_per_step=1, max_staleness=0))
         await gate.admit("a")
         task = asyncio.create_task(gate.admit("gone"))
         await wait_until_async(lambda: gate.stats()["waiting"] == 1, what="the waiter in line")
@@ -112,7 +126,7 @@ def test_gate_forgets_a_waiter_that_went_away() -> None:
 def test_a_withdrawn_demand_releases_held_calls_at_once() -> None:
     async def scenario() -> None:
         gate = AdmissionGate(poll_s=0.005)
-        gate.set_demand(rollouts_per_step=1, max_staleness=0)
+        gate.set_demand(Demand(rollouts_per_step=1, max_staleness=0))
         await gate.admit("a")
         held = asyncio.create_task(gate.admit("b"))
         await wait_until_async(lambda: gate.stats()["waiting"] == 1, what="b held")
@@ -128,7 +142,7 @@ def test_a_stated_demand_is_renewed_while_training_and_withdrawn_after() -> None
     """``demand_stated`` keeps the demand alive past its lease (a step may take longer than it)."""
     gate = AdmissionGate()
     publisher = holder_publisher(SimpleNamespace(admission=gate))
-    with demand_stated(publisher, rollouts_per_step=4, max_staleness=1, group_size=2, lease_s=0.3):
+    with demand_stated(publisher, Demand(rollouts_per_step=4, max_staleness=1, group_size=2, lease_s=0.3)):
         time.sleep(1.0)  # more than three leases without a step
         stats = gate.stats()
         assert (stats["enabled"], stats["lapsed"], stats["capacity"], stats["group_size"]) == (True, 0, 8, 2)
@@ -137,7 +151,7 @@ def test_a_stated_demand_is_renewed_while_training_and_withdrawn_after() -> None
 
 def test_endpoint_holds_a_new_rollout_until_the_trainer_consumes(scripted_server, openai_client) -> None:
     server, _, policy = scripted_server
-    policy.admission.set_demand(rollouts_per_step=1, max_staleness=1)
+    policy.admission.set_demand(Demand(rollouts_per_step=1, max_staleness=1))
     client = openai_client(server)
 
     def call(rid: str) -> float:
@@ -169,7 +183,7 @@ def test_admin_admission_route_feeds_the_gate_and_refuses_bad_bodies(
     policy = PolicyHolder(scripted(["ok"]), tokenizer, "scripted-model")
     server = start_server(policy, admin_token="secret")
     publisher = admin_publisher(server.url, "secret")
-    publisher.demand(rollouts_per_step=8, max_staleness=2, lease_s=45)
+    publisher.demand(Demand(rollouts_per_step=8, max_staleness=2, lease_s=45))
     assert (policy.admission.stats()["capacity"], policy.admission.stats()["lease_s"]) == (24, 45)
     auth = {"Authorization": "Bearer secret"}
     demand = {"rollouts_per_step": 1, "max_staleness": 1}
@@ -195,7 +209,7 @@ def test_traced_agent_sends_its_rollout_id(scripted_server, tmp_path: Path) -> N
     import openai
 
     server, _, policy = scripted_server
-    policy.admission.set_demand(rollouts_per_step=1, max_staleness=0)
+    policy.admission.set_demand(Demand(rollouts_per_step=1, max_staleness=0))
     tinkertrace.init(spans_dir=tmp_path / "spans")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
     finished: list[str] = []
@@ -227,7 +241,7 @@ def test_traced_agent_sends_its_rollout_id(scripted_server, tmp_path: Path) -> N
 
 def test_responses_calls_are_admitted_like_chat_calls(scripted_server, openai_client) -> None:
     server, _, policy = scripted_server
-    policy.admission.set_demand(rollouts_per_step=1, max_staleness=0)
+    policy.admission.set_demand(Demand(rollouts_per_step=1, max_staleness=0))
     client = openai_client(server)
 
     def respond(rid: str) -> None:

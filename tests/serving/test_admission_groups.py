@@ -18,7 +18,7 @@ import tinkertrace
 from tinkertrace import semconv
 from tinkertrace.online.publish import admin_publisher
 from tinkertrace.sdk.context import current_rollout
-from tinkertrace.serving.admission import AdmissionGate
+from tinkertrace.serving.admission import AdmissionGate, Demand
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.testing.waiting import wait_until, wait_until_async
 
@@ -26,7 +26,7 @@ from tinkertrace.testing.waiting import wait_until, wait_until_async
 def test_gate_admits_a_group_whole_or_holds_it_whole() -> None:
     async def scenario() -> None:
         gate = AdmissionGate(poll_s=0.005)
-        gate.set_demand(rollouts_per_step=4, max_staleness=0, group_size=2)  # two groups of two
+        gate.set_demand(Demand(rollouts_per_step=4, max_staleness=0, group_size=2))  # two groups of two
         admitted: list[str] = []
 
         async def start(rid: str) -> None:
@@ -56,7 +56,7 @@ def test_gate_admits_a_group_whole_or_holds_it_whole() -> None:
 def test_a_partly_trained_group_gives_back_its_unfilled_places() -> None:
     async def scenario() -> None:
         gate = AdmissionGate(poll_s=0.005)
-        gate.set_demand(rollouts_per_step=3, max_staleness=0, group_size=3)
+        gate.set_demand(Demand(rollouts_per_step=3, max_staleness=0, group_size=3))
         await gate.admit("a1", "a")
         await gate.admit("a2", "a")
         assert gate.stats()["reserved"] == 1
@@ -77,7 +77,7 @@ def test_endpoint_starts_each_group_on_one_policy_version(scripted, tokenizer, s
     each group's rollouts are all sampled by one version, the held group by the next one."""
     policy = PolicyHolder(scripted(["a reply"] * 12), tokenizer, "scripted-model", version=1)
     server = start_server(policy, admin_token="secret")
-    admin_publisher(server.url, "secret").demand(rollouts_per_step=4, max_staleness=0, group_size=2)
+    admin_publisher(server.url, "secret").demand(Demand(rollouts_per_step=4, max_staleness=0, group_size=2))
     assert policy.admission.stats()["group_size"] == 2
 
     def call(rid: str) -> int:
@@ -111,7 +111,7 @@ def test_traced_agent_sends_its_task_id_and_its_group_passes(scripted_server, tm
     import openai
 
     server, _, policy = scripted_server
-    policy.admission.set_demand(rollouts_per_step=2, max_staleness=0, group_size=2)
+    policy.admission.set_demand(Demand(rollouts_per_step=2, max_staleness=0, group_size=2))
     tinkertrace.init(spans_dir=tmp_path / "spans")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
     rollout_ids: list[str] = []

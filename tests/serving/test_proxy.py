@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from tinkertrace import semconv
 from tinkertrace.cli.main import app
 from tinkertrace.netutil import BackgroundServer, free_port, wait_for_port
+from tinkertrace.serving.admission import Demand
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.serving.proxy import create_proxy_app
 from tinkertrace.serving.recording import CallRecorder
@@ -127,7 +128,7 @@ def test_admission_works_through_the_proxy_in_front_of_the_endpoint(
 ) -> None:
     policy = PolicyHolder(scripted(["one reply", "two"]), tokenizer, "scripted-model", version=2)
     endpoint = start_server(policy)
-    policy.admission.set_demand(rollouts_per_step=1, max_staleness=0)  # capacity: one open rollout
+    policy.admission.set_demand(Demand(rollouts_per_step=1, max_staleness=0))  # capacity: one open rollout
     proxy, recorder = proxy_to(endpoint.url + "/v1")
 
     def call(rollout: str) -> float:

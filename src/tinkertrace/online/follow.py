@@ -53,6 +53,7 @@ from tinkertrace.online.publish import (
 from tinkertrace.online.settings import FollowSettings
 from tinkertrace.online.staleness import correct_batch, rollout_ages, row_ages, stale_rows, staleness_metrics
 from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll
+from tinkertrace.serving.admission import Demand
 from tinkertrace.settings import ConfigError
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainSettings
@@ -191,7 +192,8 @@ class FollowTrainer:
             sizes = {env.group_size for env in envs}
             group_size = sizes.pop() if len(sizes) == 1 else 1
         publish = self.publish if o.admission else None
-        with demand_stated(publish, per_step, o.max_staleness, group_size):
+        demand = None if o.max_staleness is None else Demand(per_step, o.max_staleness, group_size)
+        with demand_stated(publish, demand):
             session, result = self._open()
             with session:
                 try:

@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tinkertrace.serving.admission import DEFAULT_LEASE_S
+from tinkertrace.serving.admission import Demand
 from tinkertrace.serving.policy import SamplerKind, StalePolicyError, resolve_client
 
 log = logging.getLogger(__name__)
@@ -25,16 +25,10 @@ log = logging.getLogger(__name__)
 class Publisher(Protocol):
     """Where the follow trainer states its demand and publishes each new policy version."""
 
-    def demand(
-        self,
-        rollouts_per_step: int,
-        max_staleness: int,
-        group_size: int = 1,
-        lease_s: float = DEFAULT_LEASE_S,
-    ) -> None:
-        """What the trainer consumes, in groups of ``group_size`` rollouts (the endpoint admits
-        rollouts by it, whole groups at a time); stated before the first step and re-stated within
-        ``lease_s`` to keep it (the endpoint drops a demand not heard of for that long)."""
+    def demand(self, demand: Demand) -> None:
+        """What the trainer consumes (the endpoint admits rollouts by it, whole groups at a time);
+        stated before the first step and re-stated within ``demand.lease_s`` to keep it (the
+        endpoint drops a demand not heard of for that long)."""
 
     def sampler_kind(self) -> SamplerKind:
         """The form the endpoint takes new weights in (``PolicyHolder.sampler_kind``)."""
@@ -83,20 +77,14 @@ class AdminPublisher:
             self._kind = "inflight" if kind == "inflight" else "snapshot"
         return self._kind
 
-    def demand(
-        self,
-        rollouts_per_step: int,
-        max_staleness: int,
-        group_size: int = 1,
-        lease_s: float = DEFAULT_LEASE_S,
-    ) -> None:
+    def demand(self, demand: Demand) -> None:
         body: dict[str, Any] = {
-            "rollouts_per_step": rollouts_per_step,
-            "max_staleness": max_staleness,
-            "lease_s": lease_s,
+            "rollouts_per_step": demand.rollouts_per_step,
+            "max_staleness": demand.max_staleness,
+            "lease_s": demand.lease_s,
         }
-        if group_size > 1:  # an endpoint from before group admission refuses nothing it lacks
-            body["group_size"] = group_size
+        if demand.group_size > 1:  # an endpoint from before group admission refuses nothing it lacks
+            body["group_size"] = demand.group_size
         self._post("/admin/admission", body)
 
     def withdraw(self) -> None:
@@ -120,14 +108,8 @@ class HolderPublisher:
 
     holder: Any
 
-    def demand(
-        self,
-        rollouts_per_step: int,
-        max_staleness: int,
-        group_size: int = 1,
-        lease_s: float = DEFAULT_LEASE_S,
-    ) -> None:
-        self.holder.admission.set_demand(rollouts_per_step, max_staleness, group_size, lease_s)
+    def demand(self, demand: Demand) -> None:
+        self.holder.admission.set_demand(demand)
 
     def withdraw(self) -> None:
         self.holder.admission.withdraw()
@@ -181,29 +163,22 @@ def holder_publisher(holder: Any) -> Publisher:
 
 
 @contextmanager
-def demand_stated(
-    publish: Publisher | None,
-    rollouts_per_step: int,
-    max_staleness: int | None,
-    group_size: int = 1,
-    lease_s: float = DEFAULT_LEASE_S,
-) -> Iterator[None]:
+def demand_stated(publish: Publisher | None, demand: Demand | None) -> Iterator[None]:
     """While training: the endpoint ``publish`` reaches starts only the rollouts the trainer will take
-    within ``max_staleness`` versions, whole groups of ``group_size`` at a time (its admission gate).
-    The demand is renewed every ``lease_s / 3`` on a thread (so held calls wait however long a step
-    takes, and an endpoint restarted meanwhile gets it back) and withdrawn when the run ends; if this
-    process dies, the endpoint lets the demand lapse after ``lease_s``. Nothing without a publisher
-    or a bound."""
-    if publish is None or max_staleness is None:
+    in time (``demand``, for its admission gate). The demand is renewed every ``lease_s / 3`` on a
+    thread (so held calls wait however long a step takes, and an endpoint restarted meanwhile gets it
+    back) and withdrawn when the run ends; if this process dies, the endpoint lets it lapse after
+    ``lease_s``. Nothing without a publisher or a demand."""
+    if publish is None or demand is None:
         yield
         return
-    publish.demand(rollouts_per_step, max_staleness, group_size, lease_s)
+    publish.demand(demand)
     stop = threading.Event()
 
     def renew() -> None:
-        while not stop.wait(lease_s / 3):
+        while not stop.wait(demand.lease_s / 3):
             try:
-                publish.demand(rollouts_per_step, max_staleness, group_size, lease_s)
+                publish.demand(demand)
             except Exception as exc:  # the endpoint may be restarting: try again next period
                 log.warning("could not renew the trainer's demand at the endpoint: %s", exc)
 

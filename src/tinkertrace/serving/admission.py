@@ -58,6 +58,14 @@ class Demand:
     group_size: int = 1
     lease_s: float = DEFAULT_LEASE_S
 
+    def __post_init__(self) -> None:
+        if self.rollouts_per_step < 1 or self.max_staleness < 0 or self.group_size < 1:
+            raise ValueError(
+                "rollouts_per_step and group_size must be at least 1 and max_staleness 0 or more"
+            )
+        if not 0 < self.lease_s < float("inf"):
+            raise ValueError(f"lease_s must be a number of seconds above 0, not {self.lease_s}")
+
     @property
     def capacity(self) -> int:
         """Rollouts that may be started and not yet consumed at once."""
@@ -114,21 +122,9 @@ class AdmissionGate:
         self._waits: deque[float] = deque(maxlen=4096)
 
     # --- the trainer's side ------------------------------------------------------------------------
-    def set_demand(
-        self,
-        rollouts_per_step: int,
-        max_staleness: int,
-        group_size: int = 1,
-        lease_s: float = DEFAULT_LEASE_S,
-    ) -> None:
+    def set_demand(self, demand: Demand) -> None:
         """State, change or renew what the trainer consumes; the gate is open until this is called,
-        and again once ``lease_s`` passed without the trainer stating it or consuming."""
-        if rollouts_per_step < 1 or max_staleness < 0 or group_size < 1 or not lease_s > 0:
-            raise ValueError(
-                "rollouts_per_step and group_size must be at least 1, max_staleness 0 or more "
-                "and lease_s above 0"
-            )
-        demand = Demand(rollouts_per_step, max_staleness, group_size, lease_s)
+        and again once ``demand.lease_s`` passed without the trainer stating it or consuming."""
         with self._lock:
             self.demand = self.last_demand = demand
             self._heard = self.clock()

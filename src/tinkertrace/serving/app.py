@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from tinkertrace import semconv
 from tinkertrace.serving import anthropic_wire
-from tinkertrace.serving.admission import DEFAULT_LEASE_S
+from tinkertrace.serving.admission import DEFAULT_LEASE_S, Demand
 from tinkertrace.serving.batching import SampleBatcher
 from tinkertrace.serving.checkpoint_watch import CheckpointWatcher
 from tinkertrace.serving.conversations import ConversationStore, assistant_message
@@ -295,7 +295,7 @@ class SamplingEndpoint:
             lease_s = body.get("lease_s", DEFAULT_LEASE_S)
             if type(lease_s) not in (int, float) or not 0 < lease_s < math.inf:
                 raise ApiError(400, "'lease_s' must be a number of seconds above 0.", param="lease_s")
-            gate.set_demand(per_step, staleness, group_size, float(lease_s))
+            gate.set_demand(Demand(per_step, staleness, group_size, float(lease_s)))
         if "rollout_ids" in body:
             ids = body["rollout_ids"]
             if not isinstance(ids, list) or not all(isinstance(r, str) for r in ids):
