@@ -23,7 +23,9 @@ last ``--window`` sampled rollouts first reaches ``--threshold``; the mean rewar
 ended in the last quarter of the common horizon (final reward at equal wall time) and its rise over
 the first window's, per 100 s of the horizon; and, from the
 trainer: steps, share of sampled rollouts trained, lag p50/p95, and the ``offpolicy/…`` figures
-(mismatch KL, truncated and clipped shares, token ages, seconds waited for stragglers).
+(mismatch KL: mean and max over steps, and by token age — age 0 the sampler/trainer mismatch of the
+same weights, age 1 the drift of one update; truncated and clipped shares, token ages, seconds waited
+for stragglers).
 
 Usage: ``python benchmarks/async_vs_sync.py --pairs 1 --seconds 150``
 """
@@ -110,6 +112,8 @@ def figures(
         "lag_p50_s": summary["lag_p50_s"],
         "lag_p95_s": summary["lag_p95_s"],
         "mismatch_kl_mean": off["mismatch_kl_mean"],
+        "mismatch_kl_max": off["mismatch_kl_max"],
+        "mismatch_kl_by_age": off["mismatch_kl_by_age"],
         "truncated_frac": off["truncated_frac_mean"],
         "clipped_frac": off["clipped_frac_mean"],
         "token_age": off["token_age"],
@@ -135,7 +139,9 @@ def row_text(name: str, f: dict[str, Any]) -> str:
         f"({_f(f['rise_per_100s'], '+.3f')} per 100 s)  "
         f"step {_f(f['step_s'], '.2f')}s  "
         f"lag p50/p95 {_f(f['lag_p50_s'], '.1f')}/{_f(f['lag_p95_s'], '.1f')}s  "
-        f"mismatch KL {_f(f['mismatch_kl_mean'], '.2g')}  truncated {_f(f['truncated_frac'], '.1%')}  "
+        f"mismatch KL {_f(f['mismatch_kl_mean'], '.2g')} (max {_f(f['mismatch_kl_max'], '.2g')}; "
+        f"by age 0/1 {_f(f['mismatch_kl_by_age']['0'], '.2g')}/{_f(f['mismatch_kl_by_age']['1'], '.2g')})  "
+        f"truncated {_f(f['truncated_frac'], '.1%')}  "
         f"clipped {_f(f['clipped_frac'], '.1%')}  token ages 0/1/2/3/4+ {ages}  "
         f"straggler wait {f['straggler_wait_s']:.0f}s  turns {_f(f['turns_mean'], '.2f')}"
     )

@@ -103,3 +103,4 @@ def test_sync_demo_is_on_policy(tmp_path: Path) -> None:
         assert abs(metrics["offpolicy/mismatch_kl"]) < 1e-4
     off = summary["offpolicy"]
     assert off["token_age"]["1"] == 0 and off["mismatch_kl_max"] < 1e-4
+    assert off["mismatch_kl_by_age"]["0"] < 1e-4 and off["mismatch_kl_by_age"]["1"] is None

@@ -160,6 +160,10 @@ def test_correct_mode_trains_stale_groups_within_the_bound_and_drops_whole_group
         assert metrics["offpolicy/truncated_frac"] >= 0 and "offpolicy/straggler_wait_s" in metrics
     assert abs(first["offpolicy/mismatch_kl"]) < 1e-4  # sampled by the trainer's own weights
     assert second["offpolicy/mismatch_kl"] > 1e-4  # the trainer moved one step since
+    # by token age: step 0's tokens are all age 0, step 1's all age 1 (one update's drift)
+    assert first["offpolicy/mismatch_kl_age_0"] == first["offpolicy/mismatch_kl"]
+    assert second["offpolicy/mismatch_kl_age_1"] == pytest.approx(second["offpolicy/mismatch_kl"])
+    assert "offpolicy/mismatch_kl_age_0" not in second
     assert second["offpolicy/clipped_frac"] == 0  # clipped against the proximal policy: ratio 1 at the start
     dropped = [o for o in read_outcomes(tmp_path / "correct") if o["outcome"] == "dropped"]
     stale = [o for o in dropped if o["reason"] == "stale"]  # the rest: constant-reward groups

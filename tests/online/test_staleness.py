@@ -1,19 +1,30 @@
 """Per-token policy versions (one helper, with or without the builder's per-token column), row ages,
-the staleness bound by rollout or by whole group, and the staleness histograms."""
+the staleness bound by rollout or by whole group, the staleness histograms, and the mismatch KL by token
+age on the real engine."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
+import pytest
 
+from tinkertrace.engine import ServiceClient
+from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.online.staleness import (
     VERSIONS_COLUMN,
+    correct_batch,
     rollout_ages,
     row_ages,
     stale_rows,
     staleness_metrics,
+    target_ages,
     token_policy_versions,
 )
+from tinkertrace.training.config import TrainSettings
+from tinkertrace.training.datums import build_datums
+from tinkertrace.training.step import adam_params, train_step
 
 
 def rows(versions: list[int | None], masks: list[list[int]], rollouts: list[str] | None = None) -> pa.Table:
@@ -73,3 +84,84 @@ def test_a_rollout_of_several_segments_goes_stale_whole() -> None:
     assert rollout_ages(table, 3).tolist() == [2, 2, 0]
     assert row_ages(table, 3).tolist() == [2, 0, 0]
     assert stale_rows(table, pa.array(["g", "g", "g"]), 3, 1, "drop", set()).tolist() == [True, True, False]
+
+
+def test_target_ages_follow_the_datums_targets() -> None:
+    """Ages line up with each Datum's targets (the row's tokens from the second on): prompt targets
+    and cut tokens carry none, a response that changed version mid-decode gets each token's own age,
+    and a row without a sampled token (no Datum) shifts nothing."""
+    table = rows([2, 3, 1], [[0, 0, 1, 1, 1], [0, 0], [0, 1, 1, 0, 1]])
+    table = table.append_column(VERSIONS_COLUMN, pa.array([[2, 3, 3], [], [1, 1, 1]], pa.list_(pa.int64())))
+    tokens = pa.array([[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11, 12]], pa.list_(pa.int64()))
+    logprobs = pa.array([[0.0] * 5, [0.0] * 2, [0.0] * 5], pa.list_(pa.float32()))
+    batch = build_datums(tokens, logprobs, table["action_mask"], np.ones(3), loss_fn="ppo", max_tokens=3)
+    assert batch.row_index.tolist() == [0, 2]  # row 1 has no sampled token; rows 0 and 2 cut to 3 targets
+    ages = target_ages(table, batch, 3)
+    assert [a.tolist() for a in ages] == [[0, 1, 0], [2, 2, 0]]
+    assert [(a[m > 0]).tolist() for a, m in zip(ages, batch.masks, strict=True)] == [[1, 0], [2, 2]]
+
+
+@pytest.fixture
+def trainer(tmp_path: Path) -> object:
+    service = ServiceClient(tmp_path / "engine", device="cpu", cpu_threads=1)
+    return service.create_lora_training_client(f"{BUILTIN_MODEL}:nano", rank=4, seed=0).result()
+
+
+def test_mismatch_kl_by_age_on_the_engine_separates_the_update_from_the_sampler(
+    trainer: object, tmp_path: Path
+) -> None:
+    """Two responses whose decoding switched weights mid-way (in-flight), the first tokens sampled by
+    version 0 and the rest by version 1, trained at step 1 on the real engine. The sampler logprobs
+    are the engine's own under each version, so the age-0 tokens' KL is the sampler/trainer mismatch
+    of the same weights (~0) and the age-1 tokens' is one update's drift; correct mode's forward pass
+    gives the trainer's logprobs exactly (one alignment for both figures)."""
+    tok = load_tokenizer(BUILTIN_MODEL)
+    texts = [("Who are you? ", "I am a tiny chat model."), ("Name? ", "tinkertrace, at your service")]
+    seqs = [tok.encode(p + r, add_special_tokens=False) for p, r in texts]
+    prompt = [len(tok.encode(p, add_special_tokens=False)) for p, _ in texts]
+    masks = [[0] * n + [1] * (len(s) - n) for s, n in zip(seqs, prompt, strict=True)]
+    switch = [n + 4 for n in prompt]  # tokens from here on were sampled by version 1
+    versions = [
+        [0 if i < w else 1 for i in range(n, len(s))] for s, n, w in zip(seqs, prompt, switch, strict=True)
+    ]
+
+    def logprobs() -> list[np.ndarray]:  # each token's logprob under the trainer's current weights
+        zeros = pa.array([[0.0] * len(s) for s in seqs])
+        data = build_datums(pa.array(seqs), zeros, pa.array(masks), np.zeros(2), loss_fn="cross_entropy").data
+        out = trainer.forward(data, "cross_entropy").result()  # type: ignore[attr-defined]
+        return [np.r_[0.0, o["logprobs"].to_numpy()] for o in out.loss_fn_outputs]
+
+    before = logprobs()
+    config = TrainSettings(source=tmp_path, log_dir=tmp_path, loss="ppo", learning_rate=3e-2)
+    update = build_datums(
+        pa.array(seqs), pa.array([b.tolist() for b in before]), pa.array(masks), np.array([1.0, -1.0]),
+        loss_fn="ppo",
+    )  # fmt: skip
+    train_step(trainer, update, config, adam_params(config))  # version 0 → 1
+    after = logprobs()
+    sampled = [
+        np.where(np.arange(len(s)) < w, b, a) for s, w, b, a in zip(seqs, switch, before, after, strict=True)
+    ]
+    table = pa.table(
+        {
+            "rollout_id": ["a", "b"],
+            "action_mask": pa.array(masks, pa.list_(pa.int8())),
+            "policy_version": [0, 0],
+            VERSIONS_COLUMN: pa.array(versions, pa.list_(pa.int64())),
+        }
+    )
+    batch = build_datums(
+        pa.array(seqs), pa.array([x.tolist() for x in sampled]), table["action_mask"], np.array([1.0, -1.0]),
+        loss_fn="ppo",
+    )  # fmt: skip
+    ages = target_ages(table, batch, step=1)
+    corrected = correct_batch(trainer, batch, "ppo", 2.0)
+    metrics = train_step(trainer, batch, config, adam_params(config), ages)
+
+    assert metrics["offpolicy/mismatch_kl_age_0"] < 1e-9  # same weights, same forward pass
+    old = zip(prompt, switch, before, after, strict=True)  # the tokens version 0 sampled: one update old
+    drift = np.concatenate([(a - b)[n:w] for n, w, b, a in old])
+    k3 = np.exp(drift) - 1 - drift
+    assert metrics["offpolicy/mismatch_kl_age_1"] == pytest.approx(k3.mean(), rel=1e-4)
+    assert metrics["offpolicy/mismatch_kl_age_1"] > 1e-4  # the update moved these tokens
+    assert metrics["offpolicy/mismatch_kl"] == pytest.approx(corrected["offpolicy/mismatch_kl"], rel=1e-6)

@@ -86,6 +86,23 @@ def test_mismatch_metrics() -> None:
     assert mismatch_metrics([], [], [], CAP) == {}
 
 
+def test_mismatch_kl_by_token_age() -> None:
+    """Each age bucket's figure is the k3 mean over its own trained tokens (the prompt token left out),
+    ages 4 and over share one bucket, an age with no trained token has no figure, and the overall
+    figure is the buckets' token-weighted mean."""
+    ages = np.array([0, 0, 1, 1, 5, 4, 2])  # the last (prompt, mask 0) would be the only age-2 token
+    metrics = mismatch_metrics([BEHAVIOUR], [PROXIMAL], [MASK], CAP, [ages])
+    log_ratio = PROXIMAL - BEHAVIOUR
+    k3 = np.exp(log_ratio) - 1 - log_ratio
+    assert metrics["offpolicy/mismatch_kl_age_0"] == pytest.approx(k3[:2].mean())
+    assert metrics["offpolicy/mismatch_kl_age_1"] == pytest.approx(k3[2:4].mean())
+    assert metrics["offpolicy/mismatch_kl_age_4+"] == pytest.approx(k3[4:6].mean())
+    assert not {"offpolicy/mismatch_kl_age_2", "offpolicy/mismatch_kl_age_3"} & set(metrics)
+    by_age = [metrics[f"offpolicy/mismatch_kl_age_{a}"] for a in ("0", "1", "4+")]
+    assert metrics["offpolicy/mismatch_kl"] == pytest.approx(np.mean(by_age))  # two tokens each
+    assert not any("age" in k for k in mismatch_metrics([BEHAVIOUR], [PROXIMAL], [MASK], CAP))
+
+
 def test_clipped_fraction_counts_ratios_outside_the_clip_range() -> None:
     ratio = np.exp(LEARNER - BEHAVIOUR)[:6]
     want = np.mean((ratio < 0.8) | (ratio > 1.2))

@@ -15,6 +15,8 @@ def test_offpolicy_metrics_get_panels_of_their_own(tmp_path: Path) -> None:
         **{f"offpolicy/rollout_age_{a}": 1 for a in ("0", "1", "2", "3", "4+")},
         "offpolicy/token_age_mean": 0.4,
         "offpolicy/mismatch_kl": 0.01,
+        "offpolicy/mismatch_kl_age_0": 0.0,
+        "offpolicy/mismatch_kl_age_1": 0.02,
         "offpolicy/ratio_mean": 1.0,
         "offpolicy/ratio_max": 3.0,
         "offpolicy/truncated_frac": 0.1,
@@ -30,7 +32,12 @@ def test_offpolicy_metrics_get_panels_of_their_own(tmp_path: Path) -> None:
         "offpolicy/token_age_4+"
     }
     assert len(panels["staleness histogram: trained rollouts"]) == 5
-    assert panels["sampler/trainer mismatch KL on the trained tokens"] == {"offpolicy/mismatch_kl"}
+    assert panels["sampler/trainer mismatch KL on the trained tokens"] == {
+        "offpolicy/mismatch_kl",
+        "offpolicy/mismatch_kl_age_0",
+        "offpolicy/mismatch_kl_age_1",
+    }
+    assert panels["KL, sampler vs trainer"] == {"optim/kl_sample_train_v1"}
     assert panels["tokens truncated (weight cap) and clipped"] == {
         "offpolicy/truncated_frac",
         "offpolicy/clipped_frac",

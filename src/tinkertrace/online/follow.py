@@ -51,7 +51,14 @@ from tinkertrace.online.publish import (
     publish_version,
 )
 from tinkertrace.online.settings import FollowSettings
-from tinkertrace.online.staleness import correct_batch, rollout_ages, row_ages, stale_rows, staleness_metrics
+from tinkertrace.online.staleness import (
+    correct_batch,
+    rollout_ages,
+    row_ages,
+    stale_rows,
+    staleness_metrics,
+    target_ages,
+)
 from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll
 from tinkertrace.serving.admission import Demand
 from tinkertrace.settings import ConfigError
@@ -355,7 +362,10 @@ class FollowTrainer:
         if o.staleness_mode == "correct":
             correct = lambda client, batch: correct_batch(client, batch, self.config.loss, o.staleness_cap)  # noqa: E731
         rows = np.arange(data.table.num_rows)
-        _, metrics = session.step(data, rows, step, {"progress/epoch": 0}, before_train=correct)
+        ages = lambda taken, batch: target_ages(taken, batch, step)  # noqa: E731
+        _, metrics = session.step(
+            data, rows, step, {"progress/epoch": 0}, before_train=correct, token_ages=ages
+        )
         metrics.update(staleness_metrics(data.table, step))
         metrics["offpolicy/straggler_wait_s"] = waited
         metrics.update(step_lags(table, kept, self._arrived, started_at, result.lags_s, result.lag_parts_s))

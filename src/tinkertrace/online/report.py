@@ -85,7 +85,8 @@ def _mean(records: list[dict[str, Any]], name: str) -> float | None:
 
 def offpolicy_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's off-policy figures from its steps' ``offpolicy/…`` metrics: staleness histograms
-    (summed), mismatch KL (mean and max), truncated and clipped shares (means), multi-version
+    (summed), mismatch KL (mean and max; by token age: the mean over the steps that trained tokens
+    of that age), truncated and clipped shares (means), multi-version
     rollouts and seconds waited for stragglers (summed)."""
 
     def total(name: str) -> int | float:
@@ -97,6 +98,7 @@ def offpolicy_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "rollout_age": {a: int(total(f"offpolicy/rollout_age_{a}")) for a in AGE_LABELS},
         "mismatch_kl_mean": float(np.mean(kl)) if kl else None,
         "mismatch_kl_max": float(np.max(kl)) if kl else None,
+        "mismatch_kl_by_age": {a: _mean(records, f"offpolicy/mismatch_kl_age_{a}") for a in AGE_LABELS},
         "truncated_frac_mean": _mean(records, "offpolicy/truncated_frac"),
         "clipped_frac_mean": _mean(records, "offpolicy/clipped_frac"),
         "multi_version_rollouts": int(total("offpolicy/multi_version_rollouts")),

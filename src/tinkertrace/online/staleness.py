@@ -10,6 +10,8 @@
   (``correct``: a group is never split across the bound).
 * :func:`staleness_metrics` — the step's staleness histograms (tokens and rollouts) and how many
   rollouts carried more than one policy version.
+* :func:`target_ages` — each trained token's age, aligned with a batch's Datums (the mismatch KL by
+  age: age 0 is the pure sampler/trainer mismatch, age 1 adds the trainer's last update).
 * :func:`correct_batch` — the ``correct`` mode's Datums: one forward pass for the proximal logprobs,
   then :func:`~tinkertrace.training.offpolicy.corrected_inputs` (formula in
   :mod:`tinkertrace.training.offpolicy`).
@@ -25,10 +27,9 @@ import pyarrow.compute as pc
 from tinker import types
 
 from tinkertrace.training.datums import DatumBatch
-from tinkertrace.training.offpolicy import corrected_inputs, mismatch_metrics
+from tinkertrace.training.offpolicy import AGE_BUCKETS, age_label, corrected_inputs, mismatch_metrics
 
 VERSIONS_COLUMN = "response_policy_versions"
-AGE_BUCKETS = 4  # histogram buckets 0, 1, 2, 3 versions old, then "4+"
 NEVER = np.iinfo(np.int64).max
 
 
@@ -116,12 +117,25 @@ def staleness_metrics(table: pa.Table, step: int) -> dict[str, Any]:
     for name, ages in (("token_age", token_age), ("rollout_age", rollout_age)):
         counts = np.bincount(np.clip(ages, 0, AGE_BUCKETS), minlength=AGE_BUCKETS + 1)
         for age, count in enumerate(counts):
-            label = f"{age}+" if age == AGE_BUCKETS else str(age)
-            metrics[f"offpolicy/{name}_{label}"] = int(count)
+            metrics[f"offpolicy/{name}_{age_label(age)}"] = int(count)
     spread = pc.not_equal(per_rollout["v_min"], per_rollout["v_max"])
     metrics["offpolicy/multi_version_rollouts"] = int(pc.sum(spread).as_py() or 0)
     metrics["offpolicy/token_age_mean"] = float(token_age.mean()) if len(token_age) else 0.0
     return metrics
+
+
+def target_ages(table: pa.Table, batch: DatumBatch, step: int) -> list[np.ndarray]:
+    """Per Datum of ``batch`` (built from the rows of ``table``), each target token's age at ``step`` in
+    versions, aligned with ``batch.masks``: for :func:`~tinkertrace.training.offpolicy.mismatch_metrics`
+    by age (0 where the target is no sampled token or its version is unknown)."""
+    versions = pc.fill_null(token_policy_versions(table).flatten(), step).to_numpy(zero_copy_only=False)
+    mask = table["action_mask"].combine_chunks()
+    offsets = np.asarray(mask.offsets, dtype=np.int64)
+    action = mask.flatten().to_numpy(zero_copy_only=False) > 0
+    ages = np.zeros(len(action), dtype=np.int64)
+    ages[action] = step - np.asarray(versions, dtype=np.int64)
+    starts = offsets[:-1] - offsets[0] + 1  # a Datum's targets are its row's tokens from the second on
+    return [ages[starts[i] : starts[i] + len(m)] for i, m in zip(batch.row_index, batch.masks, strict=True)]
 
 
 def correct_batch(client: Any, batch: DatumBatch, loss_fn: str, cap: float) -> dict[str, float]:

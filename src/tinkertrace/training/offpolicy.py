@@ -27,6 +27,12 @@ import numpy as np
 DEFAULT_STALENESS_CAP = 2.0
 DEFAULT_CLIP_LOW = 0.8  # Tinker's ppo / cispo clip thresholds (the local engine's defaults too)
 DEFAULT_CLIP_HIGH = 1.2
+AGE_BUCKETS = 4  # per-age figures for tokens 0, 1, 2, 3 versions old, then "4+"
+
+
+def age_label(age: int) -> str:
+    """A token age's bucket name: ``"0"`` … ``"3"``, then ``"4+"``."""
+    return f"{AGE_BUCKETS}+" if age >= AGE_BUCKETS else str(age)
 
 
 def truncated_weights(proximal: np.ndarray, behaviour: np.ndarray, cap: float) -> np.ndarray:
@@ -69,13 +75,23 @@ def decoupled_ppo_reference(
 
 
 def mismatch_metrics(
-    behaviour: list[np.ndarray], proximal: list[np.ndarray], masks: list[np.ndarray], cap: float | None
+    behaviour: list[np.ndarray],
+    proximal: list[np.ndarray],
+    masks: list[np.ndarray],
+    cap: float | None,
+    ages: list[np.ndarray] | None = None,
 ) -> dict[str, float]:
     """How far the sampler's logprobs are from the trainer's on the trained tokens.
 
     ``offpolicy/mismatch_kl``: the k3 estimate of KL(behaviour ‖ proximal), ``mean(ρ - 1 - log ρ)``
     with ``ρ = exp(p - b)`` (≥ 0, 0 when on-policy); ``offpolicy/ratio_mean`` and ``ratio_max`` of
     ``ρ``; with a ``cap``, ``offpolicy/truncated_frac``: the share of tokens whose ``ρ`` exceeded it.
+
+    With ``ages`` (per Datum, each target token's age in policy versions, aligned with ``masks``) the
+    same estimate per age, ``offpolicy/mismatch_kl_age_{0,1,2,3,4+}`` (ages with no trained token left
+    out): age 0 is the sampler/trainer mismatch of the same weights (rounding, a different forward
+    pass); age ``k`` adds the drift of the trainer's last ``k`` updates, so an asynchronous run's
+    overall figure is mostly the size of its recent steps.
     """
     if not masks:
         return {}
@@ -86,13 +102,20 @@ def mismatch_metrics(
         np.concatenate(proximal).astype(np.float64)[mask] - np.concatenate(behaviour).astype(np.float64)[mask]
     )
     ratio = np.exp(log_ratio)
+    kl = ratio - 1.0 - log_ratio
     metrics = {
-        "offpolicy/mismatch_kl": float(np.mean(ratio - 1.0 - log_ratio)),
+        "offpolicy/mismatch_kl": float(np.mean(kl)),
         "offpolicy/ratio_mean": float(ratio.mean()),
         "offpolicy/ratio_max": float(ratio.max()),
     }
     if cap is not None:
         metrics["offpolicy/truncated_frac"] = float(np.mean(ratio > cap))
+    if ages is not None:
+        bucket = np.clip(np.concatenate(ages).astype(np.int64)[mask], 0, AGE_BUCKETS)
+        counts = np.bincount(bucket, minlength=AGE_BUCKETS + 1)
+        sums = np.bincount(bucket, weights=kl, minlength=AGE_BUCKETS + 1)
+        for age in np.flatnonzero(counts):
+            metrics[f"offpolicy/mismatch_kl_age_{age_label(int(age))}"] = float(sums[age] / counts[age])
     return metrics
 
 

@@ -52,6 +52,7 @@ from tinkertrace.training.outcomes import TRAINED, OutcomeLog, dropped_where, ou
 ADAM_FIELDS = ("beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
 CLIPPED_LOSSES = ("ppo", "cispo")
 BatchHook = Callable[[Any, DatumBatch], dict[str, float]]  # (training client, batch) → metrics
+AgeHook = Callable[[pa.Table, DatumBatch], list[np.ndarray]]  # (step's rows, batch) → target token ages
 
 
 def adam_params(config: TrainSettings) -> types.AdamParams:
@@ -152,9 +153,15 @@ def batch_metrics(data: TrainingData, rows: np.ndarray, batch: DatumBatch) -> di
 
 
 def train_step(
-    training_client: Any, batch: DatumBatch, config: TrainSettings, adam: types.AdamParams
+    training_client: Any,
+    batch: DatumBatch,
+    config: TrainSettings,
+    adam: types.AdamParams,
+    ages: list[np.ndarray] | None = None,
 ) -> dict[str, float]:
-    """One optimiser step on ``batch``: submit forward_backward and optim_step, then await both."""
+    """One optimiser step on ``batch``: submit forward_backward and optim_step, then await both.
+    ``ages`` (each target token's age in versions, aligned with ``batch.masks``) adds the mismatch KL
+    by age."""
     fb_future = training_client.forward_backward(batch.data, config.loss, dict(config.loss_config) or None)
     optim_future = training_client.optim_step(adam)
     fb = fb_future.result()
@@ -162,7 +169,7 @@ def train_step(
     training_logprobs = [out["logprobs"].to_numpy() for out in fb.loss_fn_outputs]
     metrics: dict[str, float] = {k: float(v) for k, v in fb.metrics.items()}
     metrics.update(kl_sample_train(batch.sampling_logprobs, training_logprobs, batch.masks))
-    metrics.update(mismatch_metrics(batch.sampling_logprobs, training_logprobs, batch.masks, None))
+    metrics.update(mismatch_metrics(batch.sampling_logprobs, training_logprobs, batch.masks, None, ages))
     if config.loss in CLIPPED_LOSSES and batch.masks:
         low = float(config.loss_config.get("clip_low_threshold", DEFAULT_CLIP_LOW))
         high = float(config.loss_config.get("clip_high_threshold", DEFAULT_CLIP_HIGH))
@@ -236,13 +243,16 @@ class TrainingSession:
         step: int,
         progress: dict[str, Any],
         before_train: BatchHook | None = None,
+        token_ages: AgeHook | None = None,
     ) -> tuple[DatumBatch, dict[str, Any]]:
         """Train on ``rows`` of ``data`` as step ``step``: the batch and its metrics (``progress``
         first, then the data side, then the loss and KL when the batch had anything to train).
         ``before_train`` may rewrite the batch's Datums first (follow mode's staleness correction);
-        the metrics it returns are logged beside the step's."""
+        the metrics it returns are logged beside the step's. ``token_ages`` gives each trained token's
+        age in versions (follow mode): the mismatch KL is then also reported by age."""
         batch = build_batch(data, rows, self.config)
-        self.pending += step_outcomes(data.table.take(rows), batch, step)
+        taken = data.table.take(rows)
+        self.pending += step_outcomes(taken, batch, step)
         metrics: dict[str, Any] = {
             "progress/batch": step,
             **progress,
@@ -256,7 +266,8 @@ class TrainingSession:
             metrics.update(environment_metrics(task_ids, data.reward_of_trajectory[trajectories], names))
         if batch.data:
             corrected = before_train(self.client, batch) if before_train is not None else {}
-            metrics.update(train_step(self.client, batch, self.config, self.adam))
+            ages = token_ages(taken, batch) if token_ages is not None else None
+            metrics.update(train_step(self.client, batch, self.config, self.adam, ages))
             metrics.update(corrected)  # the correction's own mismatch figures (from its forward pass)
         return batch, metrics
 

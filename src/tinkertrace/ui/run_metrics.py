@@ -14,7 +14,7 @@ from tinkertrace.training.metrics import read_metrics
 PANELS: tuple[tuple[str, str, str], ...] = (
     ("reward", "mean reward", r"reward"),
     ("loss", "loss", r"loss"),
-    ("KL, sampler vs trainer", "nats", r"kl_"),
+    ("KL, sampler vs trainer", "nats", r"^(?!offpolicy/)\S*kl_"),
     ("entropy of the sampled tokens", "nats", r"entropy"),
     ("sampler/trainer mismatch KL on the trained tokens", "nats", r"mismatch_kl"),
     ("tokens truncated (weight cap) and clipped", "share of tokens", r"^offpolicy/(truncated|clipped)_frac"),
