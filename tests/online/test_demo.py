@@ -53,6 +53,8 @@ def test_short_demo_writes_summary_metrics_and_png(tmp_path: Path) -> None:
     b, a = heldout["before"]["mean_reward"], heldout["after"]["mean_reward"]
     assert f"held-out mean reward {b:.3f} → {a:.3f} ({a - b:+.3f}); accuracy (exactly" in done.stdout
     assert done.stdout.index("held-out mean reward, before") < done.stdout.index("held-out accuracy, before")
+    # the live view's last line ends before what follows (piped output: no terminal to redraw)
+    assert "\nheld-out after training:" in done.stdout
 
 
 @pytest.mark.timeout(660)

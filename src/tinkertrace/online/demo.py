@@ -207,12 +207,16 @@ def _train_live(
         on_step=display.on_step,
     )
     live = Live(display, console=console, refresh_per_second=4, transient=False)
-    return stack.run_trainer(
-        trainer,
-        workers=settings.workers,
-        max_seconds=settings.max_seconds or settings.preset.max_seconds,
-        around=live,
-    )
+    try:
+        return stack.run_trainer(
+            trainer,
+            workers=settings.workers,
+            max_seconds=settings.max_seconds or settings.preset.max_seconds,
+            around=live,
+        )
+    finally:
+        if not console.is_terminal:  # Rich leaves a file's last live line unended: end it
+            console.line()
 
 
 def _report(console: Console, summary: dict[str, Any], log_dir: Path) -> None:
