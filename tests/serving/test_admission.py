@@ -63,6 +63,13 @@ def test_a_demand_out_of_range_is_refused_naming_what(fields: dict[str, float], 
         Demand(**fields)  # type: ignore[arg-type]
 
 
+def test_a_demand_shrinks_to_what_the_last_steps_train() -> None:
+    demand = Demand(rollouts_per_step=32, max_staleness=2, group_size=8, lease_s=20)
+    assert demand.for_steps_left(10) == demand
+    assert [demand.for_steps_left(n).capacity for n in (3, 2, 1, 0)] == [96, 64, 32, 32]
+    assert demand.for_steps_left(1) == Demand(32, 0, 8, 20)  # the rest unchanged
+
+
 def test_gate_is_open_without_demand_or_rollout_id() -> None:
     async def scenario() -> None:
         gate = AdmissionGate(poll_s=0.005)
@@ -139,13 +146,19 @@ def test_a_withdrawn_demand_releases_held_calls_at_once() -> None:
 
 
 def test_a_stated_demand_is_renewed_while_training_and_withdrawn_after() -> None:
-    """``demand_stated`` keeps the demand alive past its lease (a step may take longer than it)."""
+    """``demand_stated`` keeps the demand alive past its lease (a step may take longer than it), and
+    renews the demand as last restated (the last steps' smaller one)."""
     gate = AdmissionGate()
     publisher = holder_publisher(SimpleNamespace(admission=gate))
-    with demand_stated(publisher, Demand(rollouts_per_step=4, max_staleness=1, group_size=2, lease_s=0.3)):
+    demand = Demand(rollouts_per_step=4, max_staleness=1, group_size=2, lease_s=0.3)
+    with demand_stated(publisher, demand) as stated:
         time.sleep(1.0)  # more than three leases without a step
         stats = gate.stats()
         assert (stats["enabled"], stats["lapsed"], stats["capacity"], stats["group_size"]) == (True, 0, 8, 2)
+        stated.restate(demand.for_steps_left(1))
+        assert gate.stats()["capacity"] == 4  # at once
+        time.sleep(0.5)
+        assert (gate.stats()["capacity"], gate.stats()["lapsed"]) == (4, 0)  # renewed as restated
     assert gate.stats()["enabled"] is False and gate.stats()["lapsed"] == 0
 
 

@@ -44,6 +44,7 @@ from tinkertrace.online.group_staging import GroupStager, pick_groups, rollouts_
 from tinkertrace.online.lag import LAG_PARTS, follow_progress, follow_status, step_lags
 from tinkertrace.online.publish import (
     Publisher,
+    StatedDemand,
     admin_publisher,
     consumed_ids,
     demand_stated,
@@ -124,6 +125,7 @@ class FollowTrainer:
         self._drop_records: list[dict[str, Any]] = []  # outcome records of those drops (outcomes.jsonl)
         self._stale_groups: set[str] = set()  # correct mode: groups dropped whole (later rollouts too)
         self._waiting_since: float | None = None  # the trainer idle with rollouts buffered, since
+        self._stated = StatedDemand(None, None)  # the demand held at the endpoint (while running)
         envs = self.config.environments
         self.stager = GroupStager(envs, Path(config.source), self.options.group_timeout_s) if envs else None
         self.turns = WeightedTurns([env.weight for env in envs]) if envs else None
@@ -200,7 +202,7 @@ class FollowTrainer:
             group_size = sizes.pop() if len(sizes) == 1 else 1
         publish = self.publish if o.admission else None
         demand = None if o.max_staleness is None else Demand(per_step, o.max_staleness, group_size)
-        with demand_stated(publish, demand):
+        with demand_stated(publish, demand) as self._stated:
             session, result = self._open()
             with session:
                 try:
@@ -340,6 +342,8 @@ class FollowTrainer:
             publish_version(self.publish, session.client, saved)
             self._published = saved
         self._last_publish_s = time.monotonic() - published
+        if self._stated.demand is not None and self.options.max_steps is not None:  # the last steps
+            self._stated.restate(self._stated.demand.for_steps_left(self.options.max_steps - step - 1))
         result.checkpoints.append(saved)
         result.steps, result.last_metrics = step + 1, metrics
         result.rewards.append(float(metrics["env/all/reward/total"]))

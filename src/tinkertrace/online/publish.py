@@ -162,15 +162,32 @@ def holder_publisher(holder: Any) -> Publisher:
     return HolderPublisher(holder)
 
 
+class StatedDemand:
+    """The demand a running trainer holds at its endpoint: :meth:`restate` changes it (sent at once),
+    and the renewal sends the latest."""
+
+    def __init__(self, publish: Publisher | None, demand: Demand | None) -> None:
+        self.publish, self.demand = publish, demand
+
+    def restate(self, demand: Demand) -> None:
+        """Hold ``demand`` from now on (nothing without a publisher or a first demand)."""
+        if self.publish is None or self.demand is None or demand == self.demand:
+            return
+        self.demand = demand
+        self.publish.demand(demand)
+
+
 @contextmanager
-def demand_stated(publish: Publisher | None, demand: Demand | None) -> Iterator[None]:
+def demand_stated(publish: Publisher | None, demand: Demand | None) -> Iterator[StatedDemand]:
     """While training: the endpoint ``publish`` reaches starts only the rollouts the trainer will take
-    in time (``demand``, for its admission gate). The demand is renewed every ``lease_s / 3`` on a
-    thread (so held calls wait however long a step takes, and an endpoint restarted meanwhile gets it
-    back) and withdrawn when the run ends; if this process dies, the endpoint lets it lapse after
-    ``lease_s``. Nothing without a publisher or a demand."""
+    in time (``demand``, for its admission gate; changed through the :class:`StatedDemand` yielded).
+    The demand is renewed every ``lease_s / 3`` on a thread (so held calls wait however long a step
+    takes, and an endpoint restarted meanwhile gets it back) and withdrawn when the run ends; if this
+    process dies, the endpoint lets it lapse after ``lease_s``. Nothing without a publisher or a
+    demand."""
+    stated = StatedDemand(publish, demand)
     if publish is None or demand is None:
-        yield
+        yield stated
         return
     publish.demand(demand)
     stop = threading.Event()
@@ -178,14 +195,14 @@ def demand_stated(publish: Publisher | None, demand: Demand | None) -> Iterator[
     def renew() -> None:
         while not stop.wait(demand.lease_s / 3):
             try:
-                publish.demand(demand)
+                publish.demand(stated.demand or demand)
             except Exception as exc:  # the endpoint may be restarting: try again next period
                 log.warning("could not renew the trainer's demand at the endpoint: %s", exc)
 
     renewer = threading.Thread(target=renew, name="tinkertrace-demand-lease", daemon=True)
     renewer.start()
     try:
-        yield
+        yield stated
     finally:
         stop.set()
         renewer.join()

@@ -39,7 +39,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,12 @@ class Demand:
             )
         if not 0 < self.lease_s < float("inf"):
             raise ValueError(f"lease_s must be a number of seconds above 0, not {self.lease_s}")
+
+    def for_steps_left(self, steps: int) -> Demand:
+        """This demand near the end of a run with ``steps`` steps left: no more rollouts in flight
+        than those steps will train (the bound shrinks to ``steps - 1``), so none is sampled only to
+        be left untrained when the run stops."""
+        return replace(self, max_staleness=max(0, min(self.max_staleness, steps - 1)))
 
     @property
     def capacity(self) -> int:
