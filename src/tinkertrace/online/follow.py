@@ -202,6 +202,8 @@ class FollowTrainer:
             group_size = sizes.pop() if len(sizes) == 1 else 1
         publish = self.publish if o.admission else None
         demand = None if o.max_staleness is None else Demand(per_step, o.max_staleness, group_size)
+        if demand is not None and o.max_steps is not None:  # a short run: no more than it will train
+            demand = demand.for_steps_left(o.max_steps)
         with demand_stated(publish, demand) as self._stated:
             session, result = self._open()
             with session:
@@ -342,8 +344,9 @@ class FollowTrainer:
             publish_version(self.publish, session.client, saved)
             self._published = saved
         self._last_publish_s = time.monotonic() - published
-        if self._stated.demand is not None and self.options.max_steps is not None:  # the last steps
-            self._stated.restate(self._stated.demand.for_steps_left(self.options.max_steps - step - 1))
+        left = None if self.options.max_steps is None else self.options.max_steps - step - 1
+        if self._stated.demand is not None and left:  # the last steps: no more than they will train
+            self._stated.restate(self._stated.demand.for_steps_left(left))
         result.checkpoints.append(saved)
         result.steps, result.last_metrics = step + 1, metrics
         result.rewards.append(float(metrics["env/all/reward/total"]))
