@@ -125,7 +125,7 @@ class FollowTrainer:
         self._drop_records: list[dict[str, Any]] = []  # outcome records of those drops (outcomes.jsonl)
         self._stale_groups: set[str] = set()  # correct mode: groups dropped whole (later rollouts too)
         self._waiting_since: float | None = None  # the trainer idle with rollouts buffered, since
-        self._stated = StatedDemand(None, None)  # the demand held at the endpoint (while running)
+        self._stated: StatedDemand | None = None  # the demand held at the endpoint (while running)
         envs = self.config.environments
         self.stager = GroupStager(envs, Path(config.source), self.options.group_timeout_s) if envs else None
         self.turns = WeightedTurns([env.weight for env in envs]) if envs else None
@@ -345,7 +345,7 @@ class FollowTrainer:
             self._published = saved
         self._last_publish_s = time.monotonic() - published
         left = None if self.options.max_steps is None else self.options.max_steps - step - 1
-        if self._stated.demand is not None and left:  # the last steps: no more than they will train
+        if self._stated is not None and left:  # the last steps: no more than they will train
             self._stated.restate(self._stated.demand.for_steps_left(left))
         result.checkpoints.append(saved)
         result.steps, result.last_metrics = step + 1, metrics

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from openai import OpenAI
 
 from tinkertrace.online.demo_agent import DemoTask, Headline, ask
 
+T = TypeVar("T")
 SEED_BASE = 1_000_003  # held-out sampling seeds: SEED_BASE × question + sample
 
 
@@ -39,13 +40,19 @@ class HeldoutScore:
     def line(self) -> str:
         """``mean reward 0.362 (accuracy 0.00, 2 questions × 8, policy v60); e.g. 'Q?' → 'reply'``,
         the headline figure first (replies quoted as Python literals: control characters escaped)."""
-        accuracy, reward = f"accuracy {self.accuracy:.2f}", f"mean reward {self.mean_reward:.3f}"
-        first, second = (reward, accuracy) if self.headline == "mean_reward" else (accuracy, reward)
+        first, second = headline_first(
+            self.headline, f"accuracy {self.accuracy:.2f}", f"mean reward {self.mean_reward:.3f}"
+        )
         example = f"; e.g. {self.examples[0][0]!r} → {self.examples[0][1]!r}" if self.examples else ""
         return (
             f"{first} ({second}, {self.questions} questions × {self.replies // max(self.questions, 1)}, "
             f"policy v{self.policy_version}){example}"
         )
+
+
+def headline_first(headline: Headline, accuracy: T, mean_reward: T) -> tuple[T, T]:
+    """The accuracy's and the mean reward's item, the task's headline figure first."""
+    return (mean_reward, accuracy) if headline == "mean_reward" else (accuracy, mean_reward)
 
 
 def heldout_summary(task: DemoTask, before: HeldoutScore, after: HeldoutScore) -> dict[str, Any]:
@@ -63,12 +70,13 @@ def heldout_verdict(heldout: dict[str, Any]) -> str:
     """``held-out mean reward 0.024 → 0.362 (+0.338); accuracy (exactly 'I am tinkertrace.') 0.000 →
     0.000``: the headline figure's change, then the other's."""
     b, a = heldout["before"], heldout["after"]
-    accuracy = f"accuracy ({heldout['correct']}) {b['accuracy']:.3f} → {a['accuracy']:.3f}"
-    reward = f"mean reward {b['mean_reward']:.3f} → {a['mean_reward']:.3f}"
-    if heldout["headline"] == "mean_reward":
-        gain = a["mean_reward"] - b["mean_reward"]
-        return f"held-out {reward} ({gain:+.3f}); {accuracy}"
-    return f"held-out {accuracy} ({a['accuracy'] - b['accuracy']:+.3f}); {reward}"
+    names = {"accuracy": f"accuracy ({heldout['correct']})", "mean_reward": "mean reward"}
+    first, second = headline_first(heldout["headline"], "accuracy", "mean_reward")
+
+    def change(key: str) -> str:
+        return f"{names[key]} {b[key]:.3f} → {a[key]:.3f}"
+
+    return f"held-out {change(first)} ({a[first] - b[first]:+.3f}); {change(second)}"
 
 
 def heldout_score(

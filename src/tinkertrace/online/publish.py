@@ -162,40 +162,40 @@ def holder_publisher(holder: Any) -> Publisher:
     return HolderPublisher(holder)
 
 
+@dataclass
 class StatedDemand:
     """The demand a running trainer holds at its endpoint: :meth:`restate` changes it (sent at once),
     and the renewal sends the latest."""
 
-    def __init__(self, publish: Publisher | None, demand: Demand | None) -> None:
-        self.publish, self.demand = publish, demand
+    publish: Publisher
+    demand: Demand
 
     def restate(self, demand: Demand) -> None:
-        """Hold ``demand`` from now on (nothing without a publisher or a first demand)."""
-        if self.publish is None or self.demand is None or demand == self.demand:
-            return
-        self.demand = demand
-        self.publish.demand(demand)
+        """Hold ``demand`` from now on."""
+        if demand != self.demand:
+            self.demand = demand
+            self.publish.demand(demand)
 
 
 @contextmanager
-def demand_stated(publish: Publisher | None, demand: Demand | None) -> Iterator[StatedDemand]:
+def demand_stated(publish: Publisher | None, demand: Demand | None) -> Iterator[StatedDemand | None]:
     """While training: the endpoint ``publish`` reaches starts only the rollouts the trainer will take
     in time (``demand``, for its admission gate; changed through the :class:`StatedDemand` yielded).
     The demand is renewed every ``lease_s / 3`` on a thread (so held calls wait however long a step
     takes, and an endpoint restarted meanwhile gets it back) and withdrawn when the run ends; if this
-    process dies, the endpoint lets it lapse after ``lease_s``. Nothing without a publisher or a
-    demand."""
-    stated = StatedDemand(publish, demand)
+    process dies, the endpoint lets it lapse after ``lease_s``. Nothing (None) without a publisher or
+    a demand."""
     if publish is None or demand is None:
-        yield stated
+        yield None
         return
+    stated = StatedDemand(publish, demand)
     publish.demand(demand)
     stop = threading.Event()
 
     def renew() -> None:
         while not stop.wait(demand.lease_s / 3):
             try:
-                publish.demand(stated.demand or demand)
+                publish.demand(stated.demand)
             except Exception as exc:  # the endpoint may be restarting: try again next period
                 log.warning("could not renew the trainer's demand at the endpoint: %s", exc)
 

@@ -10,6 +10,7 @@ import numpy as np
 from rich.table import Table
 
 from tinkertrace.online.follow import FollowResult
+from tinkertrace.online.heldout import headline_first
 from tinkertrace.training.metrics import read_metrics
 
 REWARD_KEY = "env/all/reward/total"
@@ -193,11 +194,13 @@ def _heldout_rows(heldout: dict[str, Any] | None) -> list[tuple[str, str]]:
     if not heldout:
         return []
     b, a = heldout["before"], heldout["after"]
-    rows = [
-        ("held-out accuracy, before → after", f"{b['accuracy']:.3f} → {a['accuracy']:.3f}"),
-        ("held-out mean reward, before → after", f"{b['mean_reward']:.3f} → {a['mean_reward']:.3f}"),
-    ]
-    return rows[::-1] if heldout["headline"] == "mean_reward" else rows
+    return list(
+        headline_first(
+            heldout["headline"],
+            ("held-out accuracy, before → after", f"{b['accuracy']:.3f} → {a['accuracy']:.3f}"),
+            ("held-out mean reward, before → after", f"{b['mean_reward']:.3f} → {a['mean_reward']:.3f}"),
+        )
+    )
 
 
 def plot_rewards(rewards: list[float], path: Path, title: str = "reward per training step") -> Path:

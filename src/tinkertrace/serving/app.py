@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -293,9 +292,13 @@ class SamplingEndpoint:
             if type(group_size) is not int or group_size < 1:
                 raise ApiError(400, "'group_size' must be an integer >= 1.", param="group_size")
             lease_s = body.get("lease_s", DEFAULT_LEASE_S)
-            if type(lease_s) not in (int, float) or not 0 < lease_s < math.inf:
-                raise ApiError(400, "'lease_s' must be a number of seconds above 0.", param="lease_s")
-            gate.set_demand(Demand(per_step, staleness, group_size, float(lease_s)))
+            if type(lease_s) not in (int, float):
+                raise ApiError(400, "'lease_s' must be a number of seconds.", param="lease_s")
+            try:  # the other fields are checked above: what Demand refuses now is the lease
+                demand = Demand(per_step, staleness, group_size, float(lease_s))
+            except ValueError as exc:
+                raise ApiError(400, str(exc), param="lease_s") from exc
+            gate.set_demand(demand)
         if "rollout_ids" in body:
             ids = body["rollout_ids"]
             if not isinstance(ids, list) or not all(isinstance(r, str) for r in ids):
