@@ -155,7 +155,7 @@ def test_mismatch_kl_by_age_on_the_engine_separates_the_update_from_the_sampler(
         loss_fn="ppo",
     )  # fmt: skip
     ages = target_ages(table, batch, step=1)
-    corrected = correct_batch(trainer, batch, "ppo", 2.0)
+    corrected = correct_batch(trainer, batch, "ppo", 2.0, ages)
     metrics = train_step(trainer, batch, config, adam_params(config), ages)
 
     assert metrics["offpolicy/mismatch_kl_age_0"] < 1e-9  # same weights, same forward pass
@@ -165,3 +165,6 @@ def test_mismatch_kl_by_age_on_the_engine_separates_the_update_from_the_sampler(
     assert metrics["offpolicy/mismatch_kl_age_1"] == pytest.approx(k3.mean(), rel=1e-4)
     assert metrics["offpolicy/mismatch_kl_age_1"] > 1e-4  # the update moved these tokens
     assert metrics["offpolicy/mismatch_kl"] == pytest.approx(corrected["offpolicy/mismatch_kl"], rel=1e-6)
+    for age in ("0", "1"):  # the correction's pass reports by age too (the step's start, any substeps)
+        key = f"offpolicy/mismatch_kl_age_{age}"
+        assert corrected[key] == pytest.approx(metrics[key], rel=1e-6, abs=1e-12)

@@ -84,6 +84,22 @@ def test_train_backend_tinker_has_the_local_loss_curve_and_resumes(
     ).is_file()  # a LoRA run's sampler weights: its LoRA weights alone
 
 
+def test_substeps_through_the_sdk_match_the_local_engine(
+    tmp_path: Path, trajectories_file: Path, hosted_env: EngineProcess
+) -> None:
+    """Two optimiser steps per step: four requests pipelined through the SDK before any is awaited
+    run in their order (the engine sequences a model's calls), so the curve is the local one."""
+    hosted, local = tmp_path / "hosted", tmp_path / "local"
+    args = [str(trajectories_file), "--epochs", "1", "--num-substeps", "2", *TRAIN_ARGS]
+    _train("--backend", "tinker", "--log-dir", str(hosted), *args)
+    _train("--backend", "local", "--engine-dir", str(tmp_path / "engine"), "--log-dir", str(local), *args)
+
+    want, got = loss_curves(local, hosted)
+    assert len(got) == len(want) >= 2
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert all(m["optim/substeps"] == 2 for m in read_metrics(hosted))
+
+
 def test_serve_backend_tinker_samples_through_the_sdk(
     tmp_path: Path, trajectories_file: Path, hosted_env: EngineProcess
 ) -> None:

@@ -367,7 +367,9 @@ class FollowTrainer:
         o = self.options
         correct = None
         if o.staleness_mode == "correct":
-            correct = lambda client, batch: correct_batch(client, batch, self.config.loss, o.staleness_cap)  # noqa: E731
+            correct = lambda client, batch, ages: correct_batch(  # noqa: E731
+                client, batch, self.config.loss, o.staleness_cap, ages
+            )
         rows = np.arange(data.table.num_rows)
         ages = lambda taken, batch: target_ages(taken, batch, step)  # noqa: E731
         _, metrics = session.step(

@@ -138,10 +138,13 @@ def target_ages(table: pa.Table, batch: DatumBatch, step: int) -> list[np.ndarra
     return [ages[starts[i] : starts[i] + len(m)] for i, m in zip(batch.row_index, batch.masks, strict=True)]
 
 
-def correct_batch(client: Any, batch: DatumBatch, loss_fn: str, cap: float) -> dict[str, float]:
+def correct_batch(
+    client: Any, batch: DatumBatch, loss_fn: str, cap: float, ages: list[np.ndarray] | None = None
+) -> dict[str, float]:
     """Rewrite ``batch``'s Datums for the corrected loss: the trainer's current logprobs (one
     ``forward``, the proximal policy) as ``logprobs`` and ``w · A`` as ``advantages``; the
-    sampler's logprobs stay in ``batch.sampling_logprobs``. Returns the mismatch metrics."""
+    sampler's logprobs stay in ``batch.sampling_logprobs``. Returns the mismatch metrics (by token
+    age too, given each target token's ``ages``)."""
     if not batch.data:
         return {}
     output = client.forward(batch.data, loss_fn).result()
@@ -159,4 +162,4 @@ def correct_batch(client: Any, batch: DatumBatch, loss_fn: str, cap: float) -> d
                 "advantages": types.TensorData.from_numpy(advantages),
             },
         )
-    return mismatch_metrics(batch.sampling_logprobs, proximal, batch.masks, cap)
+    return mismatch_metrics(batch.sampling_logprobs, proximal, batch.masks, cap, ages)

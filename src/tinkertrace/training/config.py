@@ -176,6 +176,12 @@ class TrainSettings:
         aliases=("batch_size",),
     )
     learning_rate: float = setting(1e-4, "Adam learning rate.")
+    num_substeps: int = setting(
+        1,
+        "Optimiser steps per training step: the batch is split into this many minibatches, each one "
+        "forward_backward + optim_step (the cookbook's num_substeps). With ppo or cispo the clip then "
+        "bounds the later minibatches' updates against the logprobs the step started from.",
+    )
     lora_rank: int = setting(16, "LoRA rank; 0 trains all weights (local engine only).")
     loss: Loss = setting(
         "importance_sampling",
@@ -248,6 +254,7 @@ class TrainSettings:
             (self.epochs >= 1, "epochs must be at least 1"),
             (self.groups_per_batch >= 1, "groups_per_batch must be at least 1"),
             (self.learning_rate > 0, "learning_rate must be positive"),
+            (self.num_substeps >= 1, "num_substeps must be at least 1"),
             (self.lora_rank >= 0, "lora_rank must be 0 (full fine-tuning, local engine only) or more"),
             (self.max_tokens_per_datum >= 1, "max_tokens_per_datum must be at least 1"),
             (self.save_every >= 0, "save_every must be 0 (only at the end) or more"),

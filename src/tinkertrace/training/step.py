@@ -12,8 +12,8 @@ records. The pieces it is made of, in the order a step uses them:
   advantage mode and constant-group policy.
 * :func:`build_batch` — the Datums of some prepared rows (cookbook alignment, ``max_tokens_per_datum``).
 * :func:`batch_metrics` — reward, group-outcome and token-count metrics of those rows.
-* :func:`train_step` — submit ``forward_backward`` and ``optim_step`` before awaiting either;
-  loss metrics plus the sample/train KL.
+* :func:`train_step` — ``num_substeps`` minibatches, each ``forward_backward`` + ``optim_step``, all
+  submitted before any is awaited; loss metrics plus the sample/train KL.
 * :func:`save_checkpoint` — state + sampler weights, appended to ``checkpoints.jsonl``.
 
 Written only against the public ``tinker`` SDK surface, so both backends run it unchanged.
@@ -21,6 +21,7 @@ Written only against the public ``tinker`` SDK surface, so both backends run it 
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable
@@ -51,7 +52,8 @@ from tinkertrace.training.outcomes import TRAINED, OutcomeLog, dropped_where, ou
 
 ADAM_FIELDS = ("beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
 CLIPPED_LOSSES = ("ppo", "cispo")
-BatchHook = Callable[[Any, DatumBatch], dict[str, float]]  # (training client, batch) → metrics
+# (training client, batch, target token ages or None) → metrics
+BatchHook = Callable[[Any, DatumBatch, list[np.ndarray] | None], dict[str, float]]
 AgeHook = Callable[[pa.Table, DatumBatch], list[np.ndarray]]  # (step's rows, batch) → target token ages
 
 
@@ -152,6 +154,27 @@ def batch_metrics(data: TrainingData, rows: np.ndarray, batch: DatumBatch) -> di
     }
 
 
+def minibatches(count: int, num_substeps: int) -> list[slice]:
+    """The ``num_substeps`` contiguous minibatches of ``count`` Datums (fewer when there are fewer
+    Datums; sizes differ by at most one), as the cookbook splits a batch."""
+    parts = min(num_substeps, count)
+    bounds = [i * count // parts for i in range(parts + 1)] if parts else [0]
+    return [slice(a, b) for a, b in itertools.pairwise(bounds)]
+
+
+def merged_loss_metrics(per_substep: list[dict[str, float]]) -> dict[str, float]:
+    """One step's loss metrics from its minibatches': Tinker's ``name:sum`` summed, ``:max`` / ``:min``
+    their extreme, the rest (``:mean`` and unsuffixed) averaged."""
+    reducers: dict[str, Callable[[list[float]], float]] = {"sum": sum, "max": max, "min": min}
+    keys = dict.fromkeys(k for metrics in per_substep for k in metrics)
+    merged = {}
+    for key in keys:
+        values = [float(m[key]) for m in per_substep if key in m]
+        reduce = reducers.get(key.rpartition(":")[2], lambda v: sum(v) / len(v))
+        merged[key] = reduce(values)
+    return merged
+
+
 def train_step(
     training_client: Any,
     batch: DatumBatch,
@@ -159,17 +182,42 @@ def train_step(
     adam: types.AdamParams,
     ages: list[np.ndarray] | None = None,
 ) -> dict[str, float]:
-    """One optimiser step on ``batch``: submit forward_backward and optim_step, then await both.
-    ``ages`` (each target token's age in versions, aligned with ``batch.masks``) adds the mismatch KL
-    by age."""
-    fb_future = training_client.forward_backward(batch.data, config.loss, dict(config.loss_config) or None)
-    optim_future = training_client.optim_step(adam)
-    fb = fb_future.result()
-    optim_future.result()
-    training_logprobs = [out["logprobs"].to_numpy() for out in fb.loss_fn_outputs]
-    metrics: dict[str, float] = {k: float(v) for k, v in fb.metrics.items()}
+    """``config.num_substeps`` optimiser steps on ``batch``'s minibatches: every forward_backward and
+    optim_step submitted in order before any is awaited (one request pipeline). ``ages`` (each target
+    token's age in versions, aligned with ``batch.masks``) adds the mismatch KL by age.
+
+    The trainer's logprobs are each minibatch's own forward pass: with several substeps, minibatch
+    ``k``'s are taken after the step's first ``k - 1`` updates. So the clipped share covers them all
+    (the clip acts from the second on), and the sample/train KL too (as the cookbook's), but the
+    ``offpolicy/mismatch…`` figures, which measure the sampler against the policy the step starts
+    from, come from the first minibatch alone."""
+    loss_config = dict(config.loss_config) or None
+    futures = [
+        (
+            training_client.forward_backward(batch.data[part], config.loss, loss_config),
+            training_client.optim_step(adam),
+        )
+        for part in minibatches(len(batch.data), config.num_substeps)
+    ]
+    results = []
+    for fb_future, optim_future in futures:
+        results.append(fb_future.result())
+        optim_future.result()
+    training_logprobs = [out["logprobs"].to_numpy() for fb in results for out in fb.loss_fn_outputs]
+    metrics = merged_loss_metrics([fb.metrics for fb in results])
+    if config.num_substeps > 1:
+        metrics["optim/substeps"] = len(results)
     metrics.update(kl_sample_train(batch.sampling_logprobs, training_logprobs, batch.masks))
-    metrics.update(mismatch_metrics(batch.sampling_logprobs, training_logprobs, batch.masks, None, ages))
+    first = slice(0, len(results[0].loss_fn_outputs))
+    metrics.update(
+        mismatch_metrics(
+            batch.sampling_logprobs[first],
+            training_logprobs[first],
+            batch.masks[first],
+            None,
+            ages[first] if ages is not None else None,
+        )
+    )
     if config.loss in CLIPPED_LOSSES and batch.masks:
         low = float(config.loss_config.get("clip_low_threshold", DEFAULT_CLIP_LOW))
         high = float(config.loss_config.get("clip_high_threshold", DEFAULT_CLIP_HIGH))
@@ -265,10 +313,12 @@ class TrainingSession:
             task_ids = data.table["task_id"].take(rows[first])
             metrics.update(environment_metrics(task_ids, data.reward_of_trajectory[trajectories], names))
         if batch.data:
-            corrected = before_train(self.client, batch) if before_train is not None else {}
             ages = token_ages(taken, batch) if token_ages is not None else None
+            corrected = before_train(self.client, batch, ages) if before_train is not None else {}
             metrics.update(train_step(self.client, batch, self.config, self.adam, ages))
-            metrics.update(corrected)  # the correction's own mismatch figures (from its forward pass)
+            # the correction's own mismatch figures: its forward pass sees the weights the step starts
+            # from, where train_step's later minibatches see the step's first updates
+            metrics.update(corrected)
         return batch, metrics
 
     def checkpoint(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
