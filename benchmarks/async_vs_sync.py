@@ -17,6 +17,9 @@ the modes interleaved ``--pairs`` times on the same seed, model and machine, eac
   dropped, the rest trained with the decoupled-PPO correction) and in-flight updates (keep-cache);
 - ``correct-no-inflight``: the same correction with ``--inflight off``.
 
+A mode followed by ``/N`` (``correct/4``) trains each step in ``N`` optimiser steps on ``N`` minibatches
+(``--num-substeps N``), so PPO's clip bounds the step's later updates.
+
 For each run it prints, from the agents' own logs (every sampled rollout, trained or not, so dropping
 long episodes cannot flatter a mode): wall seconds and sampled rollouts until the mean reward of the
 last ``--window`` sampled rollouts first reaches ``--threshold``; the mean reward of the rollouts that
@@ -147,8 +150,17 @@ def row_text(name: str, f: dict[str, Any]) -> str:
     )
 
 
-def run_mode(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """One run of mode ``name``: its figures."""
+def parse_mode(spec: str) -> tuple[str, int]:
+    """A ``--modes`` entry: the mode's name and its substeps (``correct/4`` → ``("correct", 4)``)."""
+    name, _, substeps = spec.partition("/")
+    if name not in MODES or not (substeps or "1").isdigit() or int(substeps or 1) < 1:
+        raise ValueError(spec)
+    return name, int(substeps or 1)
+
+
+def run_mode(spec: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """One run of mode ``spec`` (a name, ``/N`` for N substeps): its figures."""
+    name, substeps = parse_mode(spec)
     settings = DemoSettings(
         out=out,
         steps=100_000,
@@ -170,6 +182,7 @@ def run_mode(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         stack, agent_module=args.agent, worker_env={"PYTHONPATH": path}, inflight=inflight
     )
     options = dataclasses.replace(options, max_steps=None, **follow)
+    config = dataclasses.replace(config, num_substeps=substeps)
     summary = run_demo(settings, console=Console(file=io.StringIO()), configs=(stack, config, options))
     rows = [r for p in sorted((out / "agents").glob("worker-*.jsonl")) for r in read_jsonl(p, skip_bad=True)]
     return figures(rows, summary, args.threshold, args.window, args.seconds)
@@ -177,7 +190,7 @@ def run_mode(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    modes_help = f"comma-separated, of {', '.join(MODES)}"
+    modes_help = f"comma-separated, of {', '.join(MODES)}; NAME/N: N substeps per step"
     parser.add_argument("--modes", default="sync,drop,correct", help=modes_help)
     parser.add_argument("--pairs", type=int, default=1, help="interleaved rounds of every mode")
     parser.add_argument("--seconds", type=float, default=150, help="training seconds per run (the horizon)")
@@ -193,9 +206,9 @@ def main() -> None:
     parser.add_argument("--agent", default=AGENT, help="the agent workers' module (a DEMO_TASK's)")
     args = parser.parse_args()
     modes = args.modes.split(",")
-    unknown = set(modes) - set(MODES)
+    unknown = [spec for spec in modes if not _parses(spec)]
     if unknown:
-        parser.error(f"unknown mode(s): {', '.join(sorted(unknown))}")
+        parser.error(f"unknown mode(s): {', '.join(unknown)} (known: {', '.join(MODES)}, each optionally /N)")
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"machine: {platform.machine()} {platform.processor()}, {os.cpu_count()} cores; load {load}")
     print(
@@ -211,6 +224,14 @@ def main() -> None:
                 result = run_mode(name, args, Path(tmp))
             load = os.getloadavg()[0]
             print(f"[{pair + 1}] {row_text(name, result)}  (load {load:.1f})", flush=True)
+
+
+def _parses(spec: str) -> bool:
+    try:
+        parse_mode(spec)
+    except ValueError:
+        return False
+    return True
 
 
 if __name__ == "__main__":
