@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tinkertrace.online.follow import FollowTrainer
+from tinkertrace.online.follow import CORRECT_WITHOUT_SUBSTEPS, FollowTrainer
 from tinkertrace.online.lag import rollout_lags
 from tinkertrace.online.runner import OnlineStack
 from tinkertrace.online.settings import FollowSettings
@@ -165,6 +165,7 @@ def test_correct_mode_trains_stale_groups_within_the_bound_and_drops_whole_group
     assert second["offpolicy/mismatch_kl_age_1"] == pytest.approx(second["offpolicy/mismatch_kl"])
     assert "offpolicy/mismatch_kl_age_0" not in second
     assert second["offpolicy/clipped_frac"] == 0  # clipped against the proximal policy: ratio 1 at the start
+    assert CORRECT_WITHOUT_SUBSTEPS in result.notes  # so the user is told the clip never acted
     dropped = [o for o in read_outcomes(tmp_path / "correct") if o["outcome"] == "dropped"]
     stale = [o for o in dropped if o["reason"] == "stale"]  # the rest: constant-reward groups
     assert len({o["rollout_id"] for o in stale}) == result.rollouts_dropped_stale

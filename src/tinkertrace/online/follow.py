@@ -71,6 +71,11 @@ from tinkertrace.training.errors import DataError
 from tinkertrace.training.outcomes import DROPPED, outcome_rows
 from tinkertrace.training.step import TrainingSession, prepare_data
 
+CORRECT_WITHOUT_SUBSTEPS = (
+    "correct mode with --num-substeps 1: its clip never acts (each step takes one optimiser step, at "
+    "the policy the clip is measured from); 2-4 substeps bound each step (docs/online.md)"
+)
+
 FOLLOW_MODE = "follow"
 StepCallback = Callable[[int, dict[str, Any]], None]
 
@@ -242,6 +247,8 @@ class FollowTrainer:
             publish_version(self.publish, session.client, last)
             self._published = last
         result = FollowResult(log_dir=session.log_dir, start_step=step, steps=step, notes=list(session.notes))
+        if self.options.staleness_mode == "correct" and self.config.num_substeps == 1:
+            result.notes.append(CORRECT_WITHOUT_SUBSTEPS)
         return session, result
 
     def _follow(

@@ -37,9 +37,9 @@ class FollowSettings:
         "drop",
         "'drop' drops a rollout over the bound; 'correct' drops a whole group over it and trains every "
         "kept token with the decoupled-PPO correction (each token weighted by "
-        "min(p_trainer/p_sampler, --staleness-cap), clipped against the trainer's current policy; one "
-        "extra forward pass per step); 'downweight' keeps stale rollouts, advantage × --staleness-decay "
-        "per version over.",
+        "min(p_trainer/p_sampler, --staleness-cap), clipped against the trainer's current policy, "
+        "which acts with --num-substeps above 1; one extra forward pass per step); 'downweight' keeps "
+        "stale rollouts, advantage × --staleness-decay per version over.",
     )
     staleness_cap: float = setting(
         DEFAULT_STALENESS_CAP, "With correct: the truncation C of the per-token importance weight."
