@@ -171,6 +171,7 @@ def run_mode(spec: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         groups_per_batch=args.groups_per_batch,
         learning_rate=args.learning_rate,
         model=args.model,
+        num_substeps=substeps,
         heldout_samples=0,  # the figures come from the sampled rollouts
         seed=args.seed,
     )
@@ -182,7 +183,6 @@ def run_mode(spec: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         stack, agent_module=args.agent, worker_env={"PYTHONPATH": path}, inflight=inflight
     )
     options = dataclasses.replace(options, max_steps=None, **follow)
-    config = dataclasses.replace(config, num_substeps=substeps)
     summary = run_demo(settings, console=Console(file=io.StringIO()), configs=(stack, config, options))
     rows = [r for p in sorted((out / "agents").glob("worker-*.jsonl")) for r in read_jsonl(p, skip_bad=True)]
     return figures(rows, summary, args.threshold, args.window, args.seconds)

@@ -87,7 +87,8 @@ def test_demo_on_smollm2_trains_the_addition_task(tmp_path: Path) -> None:
 
 def test_sync_demo_is_on_policy(tmp_path: Path) -> None:
     """`--sync`: every step trains rollouts sampled entirely by the policy it updates — every trained
-    token 0 versions old, the sampler's logprobs equal to the trainer's (mismatch KL ~0), none dropped."""
+    token 0 versions old, the sampler's logprobs equal to the trainer's (mismatch KL ~0), none dropped.
+    With two optimiser steps a step (`--num-substeps 2`) too: the KL measures the step's start."""
     from rich.console import Console
 
     from tinkertrace.online.demo import run_demo
@@ -95,7 +96,7 @@ def test_sync_demo_is_on_policy(tmp_path: Path) -> None:
 
     settings = DemoSettings(
         out=tmp_path / "sync", model="tinkertrace/tiny-chat:nano", steps=3, workers=2, group_size=4,
-        max_seconds=120, sync=True,
+        max_seconds=120, sync=True, num_substeps=2,
     )  # fmt: skip
     summary = run_demo(settings, console=Console(file=io.StringIO()))
     assert summary["steps"] == 3 and summary["rollouts_dropped"]["stale"] == 0
@@ -105,6 +106,7 @@ def test_sync_demo_is_on_policy(tmp_path: Path) -> None:
         assert metrics["offpolicy/token_age_0"] == metrics["env/all/total_ac_tokens"] > 0
         assert metrics["offpolicy/rollout_age_0"] == metrics["env/all/total_episodes"]
         assert abs(metrics["offpolicy/mismatch_kl"]) < 1e-4
+        assert metrics["optim/substeps"] == min(2, metrics["data/num_datums"])
     off = summary["offpolicy"]
     assert off["token_age"]["1"] == 0 and off["mismatch_kl_max"] < 1e-4
     assert off["mismatch_kl_by_age"]["0"] < 1e-4 and off["mismatch_kl_by_age"]["1"] is None

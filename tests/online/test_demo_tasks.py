@@ -102,3 +102,5 @@ def test_each_model_gets_its_task_and_the_tasks_settings(tmp_path) -> None:
 def test_a_bad_task_is_named(tmp_path) -> None:
     with pytest.raises(ConfigError, match="task must be one of identity, addition"):
         DemoSettings(out=tmp_path, task="poetry").validate()  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="num_substeps must be at least 1"):
+        DemoSettings(out=tmp_path, num_substeps=0).validate()

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from tinkertrace.models.builtin import BUILTIN_MODEL, DEMO_MODEL
 from tinkertrace.serving.policy import INFLIGHT_HELP, InflightMode
 from tinkertrace.settings import check_choices, load, raise_problems, setting
+from tinkertrace.training.config import TrainSettings
 from tinkertrace.training.offpolicy import DEFAULT_STALENESS_CAP
 
 StalenessMode = Literal["drop", "correct", "downweight"]
@@ -227,6 +228,10 @@ class DemoSettings:
     staleness_mode: StalenessMode = setting(
         "drop", "What follow mode does with stale rollouts: drop, correct or downweight (see train --follow)."
     )
+    num_substeps: int = setting(
+        TrainSettings.num_substeps,
+        "Optimiser steps per training step (train --num-substeps); 2-4 make correct mode's clip act.",
+    )
     sync: bool = setting(False, "Synchronous RL: each step trains only rollouts of the policy it updates.")
     inflight: InflightMode = setting("keep-cache", INFLIGHT_HELP)
     admission: bool = setting(
@@ -267,6 +272,7 @@ class DemoSettings:
             ((self.max_seconds or 0) > 0, "max_seconds must be positive"),
             ((self.max_tokens or 0) >= 1, "max_tokens must be at least 1"),
             (self.heldout_samples >= 0, "heldout_samples must be 0 or more"),
+            (self.num_substeps >= 1, "num_substeps must be at least 1"),
             *check_choices(self),
         ]
         raise_problems(checks, "invalid demo settings")
