@@ -124,6 +124,7 @@ class FollowTrainer:
         self._arrived: dict[str, float] = {}
         self.consumed: set[str] = set()  # rollouts trained or dropped (recorded in checkpoints)
         self._dropped_since_save: list[str] = []  # dropped, to be recorded with the next checkpoint
+        self._drops_reported = 0  # how many of those the endpoint's gate was told of
         self._last_publish_s = float("nan")  # seconds the last publication took (logged with the next step)
         self._published: dict[str, Any] | None = None  # the checkpoint record published last
         self._stale_now: list[str] = []  # dropped as stale by the latest poll
@@ -271,6 +272,7 @@ class FollowTrainer:
                 if self._collect(feed.take(), result):
                     idle_since = time.monotonic()
                 self._write_drops(session)
+                self._report_drops()
                 picked = self._select(result.steps)
                 if picked is None:
                     if self._waiting_since is None and (self.buffer.num_rows or self._staged()):
@@ -284,6 +286,15 @@ class FollowTrainer:
                     bar.update(completed=result.steps, status=follow_status(result.last_metrics))
                     if self.on_step is not None:
                         self.on_step(result.steps, result.last_metrics)
+
+    def _report_drops(self) -> None:
+        """Tell the endpoint's gate of the rollouts dropped since the last report. A step's drops
+        otherwise reach it with the step's publication, and a batch of constant-reward groups trains
+        no step: a gate full of such rollouts would hold every rollout the next step needs."""
+        new = self._dropped_since_save[self._drops_reported :]
+        if new and self.publish is not None:
+            self.publish.consume(new)
+        self._drops_reported = len(self._dropped_since_save)
 
     def _staged(self) -> bool:
         return self.stager is not None and bool(self.stager.arrived)
@@ -346,6 +357,7 @@ class FollowTrainer:
         saved = session.checkpoint(step + 1, record)
         self._consume(consumed_ids(record))
         self._dropped_since_save.clear()
+        self._drops_reported = 0
         published = time.monotonic()
         if self.publish is not None:
             publish_version(self.publish, session.client, saved)

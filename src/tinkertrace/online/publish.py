@@ -37,6 +37,10 @@ class Publisher(Protocol):
         """A new version (a checkpoint record with its trained and dropped rollout ids); with
         ``sampling_client``, a Tinker inflight client of the record's weights to serve them."""
 
+    def consume(self, rollout_ids: list[str]) -> None:
+        """Rollouts the trainer dropped between steps (stale, or a batch of constant-reward groups):
+        the endpoint frees their places now. A step's own go with its :meth:`publish`."""
+
     def withdraw(self) -> None:
         """The trainer stopped: the endpoint no longer holds new rollouts for it."""
 
@@ -87,6 +91,12 @@ class AdminPublisher:
             body["group_size"] = demand.group_size
         self._post("/admin/admission", body)
 
+    def consume(self, rollout_ids: list[str]) -> None:
+        import httpx
+
+        with suppress(httpx.HTTPError, RuntimeError):  # the next publication carries them again
+            self._post("/admin/admission", {"rollout_ids": rollout_ids})
+
     def withdraw(self) -> None:
         import httpx
 
@@ -110,6 +120,9 @@ class HolderPublisher:
 
     def demand(self, demand: Demand) -> None:
         self.holder.admission.set_demand(demand)
+
+    def consume(self, rollout_ids: list[str]) -> None:
+        self.holder.admission.consume(rollout_ids)
 
     def withdraw(self) -> None:
         self.holder.admission.withdraw()
