@@ -152,10 +152,10 @@ def row_text(name: str, f: dict[str, Any]) -> str:
 
 def parse_mode(spec: str) -> tuple[str, int]:
     """A ``--modes`` entry: the mode's name and its substeps (``correct/4`` → ``("correct", 4)``)."""
-    name, _, substeps = spec.partition("/")
-    if name not in MODES or not (substeps or "1").isdigit() or int(substeps or 1) < 1:
+    name, slash, count = spec.partition("/")
+    if name not in MODES or (slash and not (count.isdigit() and int(count) >= 1)):
         raise ValueError(spec)
-    return name, int(substeps or 1)
+    return name, int(count) if slash else 1
 
 
 def run_mode(spec: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -206,9 +206,11 @@ def main() -> None:
     parser.add_argument("--agent", default=AGENT, help="the agent workers' module (a DEMO_TASK's)")
     args = parser.parse_args()
     modes = args.modes.split(",")
-    unknown = [spec for spec in modes if not _parses(spec)]
-    if unknown:
-        parser.error(f"unknown mode(s): {', '.join(unknown)} (known: {', '.join(MODES)}, each optionally /N)")
+    for spec in modes:
+        try:
+            parse_mode(spec)
+        except ValueError:
+            parser.error(f"unknown mode {spec!r} (known: {', '.join(MODES)}, each optionally /N)")
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"machine: {platform.machine()} {platform.processor()}, {os.cpu_count()} cores; load {load}")
     print(
@@ -224,14 +226,6 @@ def main() -> None:
                 result = run_mode(name, args, Path(tmp))
             load = os.getloadavg()[0]
             print(f"[{pair + 1}] {row_text(name, result)}  (load {load:.1f})", flush=True)
-
-
-def _parses(spec: str) -> bool:
-    try:
-        parse_mode(spec)
-    except ValueError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ class HolderPublisher:
                 self.holder.swap(sampling_client, version, path, inflight=True)
             else:
                 self.holder.load(path, version)
-        self.holder.admission.consume(consumed_ids(record))
+        self.consume(consumed_ids(record))
 
 
 def publish_version(publish: Publisher, training_client: Any, record: dict[str, Any]) -> None:

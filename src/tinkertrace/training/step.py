@@ -192,12 +192,13 @@ def train_step(
     ``offpolicy/mismatch…`` figures, which measure the sampler against the policy the step starts
     from, come from the first minibatch alone."""
     loss_config = dict(config.loss_config) or None
+    parts = minibatches(len(batch.data), config.num_substeps)
     futures = [
         (
             training_client.forward_backward(batch.data[part], config.loss, loss_config),
             training_client.optim_step(adam),
         )
-        for part in minibatches(len(batch.data), config.num_substeps)
+        for part in parts
     ]
     results = []
     for fb_future, optim_future in futures:
@@ -206,9 +207,9 @@ def train_step(
     training_logprobs = [out["logprobs"].to_numpy() for fb in results for out in fb.loss_fn_outputs]
     metrics = merged_loss_metrics([fb.metrics for fb in results])
     if config.num_substeps > 1:
-        metrics["optim/substeps"] = len(results)
+        metrics["optim/substeps"] = len(parts)
     metrics.update(kl_sample_train(batch.sampling_logprobs, training_logprobs, batch.masks))
-    first = slice(0, len(results[0].loss_fn_outputs))
+    first = parts[0]
     metrics.update(
         mismatch_metrics(
             batch.sampling_logprobs[first],
