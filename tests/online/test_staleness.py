@@ -168,3 +168,63 @@ def test_mismatch_kl_by_age_on_the_engine_separates_the_update_from_the_sampler(
     for age in ("0", "1"):  # the correction's pass reports by age too (the step's start, any substeps)
         key = f"offpolicy/mismatch_kl_age_{age}"
         assert corrected[key] == pytest.approx(metrics[key], rel=1e-6, abs=1e-12)
+
+
+def test_correct_mode_bounds_each_token_a_long_episode_keeps_its_recent_turns() -> None:
+    """A long episode (one rollout, two segments) whose first turn was sampled by version 1 and last
+    by version 3, at step 3 with bound 1: drop mode drops the whole rollout by its oldest token;
+    correct mode keeps it (its newest token is within the bound) and masks the old tokens instead,
+    and drops a rollout (with its group) only once its newest token is over too."""
+    table = rows([1, 3, 3, 0], [[0, 1]] * 4, ["long", "long", "short", "gone"])
+    keys = pa.array(["g", "g", "g", "h"])
+    assert rollout_ages(table, 3, newest=True).tolist() == [0, 0, 0, 3]
+    assert row_ages(table, 3, newest=True).tolist() == [2, 0, 0, 3]
+    assert stale_rows(table, keys, 3, 1, "drop", set()).tolist() == [True, True, False, True]
+    dropped: set[str] = set()
+    assert stale_rows(table, keys, 3, 1, "correct", dropped).tolist() == [False, False, False, True]
+    assert dropped == {"h"}
+    # within one row, a response whose decoding switched weights: its newest token decides
+    table = rows([0], [[0, 1, 1, 1]], ["x"]).append_column(VERSIONS_COLUMN, pa.array([[0, 0, 2]]))
+    assert row_ages(table, 2).tolist() == [2] and row_ages(table, 2, newest=True).tolist() == [0]
+
+
+def test_correct_batch_gives_tokens_over_the_bound_no_advantage(trainer: object) -> None:
+    """On the real engine: a response whose first tokens are 2 versions old and the rest current,
+    bound 1. Sampled by the trainer's own weights (every weight 1), the corrected advantages are the
+    advantage itself on the recent tokens and 0 on the old ones; the share masked is reported."""
+    tok = load_tokenizer(BUILTIN_MODEL)
+    seq = tok.encode("Who are you? I am a tiny chat model.", add_special_tokens=False)
+    prompt = len(tok.encode("Who are you? ", add_special_tokens=False))
+    mask = [0] * prompt + [1] * (len(seq) - prompt)
+    zeros = pa.array([[0.0] * len(seq)])
+    probe = build_datums(pa.array([seq]), zeros, pa.array([mask]), np.zeros(1), loss_fn="cross_entropy")
+    own = trainer.forward(probe.data, "cross_entropy").result()  # type: ignore[attr-defined]
+    logprobs = np.r_[0.0, own.loss_fn_outputs[0]["logprobs"].to_numpy()]
+    versions = [0, 0, 0] + [2] * (len(seq) - prompt - 3)  # the first three sampled tokens by version 0
+    table = pa.table(
+        {
+            "rollout_id": ["a"],
+            "action_mask": pa.array([mask], pa.list_(pa.int8())),
+            "policy_version": [0],
+            VERSIONS_COLUMN: pa.array([versions], pa.list_(pa.int64())),
+        }
+    )
+    batch = build_datums(
+        pa.array([seq]), pa.array([logprobs.tolist()]), table["action_mask"], np.array([0.5]), loss_fn="ppo"
+    )
+    ages = target_ages(table, batch, step=2)
+    metrics = correct_batch(trainer, batch, "ppo", 2.0, ages, bound=1)
+    advantages = batch.data[0].loss_fn_inputs["advantages"].to_numpy()
+    sampled = batch.masks[0] > 0
+    old = sampled & (ages[0] > 1)
+    assert old.sum() == 3 and (sampled & ~old).sum() == len(versions) - 3
+    assert np.all(advantages[old] == 0)
+    np.testing.assert_allclose(advantages[sampled & ~old], 0.5, rtol=1e-4)
+    assert metrics["offpolicy/over_bound_frac"] == pytest.approx(3 / len(versions))
+    unbounded = build_datums(
+        pa.array([seq]), pa.array([logprobs.tolist()]), table["action_mask"], np.array([0.5]), loss_fn="ppo"
+    )
+    correct_batch(trainer, unbounded, "ppo", 2.0, ages)  # no bound given: every token keeps its advantage
+    np.testing.assert_allclose(
+        unbounded.data[0].loss_fn_inputs["advantages"].to_numpy()[sampled], 0.5, rtol=1e-4
+    )

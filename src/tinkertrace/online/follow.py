@@ -12,15 +12,19 @@ Tinker an inflight sampling client).
 
 Staleness: a token sampled by policy version ``v`` is ``step - v`` versions old at training time, a
 row as old as its oldest token (:mod:`tinkertrace.online.staleness`). Beyond ``max_staleness`` a
-rollout is dropped (``staleness_mode="drop"``), its whole group is dropped and every kept token is
-trained with the decoupled-PPO correction (``"correct"``, formula in
-:mod:`tinkertrace.training.offpolicy`), or its advantage is scaled by
+rollout is dropped (``staleness_mode="drop"``); the bound is per token, every token within it trained
+with the decoupled-PPO correction and a group dropped whole only once a rollout's newest token is over
+(``"correct"``, formula in :mod:`tinkertrace.training.offpolicy`); or its advantage is scaled by
 ``staleness_decay ** (age - max_staleness)`` (``"downweight"``). Dropped counts are logged, and each
 step logs its ``offpolicy/…`` metrics (staleness histograms, sampler/trainer mismatch KL, truncated
 and clipped shares, multi-version rollouts, seconds spent waiting for stragglers).
 Staleness is bounded at the source too: the trainer states its demand (rollouts per step, max
 staleness) to the endpoint it publishes to, whose admission gate starts only as many new rollouts
 as the trainer will consume in time (:mod:`tinkertrace.serving.admission`).
+
+Late rollouts: a group trained short of ``group_size`` (after ``group_timeout_s``) keeps its rows'
+keys and rewards; a straggler of it arriving later joins the next step beyond ``groups_per_batch``,
+its advantage taken against the whole group's mean reward.
 
 Exactly-once: every step is checkpointed with its rollout ids; a restart reloads the last state with
 its optimizer and skips every recorded rollout, so nothing is trained twice.
@@ -53,6 +57,7 @@ from tinkertrace.online.publish import (
 )
 from tinkertrace.online.settings import FollowSettings
 from tinkertrace.online.staleness import (
+    VERSIONS_COLUMN,
     correct_batch,
     rollout_ages,
     row_ages,
@@ -77,6 +82,9 @@ CORRECT_WITHOUT_SUBSTEPS = (
 )
 
 FOLLOW_MODE = "follow"
+CARRIED_GROUPS = 1024
+"""Groups trained short of ``group_size`` whose rows are kept as their late rollouts' baseline, at most
+(the oldest are forgotten first)."""
 StepCallback = Callable[[int, dict[str, Any]], None]
 
 
@@ -97,6 +105,17 @@ class FollowResult:
     last_metrics: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     environments: dict[str, dict[str, int]] = field(default_factory=dict)  # per environment: what was built
+
+
+def reward_only(rows: pa.Table) -> pa.Table:
+    """``rows`` with their token lists emptied: all a baseline needs (keys and rewards), and small."""
+    for name in ("tokens", "logprobs", "action_mask", VERSIONS_COLUMN):
+        if name in rows.column_names:
+            field = rows.schema.field(name)
+            rows = rows.set_column(
+                rows.column_names.index(name), field, pa.array([[]] * rows.num_rows, field.type)
+            )
+    return rows
 
 
 class FollowTrainer:
@@ -130,6 +149,7 @@ class FollowTrainer:
         self._stale_now: list[str] = []  # dropped as stale by the latest poll
         self._drop_records: list[dict[str, Any]] = []  # outcome records of those drops (outcomes.jsonl)
         self._stale_groups: set[str] = set()  # correct mode: groups dropped whole (later rollouts too)
+        self._carried: dict[str, pa.Table] = {}  # group trained short of its size → its rows (a baseline)
         self._waiting_since: float | None = None  # the trainer idle with rollouts buffered, since
         self._stated: StatedDemand | None = None  # the demand held at the endpoint (while running)
         envs = self.config.environments
@@ -183,7 +203,15 @@ class FollowTrainer:
         bounded = self.options.max_staleness is not None and self.turns is None
         ages = row_ages(self.buffer, step) if bounded else None  # nearest the bound first
         chosen = pick_groups(
-            keys, self.buffer, arrived, self.options, self.config.groups_per_batch, self.turns, names, ages
+            keys,
+            self.buffer,
+            arrived,
+            self.options,
+            self.config.groups_per_batch,
+            self.turns,
+            names,
+            ages,
+            carried=self._carried.keys(),
         )
         if chosen is None:
             return None
@@ -377,24 +405,25 @@ class FollowTrainer:
         """One step on ``table``: its metrics and the rollouts it kept, or None when nothing in it
         could be trained."""
         started_at = time.time()
+        late = self._late_in(table)
         prepared = self._prepare(table, step, result)
         if prepared is None:
             return None
-        data, kept, age = prepared
+        data, rows, kept, age = prepared
         waited = time.monotonic() - self._waiting_since if self._waiting_since is not None else 0.0
         self._waiting_since = None
         o = self.options
         correct = None
         if o.staleness_mode == "correct":
             correct = lambda client, batch, ages: correct_batch(  # noqa: E731
-                client, batch, self.config.loss, o.staleness_cap, ages
+                client, batch, self.config.loss, o.staleness_cap, ages, o.max_staleness
             )
-        rows = np.arange(data.table.num_rows)
         ages = lambda taken, batch: target_ages(taken, batch, step)  # noqa: E731
         _, metrics = session.step(
             data, rows, step, {"progress/epoch": 0}, before_train=correct, token_ages=ages
         )
-        metrics.update(staleness_metrics(data.table, step))
+        self._carry(table)
+        metrics.update(staleness_metrics(data.table.take(rows), step))
         metrics["offpolicy/straggler_wait_s"] = waited
         metrics.update(step_lags(table, kept, self._arrived, started_at, result.lags_s, result.lag_parts_s))
         result.rollouts_trained += len(kept)
@@ -403,6 +432,7 @@ class FollowTrainer:
                 "lag/staleness_mean": float(age.mean()) if len(age) else 0.0,
                 "lag/staleness_max": int(age.max()) if len(age) else 0,
                 "follow/rollouts_trained": len(kept),
+                "follow/late_rollouts": late,
                 "follow/dropped_stale": len(self._stale_now),
                 "follow/dropped_stale_total": result.rollouts_dropped_stale,
                 "follow/dropped_constant_total": result.rollouts_dropped_constant,
@@ -413,27 +443,65 @@ class FollowTrainer:
 
     def _prepare(
         self, table: pa.Table, step: int, result: FollowResult
-    ) -> tuple[TrainingData, set[str], np.ndarray] | None:
+    ) -> tuple[TrainingData, np.ndarray, set[str], np.ndarray] | None:
         """``table`` as training data (constant-reward groups dropped and counted, stale rows
-        downweighted), the rollouts kept, and each row's age in versions; None if nothing is left."""
+        downweighted), the rows to train (the rows of ``table``: a late rollout's group's earlier
+        rows join the data only for its baseline), the rollouts kept, and each row's age in versions;
+        None if nothing is left."""
         o = self.options
         ids = set(pc.unique(table["rollout_id"]).to_pylist())
+        baseline = self._baseline_of(table)
         report = DataReport()
         try:
-            data: TrainingData | None = prepare_data(table, self.config, report)
+            whole = pa.concat_tables([table, baseline], promote_options="default") if baseline else table
+            data: TrainingData | None = prepare_data(whole, self.config, report)
         except DataError:  # every group had a constant reward
             data = None
-        self._drop_records += [{**r, "step": step} for r in report.dropped]
-        kept = set(pc.unique(data.table["rollout_id"]).to_pylist()) if data is not None else set()
+        self._drop_records += [{**r, "step": step} for r in report.dropped if r["rollout_id"] in ids]
+        own = None if data is None else pc.is_in(data.table["rollout_id"], pa.array(sorted(ids), pa.string()))
+        rows = np.flatnonzero(own.to_numpy(zero_copy_only=False)) if own is not None else np.zeros(0, int)
+        kept = set(pc.unique(data.table["rollout_id"].take(rows)).to_pylist()) if data is not None else set()
         result.rollouts_dropped_constant += len(ids - kept)
         self._dropped_since_save.extend(sorted(ids - kept))
-        if data is None:
+        if data is None or not kept:
             return None
         age = row_ages(data.table, step)
         if o.max_staleness is not None and o.staleness_mode == "downweight":
             over = np.clip(age - o.max_staleness, 0, None)
             data.advantage_of_row = data.advantage_of_row * o.staleness_decay**over
-        return data, kept, age
+        return data, rows, kept, age[rows]
+
+    # --- late rollouts: a group trained without some of its rollouts keeps its rows as their baseline ---
+    def _group_keys_of(self, table: pa.Table) -> list[str]:
+        return [k for k in pc.unique(group_keys(table, self.config.group_by)).to_pylist() if k is not None]
+
+    def _late_in(self, table: pa.Table) -> int:
+        """Rollouts of ``table`` whose group was trained before without them."""
+        keys = group_keys(table, self.config.group_by)
+        late = pc.fill_null(pc.is_in(keys, pa.array(sorted(self._carried), keys.type)), False)
+        return len(pc.unique(table["rollout_id"].filter(late)))
+
+    def _baseline_of(self, table: pa.Table) -> pa.Table | None:
+        """The earlier rows of ``table``'s carried groups, or None."""
+        earlier = [self._carried[k] for k in self._group_keys_of(table) if k in self._carried]
+        return pa.concat_tables(earlier, promote_options="default") if earlier else None
+
+    def _carry(self, table: pa.Table) -> None:
+        """After a step on ``table``: keep the rows of each group still short of ``group_size`` (its
+        late rollouts' baseline), forget the groups now whole. Not with environments (their stager
+        releases whole groups)."""
+        if self.stager is not None:
+            return
+        keys = group_keys(table, self.config.group_by)
+        for key in self._group_keys_of(table):
+            rows = table.filter(pc.fill_null(pc.equal(keys, key), False))
+            earlier = self._carried.pop(key, None)
+            if earlier is not None:
+                rows = pa.concat_tables([earlier, rows], promote_options="default")
+            if len(pc.unique(rows["rollout_id"])) < self.options.group_size:
+                self._carried[key] = reward_only(rows)
+        while len(self._carried) > CARRIED_GROUPS:
+            self._carried.pop(next(iter(self._carried)))
 
     def _consume(self, ids: Iterable[str]) -> None:
         """Mark rollouts trained or dropped; their arrival times go once none of their rows is left

@@ -11,7 +11,7 @@ by each environment's weight (:func:`select_by_weight`).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -130,6 +130,7 @@ def pick_groups(
     turns: WeightedTurns | None,
     env_names: Sequence[str],
     ages: np.ndarray | None = None,
+    carried: Collection[str] = (),
 ) -> pa.Array | None:
     """The keys of the groups a step trains now (``rows``: the buffered trajectory rows, ``keys``,
     ``arrived`` and ``ages`` — versions old at this step — per row), or None to keep waiting. A group
@@ -139,7 +140,9 @@ def pick_groups(
     version, then oldest arrival), and a group *due* — as old as ``options.max_staleness``, so stale
     at the next step — trains with the two or more rollouts it has (its stragglers would go stale
     with it otherwise). With environments (``turns``) the stager releases whole groups and they are
-    shared out by weight."""
+    shared out by weight. A group in ``carried`` (trained before without some of its rollouts) is
+    ready with one and joins the next step beyond ``groups_per_batch`` (it makes no step alone): its
+    late rollouts train against the baseline of those trained before."""
     import numpy as np
 
     frame = pa.table(
@@ -166,14 +169,22 @@ def pick_groups(
         turns.skip(groups_per_batch)
         return groups["key"].take(pa.array(picked, pa.int64()))
     count = groups["rollout_id_count_distinct"].to_numpy()
-    ready = (count >= options.group_size) | ((count >= 2) & (waited >= timeout))
+    late = np.zeros(len(count), dtype=bool)
+    if carried:
+        is_late = pc.is_in(groups["key"], value_set=pa.array(sorted(carried), groups["key"].type))
+        late = np.asarray(pc.fill_null(is_late, False).to_numpy(zero_copy_only=False), dtype=bool)
+    ready = ~late & ((count >= options.group_size) | ((count >= 2) & (waited >= timeout)))
+    # late rollouts never make a step alone: a step publishes a version, and one of stragglers only
+    # would age every other buffered rollout by a version for a handful of episodes
     if not ready.any() or (ready.sum() < groups_per_batch and waited[ready].max() < timeout):
         return None
     age = groups["age_max"].to_numpy()
     due = np.zeros(len(age), dtype=bool)
     if ages is not None and options.max_staleness is not None and options.staleness_mode != "downweight":
-        due = (count >= 2) & (age >= options.max_staleness)
+        due = ~late & (count >= 2) & (age >= options.max_staleness)
     candidates = np.flatnonzero(ready | due)
     # nearest the bound first; of equal age the ready (whole) groups, then the longest waiting
     order = np.lexsort((-waited[candidates], ~ready[candidates], -age[candidates]))
-    return groups["key"].take(pa.array(candidates[order][:groups_per_batch]))
+    # late rollouts come on top: their groups were counted in the step that trained the rest
+    picked = np.concatenate([candidates[order][:groups_per_batch], np.flatnonzero(late)])
+    return groups["key"].take(pa.array(picked, pa.int64()))

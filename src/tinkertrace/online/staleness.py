@@ -3,18 +3,20 @@
 * :func:`token_policy_versions` — the one place per-token policy versions are read: the builder's
   ``response_policy_versions`` column when it is there (one version per sampled token, in order), else
   each row's ``policy_version`` repeated over its sampled tokens.
-* :func:`row_ages` — each row's age in versions at a step: the age of its oldest token.
-* :func:`rollout_ages` — each row's rollout's age: its oldest token over all the rollout's rows
-  (segments).
-* :func:`stale_rows` — the rows over ``max_staleness``: rollout by rollout (``drop``), or whole groups
-  (``correct``: a group is never split across the bound).
+* :func:`row_ages` — each row's age in versions at a step: the age of its oldest (or newest) token.
+* :func:`rollout_ages` — each row's rollout's age: its oldest (or newest) token over all the
+  rollout's rows (segments).
+* :func:`stale_rows` — the rows over ``max_staleness``: rollout by rollout by the oldest token
+  (``drop``), or whole groups once a rollout's newest token is over (``correct``: a group is never
+  split across the bound, and its tokens over the bound are masked instead, by :func:`correct_batch`).
 * :func:`staleness_metrics` — the step's staleness histograms (tokens and rollouts) and how many
   rollouts carried more than one policy version.
 * :func:`target_ages` — each trained token's age, aligned with a batch's Datums (the mismatch KL by
   age: age 0 is the pure sampler/trainer mismatch, age 1 adds the trainer's last update).
 * :func:`correct_batch` — the ``correct`` mode's Datums: one forward pass for the proximal logprobs,
   then :func:`~tinkertrace.training.offpolicy.corrected_inputs` (formula in
-  :mod:`tinkertrace.training.offpolicy`).
+  :mod:`tinkertrace.training.offpolicy`); a token older than the bound gets no advantage (a long
+  episode whose first turns are over the bound trains its later ones).
 """
 
 from __future__ import annotations
@@ -57,37 +59,46 @@ def token_policy_versions(table: pa.Table) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int64(), mask=values < 0))
 
 
-def row_ages(table: pa.Table, step: int) -> np.ndarray:
-    """Each row's age at ``step`` in versions: its oldest token's (a row with no known version: 0)."""
+def row_ages(table: pa.Table, step: int, newest: bool = False) -> np.ndarray:
+    """Each row's age at ``step`` in versions: its oldest token's, or with ``newest`` its newest
+    token's (a row with no known version: 0)."""
     versions = token_policy_versions(table)
     flat = pc.fill_null(versions.flatten(), NEVER).to_numpy(zero_copy_only=False).astype(np.int64)
     lengths = np.diff(np.asarray(versions.offsets, dtype=np.int64)).astype(np.int64)
-    oldest = np.full(len(lengths), NEVER, dtype=np.int64)
+    row = pc.fill_null(table["policy_version"], NEVER).to_numpy(zero_copy_only=False).astype(np.int64)
+    picked = row.copy()
     has = lengths > 0
     if has.any():
-        oldest[has] = np.minimum.reduceat(flat, np.asarray(versions.offsets)[:-1][has])
-    row = pc.fill_null(table["policy_version"], NEVER).to_numpy(zero_copy_only=False).astype(np.int64)
-    oldest = np.minimum(oldest, row)
-    return np.where(oldest == NEVER, 0, step - np.minimum(oldest, step))
+        starts = np.asarray(versions.offsets)[:-1][has]
+        if newest:
+            latest = np.maximum.reduceat(np.where(flat == NEVER, -1, flat), starts)
+            picked[has] = np.where(latest < 0, row[has], latest)
+        else:
+            picked[has] = np.minimum(np.minimum.reduceat(flat, starts), row[has])
+    return np.where(picked == NEVER, 0, step - np.minimum(picked, step))
 
 
-def rollout_ages(table: pa.Table, step: int) -> np.ndarray:
+def rollout_ages(table: pa.Table, step: int, newest: bool = False) -> np.ndarray:
     """Per row, its rollout's age at ``step``: the oldest token of all the rollout's rows (a rollout
-    built as several segments is as old as its first turn in every one of them)."""
-    ages = pa.table({"rollout_id": table["rollout_id"], "age": row_ages(table, step)})
-    oldest = ages.group_by("rollout_id").aggregate([("age", "max")])
-    where = pc.index_in(table["rollout_id"], value_set=oldest["rollout_id"])
-    return np.asarray(oldest["age_max"].take(where).to_numpy(zero_copy_only=False), dtype=np.int64)
+    built as several segments is as old as its first turn in every one of them), or with ``newest``
+    its newest token's (the age of its last turn)."""
+    ages = pa.table({"rollout_id": table["rollout_id"], "age": row_ages(table, step, newest)})
+    how = "min" if newest else "max"
+    per_rollout = ages.group_by("rollout_id").aggregate([("age", how)])
+    where = pc.index_in(table["rollout_id"], value_set=per_rollout["rollout_id"])
+    return np.asarray(per_rollout[f"age_{how}"].take(where).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def stale_rows(
     table: pa.Table, keys: pa.Array, step: int, bound: int, mode: str, stale_groups: set[str]
 ) -> np.ndarray:
     """Rows over ``bound`` versions old at ``step``, whole rollouts at a time (a rollout's segments are
-    never split across the bound). In ``correct`` mode a whole group goes when any of its rows is over
+    never split across the bound). In ``drop`` mode a rollout is over when its oldest token is. In
+    ``correct`` mode the bound is per token (:func:`correct_batch` trains none older), so a rollout is
+    over only when its newest token is — nothing of it could train — and then its whole group goes
     (and every group in ``stale_groups``, where the keys found here are added): later rollouts of a
     group dropped before cannot train alone."""
-    over = rollout_ages(table, step) > bound
+    over = rollout_ages(table, step, newest=mode == "correct") > bound
     if mode != "correct":
         return over
     stale_groups.update(k for k in pc.unique(pc.filter(keys, pa.array(over))).to_pylist() if k is not None)
@@ -139,20 +150,33 @@ def target_ages(table: pa.Table, batch: DatumBatch, step: int) -> list[np.ndarra
 
 
 def correct_batch(
-    client: Any, batch: DatumBatch, loss_fn: str, cap: float, ages: list[np.ndarray] | None = None
+    client: Any,
+    batch: DatumBatch,
+    loss_fn: str,
+    cap: float,
+    ages: list[np.ndarray] | None = None,
+    bound: int | None = None,
 ) -> dict[str, float]:
     """Rewrite ``batch``'s Datums for the corrected loss: the trainer's current logprobs (one
-    ``forward``, the proximal policy) as ``logprobs`` and ``w · A`` as ``advantages``; the
-    sampler's logprobs stay in ``batch.sampling_logprobs``. Returns the mismatch metrics (by token
-    age too, given each target token's ``ages``)."""
+    ``forward``, the proximal policy) as ``logprobs`` and ``w · A`` as ``advantages``, where a
+    token more than ``bound`` versions old (by ``ages``) gets advantage 0; the sampler's logprobs
+    stay in ``batch.sampling_logprobs``. Returns the mismatch metrics (by token age too, given each
+    target token's ``ages``) and ``offpolicy/over_bound_frac``, the share of sampled tokens masked."""
     if not batch.data:
         return {}
     output = client.forward(batch.data, loss_fn).result()
     proximal = [out["logprobs"].to_numpy() for out in output.loss_fn_outputs]
+    masked = sampled = 0
     for j, datum in enumerate(batch.data):
         inputs = datum.loss_fn_inputs
+        advantages = inputs["advantages"].to_numpy()
+        if ages is not None and bound is not None:
+            over = (ages[j] > bound) & (batch.masks[j] > 0)
+            advantages = np.where(over, 0.0, advantages).astype(advantages.dtype)
+            masked += int(over.sum())
+        sampled += int((batch.masks[j] > 0).sum())
         logprobs, advantages = corrected_inputs(
-            proximal[j], batch.sampling_logprobs[j], inputs["advantages"].to_numpy(), batch.masks[j], cap
+            proximal[j], batch.sampling_logprobs[j], advantages, batch.masks[j], cap
         )
         batch.data[j] = types.Datum(
             model_input=datum.model_input,
@@ -162,4 +186,5 @@ def correct_batch(
                 "advantages": types.TensorData.from_numpy(advantages),
             },
         )
-    return mismatch_metrics(batch.sampling_logprobs, proximal, batch.masks, cap, ages)
+    metrics = mismatch_metrics(batch.sampling_logprobs, proximal, batch.masks, cap, ages)
+    return {**metrics, "offpolicy/over_bound_frac": masked / max(sampled, 1)}
