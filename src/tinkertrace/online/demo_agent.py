@@ -8,8 +8,10 @@ does not pay). Run as a worker process::
     python -m tinkertrace.online.demo_agent --base-url http://127.0.0.1:8000/v1 \
         --collector http://127.0.0.1:4318 --worker 0 --log agents-0.jsonl
 
-Each round asks one question ``--group-size`` times at once (one GRPO group: same task id) and
-appends one JSON line per rollout to ``--log``; SIGTERM ends the worker after its current round.
+Each group asks one question ``--group-size`` times (one GRPO group: same task id). The worker keeps
+``--group-size`` rollouts in flight, starting the next as soon as one ends (the next group's once
+this one's are all started), and appends one JSON line per rollout to ``--log`` with its group
+(``round``), start and end; SIGTERM ends the worker once the rollouts in flight are done.
 :func:`run_worker` and :func:`main` take the task (:class:`DemoTask`), so another demo task
 (:mod:`tinkertrace.online.addition_agent`) reuses them; each task's module names it ``DEMO_TASK``.
 """
@@ -24,7 +26,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -137,28 +139,48 @@ def run_worker(
     stop: threading.Event | None = None,
     parent_pid: int | None = None,
 ) -> int:
-    """Rounds of ``group_size`` concurrent rollouts until ``stop`` is set (or the parent is gone)."""
+    """Keep ``group_size`` rollouts in flight until ``stop`` is set (or the parent is gone), then
+    finish them; the number of groups started. Rollout ``i`` belongs to group ``i // group_size`` (one
+    question, one task id), and each starts as soon as a place is free: a long episode holds its own
+    place, not the worker's next group."""
     stop = stop or threading.Event()
     client = OpenAI(base_url=base_url, api_key="EMPTY", max_retries=3, timeout=120)
-    rounds = 0
+    started = 0
+    current: dict[str, Any] = {}
+    running: set[Future[dict[str, Any]]] = set()
+
+    def alive() -> bool:
+        return not stop.is_set() and (parent_pid is None or os.getppid() == parent_pid)
+
     with ThreadPoolExecutor(group_size) as pool, log.open("a") as out:
-        while not stop.is_set() and (parent_pid is None or os.getppid() == parent_pid):
-            current = task.make(worker, rounds, seed)
-            started = time.time()
-            futures = [
-                pool.submit(task.rollout, current, client=client, model=model, max_tokens=max_tokens)
-                for _ in range(group_size)
-            ]
-            for future in futures:
-                try:
-                    row: dict[str, Any] = future.result()
-                except Exception as exc:  # a failed call is logged, the worker keeps going
-                    row = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-                row.update(worker=worker, round=rounds, start=started, end=time.time())
-                out.write(json.dumps(row) + "\n")
+        while True:
+            while alive() and len(running) < group_size:
+                group, member = divmod(started, group_size)
+                if member == 0:
+                    current = task.make(worker, group, seed)
+                kwargs = {"client": client, "model": model, "max_tokens": max_tokens}
+                running.add(pool.submit(_timed_rollout, task, current, kwargs, group))
+                started += 1
+            if not running:
+                break
+            done, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in done:
+                out.write(json.dumps({**future.result(), "worker": worker}) + "\n")
             out.flush()
-            rounds += 1
-    return rounds
+    return -(-started // group_size)
+
+
+def _timed_rollout(
+    task: DemoTask, current: dict[str, Any], kwargs: dict[str, Any], group: int
+) -> dict[str, Any]:
+    """One rollout's log row: its result (or the error it raised: the worker keeps going), its group
+    (``round``) and its own start and end."""
+    start = time.time()
+    try:
+        row = task.rollout(current, **kwargs)
+    except Exception as exc:
+        row = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    return {**row, "round": group, "start": start, "end": time.time()}
 
 
 def main(task: DemoTask = DEMO_TASK) -> None:
