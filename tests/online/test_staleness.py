@@ -14,6 +14,7 @@ from tinkertrace.engine import ServiceClient
 from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.online.staleness import (
     VERSIONS_COLUMN,
+    baseline_only,
     correct_batch,
     rollout_ages,
     row_ages,
@@ -53,15 +54,16 @@ def test_versions_come_from_the_per_token_column_where_it_fits() -> None:
     assert row_ages(rows([None], [[0, 1]]), 6).tolist() == [0]
 
 
-def test_drop_splits_a_group_but_correct_drops_it_whole_and_remembers_it() -> None:
-    table = rows([1, 3, 3, 3], [[0, 1]] * 4, ["a1", "a2", "b1", "b2"])
+def test_drop_splits_a_group_but_correct_keeps_it_whole_or_drops_it_whole_and_remembers_it() -> None:
+    table = rows([1, 3, 1, 1], [[0, 1]] * 4, ["a1", "a2", "b1", "b2"])
     keys = pa.array(["a", "a", "b", "b"])
-    assert stale_rows(table, keys, 3, 1, "drop", set()).tolist() == [True, False, False, False]
+    assert stale_rows(table, keys, 3, 1, "drop", set()).tolist() == [True, False, True, True]
     dropped: set[str] = set()
-    assert stale_rows(table, keys, 3, 1, "correct", dropped).tolist() == [True, True, False, False]
-    assert dropped == {"a"}
-    late = rows([3], [[0, 1]], ["a3"])  # a fresh rollout of the dropped group arrives later
-    assert stale_rows(late, pa.array(["a"]), 3, 1, "correct", dropped).tolist() == [True]
+    # a keeps a1 as its baseline (a2 trains); b has nothing left to train and goes whole
+    assert stale_rows(table, keys, 3, 1, "correct", dropped).tolist() == [False, False, True, True]
+    assert dropped == {"b"} and baseline_only(table, 3, 1) == 3
+    late = rows([3], [[0, 1]], ["b3"])  # a fresh rollout of the dropped group arrives later
+    assert stale_rows(late, pa.array(["b"]), 3, 1, "correct", dropped).tolist() == [True]
 
 
 def test_histograms_count_tokens_and_rollouts_by_age() -> None:

@@ -13,8 +13,9 @@ Tinker an inflight sampling client).
 Staleness: a token sampled by policy version ``v`` is ``step - v`` versions old at training time, a
 row as old as its oldest token (:mod:`tinkertrace.online.staleness`). Beyond ``max_staleness`` a
 rollout is dropped (``staleness_mode="drop"``); the bound is per token, every token within it trained
-with the decoupled-PPO correction and a group dropped whole only once a rollout's newest token is over
-(``"correct"``, formula in :mod:`tinkertrace.training.offpolicy`); or its advantage is scaled by
+with the decoupled-PPO correction, a group trained whole (a rollout wholly over the bound lends it its
+reward only) and dropped only when nothing in it is left to train (``"correct"``, formula in
+:mod:`tinkertrace.training.offpolicy`); or its advantage is scaled by
 ``staleness_decay ** (age - max_staleness)`` (``"downweight"``). Dropped counts are logged, and each
 step logs its ``offpolicy/…`` metrics (staleness histograms, sampler/trainer mismatch KL, truncated
 and clipped shares, multi-version rollouts, seconds spent waiting for stragglers).
@@ -58,6 +59,7 @@ from tinkertrace.online.publish import (
 from tinkertrace.online.settings import FollowSettings
 from tinkertrace.online.staleness import (
     VERSIONS_COLUMN,
+    baseline_only,
     correct_batch,
     rollout_ages,
     row_ages,
@@ -424,6 +426,10 @@ class FollowTrainer:
         )
         self._carry(table)
         metrics.update(staleness_metrics(data.table.take(rows), step))
+        if correct is not None and o.max_staleness is not None:  # in the step for their rewards only
+            metrics["follow/baseline_only_rollouts"] = baseline_only(
+                data.table.take(rows), step, o.max_staleness
+            )
         metrics["offpolicy/straggler_wait_s"] = waited
         metrics.update(step_lags(table, kept, self._arrived, started_at, result.lags_s, result.lag_parts_s))
         result.rollouts_trained += len(kept)

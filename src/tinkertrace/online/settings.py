@@ -37,8 +37,8 @@ class FollowSettings:
     staleness_mode: StalenessMode = setting(
         "drop",
         "'drop' drops a rollout over the bound (by its oldest token); 'correct' bounds each token (one "
-        "over the bound gets no advantage; a group goes whole once a rollout's newest token is over) and "
-        "trains every kept token with the decoupled-PPO correction (each token weighted by "
+        "over the bound gets no advantage), trains a group whole (dropped only when every rollout of it "
+        "is over) and every kept token with the decoupled-PPO correction (each token weighted by "
         "min(p_trainer/p_sampler, --staleness-cap), clipped against the trainer's current policy, "
         "which acts with --num-substeps above 1; one extra forward pass per step); 'downweight' keeps "
         "stale rollouts, advantage × --staleness-decay per version over.",
