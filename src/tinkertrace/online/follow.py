@@ -409,6 +409,7 @@ class FollowTrainer:
         started_at = time.time()
         late = self._late_in(table)
         prepared = self._prepare(table, step, result)
+        self._carry(table)  # trained or dropped, its groups' rewards are their late rollouts' baseline
         if prepared is None:
             return None
         data, rows, kept, age = prepared
@@ -424,7 +425,6 @@ class FollowTrainer:
         _, metrics = session.step(
             data, rows, step, {"progress/epoch": 0}, before_train=correct, token_ages=ages
         )
-        self._carry(table)
         metrics.update(staleness_metrics(data.table.take(rows), step))
         if correct is not None and o.max_staleness is not None:  # in the step for their rewards only
             metrics["follow/baseline_only_rollouts"] = baseline_only(
