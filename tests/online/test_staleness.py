@@ -223,6 +223,8 @@ def test_correct_batch_gives_tokens_over_the_bound_no_advantage(trainer: object)
     assert np.all(advantages[old] == 0)
     np.testing.assert_allclose(advantages[sampled & ~old], 0.5, rtol=1e-4)
     assert metrics["offpolicy/over_bound_frac"] == pytest.approx(3 / len(versions))
+    # the mismatch figures are the trained tokens': the masked ones (age 2) are left out
+    assert "offpolicy/mismatch_kl_age_0" in metrics and "offpolicy/mismatch_kl_age_2" not in metrics
     unbounded = build_datums(
         pa.array([seq]), pa.array([logprobs.tolist()]), table["action_mask"], np.array([0.5]), loss_fn="ppo"
     )

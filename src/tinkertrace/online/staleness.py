@@ -170,21 +170,21 @@ def correct_batch(
     """Rewrite ``batch``'s Datums for the corrected loss: the trainer's current logprobs (one
     ``forward``, the proximal policy) as ``logprobs`` and ``w · A`` as ``advantages``, where a
     token more than ``bound`` versions old (by ``ages``) gets advantage 0; the sampler's logprobs
-    stay in ``batch.sampling_logprobs``. Returns the mismatch metrics (by token age too, given each
-    target token's ``ages``) and ``offpolicy/over_bound_frac``, the share of sampled tokens masked."""
+    stay in ``batch.sampling_logprobs``. Returns the mismatch metrics of the trained tokens (by token
+    age too, given each target token's ``ages``) and ``offpolicy/over_bound_frac``, the share of
+    sampled tokens masked."""
     if not batch.data:
         return {}
     output = client.forward(batch.data, loss_fn).result()
     proximal = [out["logprobs"].to_numpy() for out in output.loss_fn_outputs]
-    masked = sampled = 0
+    trained = list(batch.masks)  # the tokens within the bound: the mismatch figures are theirs
     for j, datum in enumerate(batch.data):
         inputs = datum.loss_fn_inputs
         advantages = inputs["advantages"].to_numpy()
         if ages is not None and bound is not None:
             over = (ages[j] > bound) & (batch.masks[j] > 0)
             advantages = np.where(over, 0.0, advantages).astype(advantages.dtype)
-            masked += int(over.sum())
-        sampled += int((batch.masks[j] > 0).sum())
+            trained[j] = np.where(over, 0, batch.masks[j])
         logprobs, advantages = corrected_inputs(
             proximal[j], batch.sampling_logprobs[j], advantages, batch.masks[j], cap
         )
@@ -196,5 +196,7 @@ def correct_batch(
                 "advantages": types.TensorData.from_numpy(advantages),
             },
         )
-    metrics = mismatch_metrics(batch.sampling_logprobs, proximal, batch.masks, cap, ages)
+    metrics = mismatch_metrics(batch.sampling_logprobs, proximal, trained, cap, ages)
+    sampled = sum(int((m > 0).sum()) for m in batch.masks)
+    masked = sampled - sum(int((m > 0).sum()) for m in trained)
     return {**metrics, "offpolicy/over_bound_frac": masked / max(sampled, 1)}
