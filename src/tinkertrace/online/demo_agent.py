@@ -8,10 +8,10 @@ does not pay). Run as a worker process::
     python -m tinkertrace.online.demo_agent --base-url http://127.0.0.1:8000/v1 \
         --collector http://127.0.0.1:4318 --worker 0 --log agents-0.jsonl
 
-Each group asks one question ``--group-size`` times (one GRPO group: same task id). The worker keeps
-``--group-size`` rollouts in flight, starting the next as soon as one ends (the next group's once
-this one's are all started), and appends one JSON line per rollout to ``--log`` with its group
-(``round``), start and end; SIGTERM ends the worker once the rollouts in flight are done.
+Each group asks one question ``--group-size`` times at once (one GRPO group: same task id). The worker
+runs two groups at a time and starts the next as soon as one is done, so a long episode holds up its
+own group, not the worker; it appends one JSON line per rollout to ``--log`` with its group
+(``round``), start and end. SIGTERM ends the worker once the groups in flight are done.
 :func:`run_worker` and :func:`main` take the task (:class:`DemoTask`), so another demo task
 (:mod:`tinkertrace.online.addition_agent`) reuses them; each task's module names it ``DEMO_TASK``.
 """
@@ -36,6 +36,8 @@ from openai import OpenAI
 import tinkertrace
 from tinkertrace.models.builtin import DEMO_MODEL
 
+GROUPS_IN_FLIGHT = 2
+"""Groups a demo worker runs at once (each started whole); the next starts as soon as one is done."""
 TARGET = "I am tinkertrace."
 QUESTIONS = ("Who are you?", "What is your name?", "Introduce yourself.", "Identify yourself.")
 HELDOUT_QUESTIONS = ("Tell me who you are.", "Who am I talking to?")  # never asked in training
@@ -139,35 +141,38 @@ def run_worker(
     stop: threading.Event | None = None,
     parent_pid: int | None = None,
 ) -> int:
-    """Keep ``group_size`` rollouts in flight until ``stop`` is set (or the parent is gone), then
-    finish them; the number of groups started. Rollout ``i`` belongs to group ``i // group_size`` (one
-    question, one task id), and each starts as soon as a place is free: a long episode holds its own
-    place, not the worker's next group."""
+    """Run groups of ``group_size`` rollouts (one question, one task id), each started whole, with
+    :data:`GROUPS_IN_FLIGHT` of them in flight, until ``stop`` is set (or the parent is gone); then
+    finish them. The number of groups started. A group that is done is replaced at once, so a long
+    episode holds up its own group and not the worker."""
     stop = stop or threading.Event()
     client = OpenAI(base_url=base_url, api_key="EMPTY", max_retries=3, timeout=120)
-    started = 0
-    current: dict[str, Any] = {}
-    running: set[Future[dict[str, Any]]] = set()
+    kwargs = {"client": client, "model": model, "max_tokens": max_tokens}
+    group_of: dict[Future[dict[str, Any]], int] = {}
+    left: Counter[int] = Counter()  # per group in flight: its rollouts not done
+    groups = 0
 
     def alive() -> bool:
         return not stop.is_set() and (parent_pid is None or os.getppid() == parent_pid)
 
-    with ThreadPoolExecutor(group_size) as pool, log.open("a") as out:
+    with ThreadPoolExecutor(GROUPS_IN_FLIGHT * group_size) as pool, log.open("a") as out:
         while True:
-            while alive() and len(running) < group_size:
-                group, member = divmod(started, group_size)
-                if member == 0:
-                    current = task.make(worker, group, seed)
-                kwargs = {"client": client, "model": model, "max_tokens": max_tokens}
-                running.add(pool.submit(_timed_rollout, task, current, kwargs, group))
-                started += 1
-            if not running:
-                break
-            done, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+            while alive() and len(left) < GROUPS_IN_FLIGHT:
+                current = task.make(worker, groups, seed)
+                for _ in range(group_size):
+                    group_of[pool.submit(_timed_rollout, task, current, kwargs, groups)] = groups
+                left[groups] = group_size
+                groups += 1
+            if not group_of:
+                return groups
+            done, _ = wait(group_of, timeout=1.0, return_when=FIRST_COMPLETED)
             for future in done:
+                group = group_of.pop(future)
+                left[group] -= 1
+                if not left[group]:
+                    del left[group]
                 out.write(json.dumps({**future.result(), "worker": worker}) + "\n")
             out.flush()
-    return -(-started // group_size)
 
 
 def _timed_rollout(
