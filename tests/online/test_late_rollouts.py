@@ -16,8 +16,9 @@ from tinkertrace.online.settings import FollowSettings
 from tinkertrace.training.config import TrainSettings
 
 
-def rollouts(rewards: dict[str, float], task: str = "t") -> pa.Table:
-    """One single-turn rollout per entry (id → reward) of ``task``, sampled by version 0."""
+def rollouts(rewards: dict[str, float], task: str = "t", versions: dict[str, int] | None = None) -> pa.Table:
+    """One single-turn rollout per entry (id → reward) of ``task``, sampled by version 0 (or
+    ``versions[id]``)."""
     prompt, reply = list(b"Q? "), list(b"yes")
     rows = [
         {
@@ -31,7 +32,7 @@ def rollouts(rewards: dict[str, float], task: str = "t") -> pa.Table:
             "action_mask": [0] * len(prompt) + [1] * len(reply),
             "reward": reward,
             "num_turns": 1,
-            "policy_version": 0,
+            "policy_version": (versions or {}).get(rid, 0),
             "split": "train",
         }
         for rid, reward in rewards.items()
@@ -107,3 +108,26 @@ def test_a_baseline_keeps_keys_and_rewards_but_no_tokens() -> None:
     assert kept["reward"].to_pylist() == [0.25] and kept["task_id"].to_pylist() == ["t"]
     assert kept["tokens"].to_pylist() == [[]] and kept["action_mask"].to_pylist() == [[]]
     assert kept.schema == schemas.trajectories()
+
+
+def test_correct_mode_keeps_a_spent_rollouts_reward_in_the_baseline_and_drops_it(tmp_path: Path) -> None:
+    """Bound 1 at step 3: ``a`` was sampled by version 0, so nothing of it may train; its reward still
+    counts in its group's mean (b and c are judged against a, b and c), and it is dropped as stale,
+    not sent to the trainer."""
+    config = TrainSettings(source=tmp_path, log_dir=tmp_path / "train", groups_per_batch=1)
+    options = FollowSettings(group_size=3, max_staleness=1, staleness_mode="correct")
+    trainer = FollowTrainer(config, options)
+    result = FollowResult(log_dir=tmp_path, start_step=3)
+    table = rollouts({"a": 0.0, "b": 1.0, "c": 0.0}, versions={"a": 0, "b": 3, "c": 3})
+    prepared = trainer._prepare(table, 3, result)
+    assert prepared is not None
+    data, rows, kept, _ = prepared
+    assert kept == {"b", "c"}
+    trained = dict(
+        zip(data.table["rollout_id"].take(rows).to_pylist(), data.advantage_of_row[rows], strict=True)
+    )
+    assert trained == pytest.approx({"b": 2 / 3, "c": -1 / 3})  # the mean of a, b and c: 1/3
+    assert result.rollouts_dropped_stale == 1 and trainer._dropped_since_save == ["a"]
+    assert [(r["rollout_id"], r["reason"], r["versions_behind"]) for r in trainer._drop_records] == [
+        ("a", "stale", 3)
+    ]

@@ -13,8 +13,9 @@ Tinker an inflight sampling client).
 Staleness: a token sampled by policy version ``v`` is ``step - v`` versions old at training time, a
 row as old as its oldest token (:mod:`tinkertrace.online.staleness`). Beyond ``max_staleness`` a
 rollout is dropped (``staleness_mode="drop"``); the bound is per token, every token within it trained
-with the decoupled-PPO correction, a group trained whole (a rollout wholly over the bound lends it its
-reward only) and dropped only when nothing in it is left to train (``"correct"``, formula in
+with the decoupled-PPO correction, a group's advantages taken over all of it (a rollout wholly over the
+bound lends its reward to the baseline, and is then dropped as stale) and a group dropped whole only
+when nothing in it is left to train (``"correct"``, formula in
 :mod:`tinkertrace.training.offpolicy`); or its advantage is scaled by
 ``staleness_decay ** (age - max_staleness)`` (``"downweight"``). Dropped counts are logged, and each
 step logs its ``offpolicy/…`` metrics (staleness histograms, sampler/trainer mismatch KL, truncated
@@ -59,7 +60,6 @@ from tinkertrace.online.publish import (
 from tinkertrace.online.settings import FollowSettings
 from tinkertrace.online.staleness import (
     VERSIONS_COLUMN,
-    baseline_only,
     correct_batch,
     rollout_ages,
     row_ages,
@@ -426,10 +426,6 @@ class FollowTrainer:
             data, rows, step, {"progress/epoch": 0}, before_train=correct, token_ages=ages
         )
         metrics.update(staleness_metrics(data.table.take(rows), step))
-        if correct is not None and o.max_staleness is not None:  # in the step for their rewards only
-            metrics["follow/baseline_only_rollouts"] = baseline_only(
-                data.table.take(rows), step, o.max_staleness
-            )
         metrics["offpolicy/straggler_wait_s"] = waited
         metrics.update(step_lags(table, kept, self._arrived, started_at, result.lags_s, result.lag_parts_s))
         result.rollouts_trained += len(kept)
@@ -469,6 +465,9 @@ class FollowTrainer:
         kept = set(pc.unique(data.table["rollout_id"].take(rows)).to_pylist()) if data is not None else set()
         result.rollouts_dropped_constant += len(ids - kept)
         self._dropped_since_save.extend(sorted(ids - kept))
+        if data is not None and o.staleness_mode == "correct" and o.max_staleness is not None:
+            rows = self._drop_spent(data.table, rows, step, o.max_staleness, result)
+            kept = set(pc.unique(data.table["rollout_id"].take(rows)).to_pylist())
         if data is None or not kept:
             return None
         age = row_ages(data.table, step)
@@ -476,6 +475,25 @@ class FollowTrainer:
             over = np.clip(age - o.max_staleness, 0, None)
             data.advantage_of_row = data.advantage_of_row * o.staleness_decay**over
         return data, rows, kept, age[rows]
+
+    def _drop_spent(
+        self, table: pa.Table, rows: np.ndarray, step: int, bound: int, result: FollowResult
+    ) -> np.ndarray:
+        """Correct mode: ``rows`` without the rollouts wholly over ``bound`` (their newest token too).
+        Their rewards are already in their group's advantages (its baseline); they train nothing, so
+        they are dropped as stale, not sent to the trainer."""
+        spent = rollout_ages(table, step, newest=True)[rows] > bound
+        if not spent.any():
+            return rows
+        gone = table.take(rows[spent])
+        self._drop_records += outcome_rows(
+            gone, DROPPED, step=step, reason="stale", versions_behind=rollout_ages(gone, step).tolist()
+        )
+        ids = pc.unique(gone["rollout_id"]).to_pylist()
+        result.rollouts_dropped_stale += len(ids)
+        self._dropped_since_save.extend(ids)
+        self._stale_now.extend(ids)
+        return rows[~spent]
 
     # --- late rollouts: a group trained without some of its rollouts keeps its rows as their baseline ---
     def _group_keys_of(self, table: pa.Table) -> list[str]:

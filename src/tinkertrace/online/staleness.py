@@ -8,8 +8,8 @@
   rollout's rows (segments).
 * :func:`stale_rows` — the rows over ``max_staleness``: rollout by rollout by the oldest token
   (``drop``), or whole groups with nothing left to train (``correct``: the bound is per token,
-  :func:`correct_batch` masks what is over it, and a group trains whole — a rollout wholly over the
-  bound is its group's baseline only, counted by :func:`baseline_only`).
+  :func:`correct_batch` masks what is over it, and a rollout wholly over the bound stays in its
+  group's advantages, the baseline of the rest).
 * :func:`staleness_metrics` — the step's staleness histograms (tokens and rollouts) and how many
   rollouts carried more than one policy version.
 * :func:`target_ages` — each trained token's age, aligned with a batch's Datums (the mismatch KL by
@@ -95,9 +95,10 @@ def stale_rows(
 ) -> np.ndarray:
     """Rows over ``bound`` versions old at ``step``, whole rollouts at a time (a rollout's segments are
     never split across the bound). In ``drop`` mode a rollout is over when its oldest token is. In
-    ``correct`` mode the bound is per token (:func:`correct_batch` trains none older) and a group
-    trains whole: a rollout wholly over the bound stays as its group's baseline, and only a group with
-    nothing left to train — every rollout of it here over the bound by its newest token — goes (and
+    ``correct`` mode the bound is per token (:func:`correct_batch` trains none older) and a group's
+    advantages are taken over all of it: a rollout wholly over the bound stays for its group's
+    baseline (the follow trainer drops it after), and only a group with nothing left to train —
+    every rollout of it here over the bound by its newest token — goes (and
     every group in ``stale_groups``, where the keys found here are added): later rollouts of a group
     dropped before cannot train alone."""
     if mode != "correct":
@@ -109,13 +110,6 @@ def stale_rows(
         return np.zeros(table.num_rows, dtype=bool)
     member = pc.is_in(keys, value_set=pa.array(sorted(stale_groups), keys.type))
     return np.asarray(pc.fill_null(member, False).to_numpy(zero_copy_only=False), dtype=bool)
-
-
-def baseline_only(table: pa.Table, step: int, bound: int) -> int:
-    """Rollouts of ``table`` with no sampled token within ``bound`` versions at ``step``: in correct mode
-    they train nothing and lend their group their reward (its baseline)."""
-    over = pa.array(rollout_ages(table, step, newest=True) > bound)
-    return len(pc.unique(table["rollout_id"].filter(over)))
 
 
 def staleness_metrics(table: pa.Table, step: int) -> dict[str, Any]:
