@@ -186,5 +186,5 @@ def pick_groups(
     # nearest the bound first; of equal age the ready (whole) groups, then the longest waiting
     order = np.lexsort((-waited[candidates], ~ready[candidates], -age[candidates]))
     # late rollouts come on top: their groups were counted in the step that trained the rest
-    picked = np.concatenate([candidates[order][:groups_per_batch], np.flatnonzero(late)])
-    return groups["key"].take(pa.array(picked, pa.int64()))
+    taken = np.concatenate([candidates[order][:groups_per_batch], np.flatnonzero(late)])
+    return groups["key"].take(pa.array(taken, pa.int64()))
