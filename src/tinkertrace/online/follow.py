@@ -177,23 +177,32 @@ class FollowTrainer:
         self.buffer = table if self.buffer.num_columns == 0 else pa.concat_tables([self.buffer, table])
 
     def _drop_stale(self, step: int) -> list[str]:
-        """Remove rollouts older than ``max_staleness`` versions (drop mode; in correct mode their
-        whole groups); their ids."""
+        """Remove rollouts older than ``max_staleness`` versions from the buffer (drop mode; in
+        correct mode whole groups with nothing left to train); their ids."""
         o = self.options
         if o.max_staleness is None or o.staleness_mode == "downweight" or self.buffer.num_rows == 0:
             return []
         keys = group_keys(self.buffer, self.config.group_by)
         over = stale_rows(self.buffer, keys, step, o.max_staleness, o.staleness_mode, self._stale_groups)
+        if not over.any():
+            return []
         stale = pa.array(over)
-        ids = pc.unique(pc.filter(self.buffer["rollout_id"], stale)).to_pylist()
-        if ids:
-            behind = rollout_ages(self.buffer, step)[over].tolist()
-            rows = self.buffer.filter(stale)
-            self._drop_records += outcome_rows(
-                rows, DROPPED, step=step, reason="stale", versions_behind=behind
-            )
-            self.buffer = self.buffer.filter(pc.invert(stale))
+        ids = self._record_stale(self.buffer.filter(stale), step)
+        self.buffer = self.buffer.filter(pc.invert(stale))
         return ids
+
+    def _record_stale(self, rows: pa.Table, step: int) -> list[str]:
+        """The outcome records of ``rows`` (whole rollouts) dropped as stale at ``step``; their ids."""
+        behind = rollout_ages(rows, step).tolist()
+        self._drop_records += outcome_rows(rows, DROPPED, step=step, reason="stale", versions_behind=behind)
+        return pc.unique(rows["rollout_id"]).to_pylist()
+
+    def _count_stale(self, ids: list[str], result: FollowResult) -> None:
+        """Count ``ids`` as dropped stale: the run's figure, this poll's and step's, and the ids the
+        next checkpoint and the endpoint's gate are told of."""
+        result.rollouts_dropped_stale += len(ids)
+        self._dropped_since_save.extend(ids)
+        self._stale_now.extend(ids)
 
     def _select(self, step: int) -> tuple[pa.Table, list[str]] | None:
         """The rows of the groups to train at ``step`` (and their ids), or None to keep waiting."""
@@ -358,9 +367,8 @@ class FollowTrainer:
         if self.stager is not None:
             self.add(self.stager.release(self.consumed))
             result.environments = self.stager.stats
-        self._stale_now = self._drop_stale(result.steps)
-        result.rollouts_dropped_stale += len(self._stale_now)
-        self._dropped_since_save.extend(self._stale_now)
+        self._stale_now = []
+        self._count_stale(self._drop_stale(result.steps), result)
         return any(p.rollouts_built for p in polls) or bool(self._stale_now)
 
     def _step(self, session: TrainingSession, table: pa.Table, ids: list[str], result: FollowResult) -> bool:
@@ -460,14 +468,16 @@ class FollowTrainer:
         except DataError:  # every group had a constant reward
             data = None
         self._drop_records += [{**r, "step": step} for r in report.dropped if r["rollout_id"] in ids]
-        own = None if data is None else pc.is_in(data.table["rollout_id"], pa.array(sorted(ids), pa.string()))
-        rows = np.flatnonzero(own.to_numpy(zero_copy_only=False)) if own is not None else np.zeros(0, int)
-        kept = set(pc.unique(data.table["rollout_id"].take(rows)).to_pylist()) if data is not None else set()
-        result.rollouts_dropped_constant += len(ids - kept)
-        self._dropped_since_save.extend(sorted(ids - kept))
-        if data is not None and o.staleness_mode == "correct" and o.max_staleness is not None:
-            rows = self._drop_spent(data.table, rows, step, o.max_staleness, result)
+        rows, kept, spent = np.zeros(0, dtype=np.int64), set[str](), list[str]()
+        if data is not None:
+            own = pc.is_in(data.table["rollout_id"], pa.array(sorted(ids), pa.string()))
+            rows = np.flatnonzero(own.to_numpy(zero_copy_only=False))
+            if o.staleness_mode == "correct" and o.max_staleness is not None:
+                rows, spent = self._without_spent(data.table, rows, step, o.max_staleness, result)
             kept = set(pc.unique(data.table["rollout_id"].take(rows)).to_pylist())
+        constant = ids - kept - set(spent)
+        result.rollouts_dropped_constant += len(constant)
+        self._dropped_since_save.extend(sorted(constant))
         if data is None or not kept:
             return None
         age = row_ages(data.table, step)
@@ -476,29 +486,20 @@ class FollowTrainer:
             data.advantage_of_row = data.advantage_of_row * o.staleness_decay**over
         return data, rows, kept, age[rows]
 
-    def _drop_spent(
+    def _without_spent(
         self, table: pa.Table, rows: np.ndarray, step: int, bound: int, result: FollowResult
-    ) -> np.ndarray:
-        """Correct mode: ``rows`` without the rollouts wholly over ``bound`` (their newest token too).
-        Their rewards are already in their group's advantages (its baseline); they train nothing, so
-        they are dropped as stale, not sent to the trainer."""
+    ) -> tuple[np.ndarray, list[str]]:
+        """Correct mode: ``rows`` without the rollouts wholly over ``bound`` (their newest token too),
+        and those rollouts. Their rewards are already in their group's advantages (its baseline); they
+        train nothing, so they are dropped as stale, not sent to the trainer."""
         spent = rollout_ages(table, step, newest=True)[rows] > bound
         if not spent.any():
-            return rows
-        gone = table.take(rows[spent])
-        self._drop_records += outcome_rows(
-            gone, DROPPED, step=step, reason="stale", versions_behind=rollout_ages(gone, step).tolist()
-        )
-        ids = pc.unique(gone["rollout_id"]).to_pylist()
-        result.rollouts_dropped_stale += len(ids)
-        self._dropped_since_save.extend(ids)
-        self._stale_now.extend(ids)
-        return rows[~spent]
+            return rows, []
+        ids = self._record_stale(table.take(rows[spent]), step)
+        self._count_stale(ids, result)
+        return rows[~spent], ids
 
     # --- late rollouts: a group trained without some of its rollouts keeps its rows as their baseline ---
-    def _group_keys_of(self, table: pa.Table) -> list[str]:
-        return [k for k in pc.unique(group_keys(table, self.config.group_by)).to_pylist() if k is not None]
-
     def _late_in(self, table: pa.Table) -> int:
         """Rollouts of ``table`` whose group was trained before without them."""
         keys = group_keys(table, self.config.group_by)
@@ -507,7 +508,8 @@ class FollowTrainer:
 
     def _baseline_of(self, table: pa.Table) -> pa.Table | None:
         """The earlier rows of ``table``'s carried groups, or None."""
-        earlier = [self._carried[k] for k in self._group_keys_of(table) if k in self._carried]
+        keys = pc.unique(group_keys(table, self.config.group_by)).to_pylist()
+        earlier = [self._carried[k] for k in keys if k in self._carried]
         return pa.concat_tables(earlier, promote_options="default") if earlier else None
 
     def _carry(self, table: pa.Table) -> None:
@@ -517,7 +519,7 @@ class FollowTrainer:
         if self.stager is not None:
             return
         keys = group_keys(table, self.config.group_by)
-        for key in self._group_keys_of(table):
+        for key in pc.unique(keys).drop_null().to_pylist():
             rows = table.filter(pc.fill_null(pc.equal(keys, key), False))
             earlier = self._carried.pop(key, None)
             if earlier is not None:
