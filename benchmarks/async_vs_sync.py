@@ -40,6 +40,7 @@ import dataclasses
 import io
 import os
 import platform
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,10 @@ from tinkertrace.online.settings import DemoSettings
 from tinkertrace.training.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the examples package, when run as a script
+
+from examples.long_tail.agent import TOOL_ENV  # noqa: E402
+
 AGENT = "examples.long_tail.agent"
 # Sync waits for its batch's stragglers (the cost it is measured for): the demo's 10 s group timeout
 # would train a group without its long episodes, which are then stale — lost, not waited for.
@@ -179,9 +184,8 @@ def run_mode(spec: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     follow = dict(MODES[name])
     inflight = follow.pop("inflight")  # the endpoint's; the rest are the follow trainer's
-    stack = dataclasses.replace(
-        stack, agent_module=args.agent, worker_env={"PYTHONPATH": path}, inflight=inflight
-    )
+    env = {"PYTHONPATH": path, TOOL_ENV: str(args.tool_seconds)}
+    stack = dataclasses.replace(stack, agent_module=args.agent, worker_env=env, inflight=inflight)
     options = dataclasses.replace(options, max_steps=None, **follow)
     summary = run_demo(settings, console=Console(file=io.StringIO()), configs=(stack, config, options))
     rows = [r for p in sorted((out / "agents").glob("worker-*.jsonl")) for r in read_jsonl(p, skip_bad=True)]
@@ -203,6 +207,9 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, default=0.3, help="reward the sampled rollouts must reach")
     parser.add_argument("--window", type=int, default=64, help="sampled rollouts in the reward's moving mean")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tool-seconds", type=float, default=0.0, help="long-tail agent: wait before each turn but the first"
+    )
     parser.add_argument("--agent", default=AGENT, help="the agent workers' module (a DEMO_TASK's)")
     args = parser.parse_args()
     modes = args.modes.split(",")
@@ -217,7 +224,7 @@ def main() -> None:
         f"each run: {args.seconds:.0f}s of training, {args.workers} workers × groups of {args.group_size}, "
         f"{args.groups_per_batch} groups per step, agent {args.agent}, model {args.model}, "
         f"lr {args.learning_rate:g}, "
-        f"seed {args.seed}, bound {args.max_staleness}, "
+        f"seed {args.seed}, bound {args.max_staleness}, tool wait {args.tool_seconds:g}s, "
         f"threshold {args.threshold} over {args.window} rollouts"
     )
     for pair in range(args.pairs):

@@ -10,7 +10,11 @@ it, and a drop-stale policy throws exactly such episodes away. Every prompt exte
 prompt and reply, so the builder merges an episode's turns into one trajectory.
 
 The built-in model learns the reply from scratch (as in ``tinkertrace demo``); SmolLM2-135M-Instruct
-starts with some partial credit. Run as a worker process like the demo's agents (same options)::
+starts with some partial credit. Real agents wait between turns for their tools; the environment
+variable ``TINKERTRACE_LONG_TAIL_TOOL_S`` (seconds, default 0) makes every turn after the first wait
+that long before it is asked, as a tool call would (``benchmarks/async_vs_sync.py --tool-seconds``),
+so a long episode is long in wall time even where decoding is cheap. Run as a worker process like the
+demo's agents (same options)::
 
     PYTHONPATH=. python -m examples.long_tail.agent --base-url http://127.0.0.1:8000/v1 \
         --collector http://127.0.0.1:4318 --worker 0 --log agents-0.jsonl
@@ -21,7 +25,9 @@ starts with some partial credit. Run as a worker process like the demo's agents 
 from __future__ import annotations
 
 import itertools
+import os
 import random
+import time
 from typing import Any
 
 from openai import OpenAI
@@ -33,6 +39,7 @@ MAX_TURNS = 10
 TAIL_EXPONENT = 1.5
 FIRST = "Who are you?"
 AGAIN = "Once more: who are you?"
+TOOL_ENV = "TINKERTRACE_LONG_TAIL_TOOL_S"
 _draws = itertools.count()  # rollouts of one process draw their lengths from distinct seeds
 
 
@@ -58,9 +65,12 @@ def episode(
 ) -> dict[str, Any]:
     """One episode: ask, then ask again, for its drawn number of turns; emit the mean reward."""
     turns = episode_turns(f"{task['id']}/{next(_draws)}")
+    tool_s = float(os.environ.get(TOOL_ENV) or 0)
     messages: list[dict[str, str]] = []
     rewards, tokens, versions = [], 0, []
     for turn in range(turns):
+        if turn and tool_s > 0:
+            time.sleep(tool_s)  # the tool call whose result the next turn would carry
         messages.append({"role": "user", "content": FIRST if turn == 0 else AGAIN})
         completion = client.chat.completions.create(
             model=model,

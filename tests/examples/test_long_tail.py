@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -49,3 +50,21 @@ def test_an_episode_is_one_trajectory_of_its_turns_with_the_mean_reward(
     assert sorted((t["num_turns"], t["reward"]) for t in traj) == sorted(
         (r["turns"], r["reward"]) for r in rows
     )
+
+
+def test_tool_wait_delays_every_turn_but_the_first(
+    openai_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits: list[float] = []
+    monkeypatch.setattr(agent, "time", SimpleNamespace(sleep=waits.append))  # this module's only
+    monkeypatch.setenv(agent.TOOL_ENV, "0.25")
+    monkeypatch.setattr(agent, "_draws", itertools.count(2))  # the third draw of the test above: 5 turns
+    openai_server.options.responder = lambda req: TARGET
+    tinkertrace.init(spans_dir=tmp_path / "spans")
+    client = OpenAI(base_url=openai_server.base_url, api_key="EMPTY")
+    row = episode({"id": "longtail-test"}, client=client, model="test-model", max_tokens=40)
+    assert row["turns"] == 5 and waits == [0.25] * 4
+    monkeypatch.delenv(agent.TOOL_ENV)
+    waits.clear()
+    episode({"id": "longtail-test"}, client=client, model="test-model", max_tokens=40)
+    assert waits == []
