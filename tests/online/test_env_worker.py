@@ -1,6 +1,6 @@
 """The agent worker of `train --follow` over environments: environments taken in turn by weight,
 one group of ``group_size`` rollouts per round under an ``ENV/TASK/RUNwWrR`` task id, the agent called
-with the environment's sampling settings."""
+with the environment's sampling settings, two groups at a time."""
 
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ def agent(task, *, calls, **settings):
 def tasks(split="train"):
     return [{"id": f"{split}-{i}"} for i in range(3)]
 """
+
+
+def rows_of(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
 @contextmanager
@@ -56,8 +60,8 @@ def test_worker_runs_groups_by_weight(tmp_path: Path) -> None:
          "agent_kwargs": {"calls": str(calls)}},
     ]  # fmt: skip
     with worker_thread(environments, log):
-        wait_until(lambda: log.exists() and len(log.read_text().splitlines()) >= 9, 30, "four rounds logged")
-    rows = [json.loads(line) for line in log.read_text().splitlines()]
+        wait_until(lambda: len([r for r in rows_of(log) if r["round"] < 4]) == 9, 30, "four rounds logged")
+    rows = rows_of(log)
     rounds = [[r for r in rows if r["round"] == k] for k in range(4)]
     assert [(group[0]["env"], len(group)) for group in rounds] == [("a", 2), ("a", 2), ("b", 3), ("a", 2)]
     for k, group in enumerate(rounds):
@@ -74,14 +78,17 @@ def test_worker_runs_groups_by_weight(tmp_path: Path) -> None:
 
 
 HELD_AGENT = """
-import itertools, os, time
+import os, threading, time
 
-_calls = itertools.count()
+_round0 = []
+_lock = threading.Lock()
 
 def agent(task, *, release, **settings):
-    if next(_calls) == 1:  # the round's second rollout waits for the test
-        while not os.path.exists(release):
-            time.sleep(0.01)
+    with _lock:
+        held = task["id"].endswith("w0r0") and len(_round0) == 1  # round 0's second rollout
+        _round0.extend([1] if task["id"].endswith("w0r0") else [])
+    while held and not os.path.exists(release):  # waits for the test
+        time.sleep(0.01)
     return 0.5
 
 def tasks(split="train"):
@@ -89,7 +96,7 @@ def tasks(split="train"):
 """
 
 
-def test_a_finished_rollout_is_logged_before_its_round_ends(tmp_path: Path) -> None:
+def test_a_held_rollout_holds_its_group_not_the_worker(tmp_path: Path) -> None:
     agent = tmp_path / "agent.py"
     agent.write_text(HELD_AGENT)
     log, release = tmp_path / "worker.jsonl", tmp_path / "release"
@@ -98,13 +105,16 @@ def test_a_finished_rollout_is_logged_before_its_round_ends(tmp_path: Path) -> N
         "group_size": 2, "temperature": 1.0, "max_tokens": None, "agent_kwargs": {"release": str(release)},
     }  # fmt: skip
     with worker_thread([environment], log) as (worker, stop):
-        try:
-            wait_until(
-                lambda: log.exists() and log.read_text().count("\n") == 1, 30, "the first rollout logged"
-            )
-            (row,) = [json.loads(line) for line in log.read_text().splitlines()]
-            assert worker.is_alive() and (row["round"], row["reward"], row["error"]) == (0, 0.5, None)
+        try:  # the other place runs round after round while round 0 waits, its first rollout logged
+            wait_until(lambda: len(rows_of(log)) >= 7, 30, "three more rounds logged")
+            first = [r for r in rows_of(log) if r["round"] == 0]
+            assert worker.is_alive() and [(r["reward"], r["error"]) for r in first] == [(0.5, None)]
         finally:
-            stop.set()  # the round ends when the held rollout is released; no round after it
+            stop.set()  # the worker ends when the held rollout is released; no round after that
             release.touch()
-    assert [json.loads(line)["round"] for line in log.read_text().splitlines()] == [0, 0]
+        worker.join(30)
+        ended = rows_of(log)
+        assert not worker.is_alive()
+    rounds = [r["round"] for r in ended]
+    assert rounds.count(0) == 2 and all(rounds.count(k) == 2 for k in set(rounds))  # every group whole
+    assert rows_of(log) == ended
