@@ -222,15 +222,32 @@ def test_bad_models_and_paths_are_reported(service: ServiceClient) -> None:
         client.save_state("../escape").result()
 
 
+def test_microbatches_group_rows_of_similar_length() -> None:
+    def passes(lengths: list[int], **limits: int) -> list[list[int]]:
+        return [rows.tolist() for rows in microbatches(lengths, **limits)]
+
+    assert passes([5, 5, 5], budget=10) == [[0, 1], [2]]  # the padded-token budget still splits
+    assert passes([3, 9, 2], budget=100) == [[2, 0, 1]]  # padding cheaper than another pass: one
+    # a long episode among short ones gets its own pass, the short ones share one (ties keep order)
+    assert passes([80, 75, 800, 80, 150], pass_tokens=256) == [[1, 0, 3, 4], [2]]
+    assert passes([80, 75, 800, 80, 150], pass_tokens=10_000) == [[1, 0, 3, 4, 2]]
+
+
 def test_microbatches_give_the_same_loss_and_gradients(service: ServiceClient, kit: Any) -> None:
-    assert microbatches([5, 5, 5], budget=10) == [slice(0, 2), slice(2, 3)]
-    assert microbatches([3, 9, 2], budget=100) == [slice(0, 3)]
-    data = [kit.ce_datum(s) for s in kit.sequences()]
+    seqs = kit.sequences()
+    seqs = [seqs[0] * 6, *seqs, seqs[1][:12]]  # lengths far apart: passes of their own
+    data = [kit.ce_datum(s) for s in seqs]
     whole = full_client(service)
     split = full_client(service)
-    split.microbatch_tokens = 60  # one sequence per forward pass
+    split.microbatch_tokens = 60  # forward passes of at most 60 padded tokens
+    whole.microbatch_tokens, whole.pass_tokens = 10**6, 10**9  # one pass, padded to the longest
+    passes = microbatches([len(d.model_input.to_ints()) for d in data], split.microbatch_tokens)
+    assert len(passes) > 2 and sorted(np.concatenate(passes).tolist()) == list(range(len(data)))
     a = whole.forward_backward(data, "cross_entropy").result()
     b = split.forward_backward(data, "cross_entropy").result()
     assert b.metrics["loss:sum"] == pytest.approx(a.metrics["loss:sum"], rel=1e-5)
+    for out_a, out_b, datum in zip(a.loss_fn_outputs, b.loss_fn_outputs, data, strict=True):
+        assert len(out_b["logprobs"].to_numpy()) == len(datum.model_input.to_ints())  # in the Datums' order
+        np.testing.assert_allclose(out_b["logprobs"].to_numpy(), out_a["logprobs"].to_numpy(), atol=1e-5)
     for pa, pb in zip(whole._model.parameters(), split._model.parameters(), strict=True):
         torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-6)

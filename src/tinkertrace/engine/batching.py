@@ -1,4 +1,14 @@
-"""Datums as tensors: padded to one batch, and split into microbatches that fit a token budget."""
+"""Datums as tensors: padded to one batch, and split into microbatches of rows of similar length that
+fit a token budget.
+
+A forward pass costs what its padded tokens cost (rows × its longest row), plus a fixed overhead. A
+batch of multi-turn episodes mixes rows of a few dozen tokens with rows of many hundred, so one pass
+over all of them is mostly padding. :func:`microbatches` takes the rows by length and starts a new
+pass where the padding a row would add to the current one costs more than a pass
+(:data:`PASS_TOKENS`, by device); each pass is cut to its own longest row. The losses are sums over tokens, so
+how rows are split and ordered changes only the float rounding, and outputs come back in the
+Datums' order.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +24,11 @@ from tinkertrace.engine.sampling import prompt_tokens
 
 MICROBATCH_TOKENS = 32768
 """Padded tokens per forward pass; larger batches run as several passes (gradients add up)."""
+PASS_TOKENS = {"cpu": 128, "cuda": 2048}
+"""Per device type, what one more forward pass costs, counted in padded tokens. On the 2-core VM a
+pass of the built-in model costs what ~100 tokens do, and 128 gave the fastest steps of 128, 512 and
+2048 (``benchmarks/length_grouping.py``); on a GPU a pass costs more tokens' worth (2048: chosen,
+not yet measured). Other devices take the CUDA figure."""
 
 
 @dataclass
@@ -80,15 +95,20 @@ def collate(
     )
 
 
-def microbatches(lengths: Sequence[int], budget: int = MICROBATCH_TOKENS) -> list[slice]:
-    """Consecutive slices whose padded size (rows x longest row) stays within ``budget``."""
-    out: list[slice] = []
-    start, longest = 0, 0
-    for i, n in enumerate(lengths):
-        longest_with = max(longest, n)
-        if i > start and longest_with * (i - start + 1) > budget:
-            out.append(slice(start, i))
-            start, longest_with = i, n
-        longest = longest_with
-    out.append(slice(start, len(lengths)))
-    return out
+def microbatches(
+    lengths: Sequence[int], budget: int = MICROBATCH_TOKENS, pass_tokens: int = PASS_TOKENS["cpu"]
+) -> list[np.ndarray]:
+    """The row indices of each forward pass. Rows go shortest first (ties in order); a row starts a new
+    pass when the pass would exceed ``budget`` padded tokens with it, or when the padding it adds
+    (every row so far grown to its length) is over ``pass_tokens``."""
+    passes: list[list[int]] = []
+    longest = 0
+    for row in np.argsort(np.asarray(lengths), kind="stable").tolist():
+        n = lengths[row]
+        current = passes[-1] if passes else []
+        if not current or (len(current) + 1) * n > budget or len(current) * (n - longest) > pass_tokens:
+            current = []
+            passes.append(current)
+        current.append(row)
+        longest = n
+    return [np.asarray(rows, dtype=np.int64) for rows in passes]

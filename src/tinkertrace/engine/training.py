@@ -16,7 +16,7 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import APIFuture
 from transformers import PreTrainedTokenizerBase
 
-from tinkertrace.engine.batching import MICROBATCH_TOKENS, collate, microbatches
+from tinkertrace.engine.batching import MICROBATCH_TOKENS, PASS_TOKENS, collate, microbatches
 from tinkertrace.engine.futures import ClientFuture, OrderedWorker
 from tinkertrace.engine.losses import LossSpec, get_loss
 from tinkertrace.engine.model import (
@@ -81,6 +81,7 @@ class TrainingClient:
         self._step = 0
         self._inflight: SamplingClient | None = None  # the latest kind="inflight" client (shared batcher)
         self.microbatch_tokens = MICROBATCH_TOKENS
+        self.pass_tokens = PASS_TOKENS.get(self._device.type, PASS_TOKENS["cuda"])
         self._worker = OrderedWorker(f"tinkertrace-train-{self.model_id}")
         store.write_run(
             self.model_id,
@@ -123,30 +124,37 @@ class TrainingClient:
     ) -> types.ForwardBackwardOutput:
         vocab = int(self._model.get_output_embeddings().weight.shape[0])
         batch = collate(data, spec, loss_name, vocab, self._device)
-        logprob_rows: list[np.ndarray] = []
-        loss_rows: list[np.ndarray] = []
+        logprobs: list[np.ndarray] = [np.zeros(0)] * len(data)  # per Datum, in the Datums' order
+        losses: list[np.ndarray] = [np.zeros(0)] * len(data)
         total = 0.0
-        for part in microbatches(batch.lengths, self.microbatch_tokens):
+        for rows in microbatches(batch.lengths, self.microbatch_tokens, self.pass_tokens):
+            width = max(batch.lengths[r] for r in rows)  # this pass's own longest row
+            index = torch.from_numpy(rows).to(self._device)
             with torch.set_grad_enabled(backward):
-                logits = self._model(input_ids=batch.input_ids[part]).logits.float()
-                targets = batch.inputs["target_tokens"][part]
+                logits = self._model(input_ids=batch.input_ids[index, :width]).logits.float()
+                targets = batch.inputs["target_tokens"][index, :width]
                 target_lp = -torch.nn.functional.cross_entropy(
                     logits.transpose(1, 2), targets, reduction="none"
                 )
-                inputs = {k: v[part] for k, v in batch.inputs.items() if k != "target_tokens"}
-                elementwise = spec.fn(target_lp, inputs, config) * batch.valid[part]
+                inputs = {k: v[index, :width] for k, v in batch.inputs.items() if k != "target_tokens"}
+                elementwise = spec.fn(target_lp, inputs, config) * batch.valid[index, :width]
                 loss = elementwise.sum()
                 if backward:
                     loss.backward()
             total += float(loss.detach())
-            logprob_rows.extend(target_lp.detach().cpu().numpy())
-            loss_rows.extend(elementwise.detach().cpu().numpy())
+            for r, lp, el in zip(
+                rows.tolist(),
+                target_lp.detach().cpu().numpy(),
+                elementwise.detach().cpu().numpy(),
+                strict=True,
+            ):
+                logprobs[r], losses[r] = lp[: batch.lengths[r]], el[: batch.lengths[r]]
         outputs = [
             {
-                "logprobs": types.TensorData.from_numpy(lp[:n].copy()),
-                "elementwise_loss": types.TensorData.from_numpy(el[:n].copy()),
+                "logprobs": types.TensorData.from_numpy(lp.copy()),
+                "elementwise_loss": types.TensorData.from_numpy(el.copy()),
             }
-            for lp, el, n in zip(logprob_rows, loss_rows, batch.lengths, strict=True)
+            for lp, el in zip(logprobs, losses, strict=True)
         ]
         return types.ForwardBackwardOutput(
             loss_fn_output_type="TorchLossReturn", loss_fn_outputs=outputs, metrics={"loss:sum": total}
