@@ -5,6 +5,8 @@ with the environment's sampling settings, two groups at a time."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -118,3 +120,11 @@ def test_a_held_rollout_holds_its_group_not_the_worker(tmp_path: Path) -> None:
     rounds = [r["round"] for r in ended]
     assert rounds.count(0) == 2 and all(rounds.count(k) == 2 for k in set(rounds))  # every group whole
     assert rows_of(log) == ended
+
+
+def test_the_worker_does_not_need_the_openai_package() -> None:
+    """`train --follow` over environments runs with the train extra, which has no openai package (an
+    environment's agent may call its endpoint however it likes)."""
+    code = "import sys; sys.modules['openai'] = None; import tinkertrace.online.env_worker"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

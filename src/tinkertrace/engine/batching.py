@@ -5,9 +5,9 @@ A forward pass costs what its padded tokens cost (rows × its longest row), plus
 batch of multi-turn episodes mixes rows of a few dozen tokens with rows of many hundred, so one pass
 over all of them is mostly padding. :func:`microbatches` takes the rows by length and starts a new
 pass where the padding a row would add to the current one costs more than a pass
-(:data:`PASS_TOKENS`, by device); each pass is cut to its own longest row. The losses are sums over tokens, so
-how rows are split and ordered changes only the float rounding, and outputs come back in the
-Datums' order.
+(:data:`PASS_TOKENS`, by device); each pass is cut to its own longest row. The losses are sums over
+tokens, so how rows are split and ordered changes only the float rounding, and outputs come back in
+the Datums' order.
 """
 
 from __future__ import annotations

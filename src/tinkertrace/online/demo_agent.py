@@ -35,9 +35,8 @@ from openai import OpenAI
 
 import tinkertrace
 from tinkertrace.models.builtin import DEMO_MODEL
+from tinkertrace.online.settings import GROUPS_IN_FLIGHT
 
-GROUPS_IN_FLIGHT = 2
-"""Groups a demo worker runs at once (each started whole); the next starts as soon as one is done."""
 TARGET = "I am tinkertrace."
 QUESTIONS = ("Who are you?", "What is your name?", "Introduce yourself.", "Identify yourself.")
 HELDOUT_QUESTIONS = ("Tell me who you are.", "Who am I talking to?")  # never asked in training

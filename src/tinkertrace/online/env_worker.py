@@ -7,7 +7,7 @@ environments come in the JSON file named by ``$TINKERTRACE_ENVIRONMENTS``). Each
 next environment by weight (:class:`~tinkertrace.training.environments.WeightedTurns`, offset by
 the worker number) and one of its tasks, and runs the agent ``group_size`` times at once: one GRPO
 group, whose task id names the environment, the task and the round. As the demo's workers do
-(:data:`~tinkertrace.online.demo_agent.GROUPS_IN_FLIGHT`), a worker runs two groups at a time and
+(:data:`~tinkertrace.online.settings.GROUPS_IN_FLIGHT`), a worker runs two groups at a time and
 starts the next as soon as one is done, so a long episode holds up its own group, not the worker.
 One JSON line per rollout goes to ``--log`` as the rollout ends; SIGTERM ends the worker once the
 groups in flight are done.
@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 import tinkertrace
 from tinkertrace.evaluation.rollouts import RolloutResult, load_ref, load_tasks, run_rollouts
-from tinkertrace.online.demo_agent import GROUPS_IN_FLIGHT
+from tinkertrace.online.settings import GROUPS_IN_FLIGHT
 from tinkertrace.training.environments import WeightedTurns, group_task_id
 
 SPEC_ENV = "TINKERTRACE_ENVIRONMENTS"
