@@ -102,13 +102,12 @@ def microbatches(
     pass when the pass would exceed ``budget`` padded tokens with it, or when the padding it adds
     (every row so far grown to its length) is over ``pass_tokens``."""
     passes: list[list[int]] = []
-    longest = 0
+    longest = 0  # of the current pass: its last row, as rows go shortest first
     for row in np.argsort(np.asarray(lengths), kind="stable").tolist():
         n = lengths[row]
-        current = passes[-1] if passes else []
-        if not current or (len(current) + 1) * n > budget or len(current) * (n - longest) > pass_tokens:
-            current = []
-            passes.append(current)
-        current.append(row)
+        if passes and (len(passes[-1]) + 1) * n <= budget and len(passes[-1]) * (n - longest) <= pass_tokens:
+            passes[-1].append(row)
+        else:
+            passes.append([row])
         longest = n
     return [np.asarray(rows, dtype=np.int64) for rows in passes]

@@ -128,7 +128,7 @@ class TrainingClient:
         losses: list[np.ndarray] = [np.zeros(0)] * len(data)
         total = 0.0
         for rows in microbatches(batch.lengths, self.microbatch_tokens, self.pass_tokens):
-            width = max(batch.lengths[r] for r in rows)  # this pass's own longest row
+            width = batch.lengths[rows[-1]]  # this pass's own longest row (rows go shortest first)
             index = torch.from_numpy(rows).to(self._device)
             with torch.set_grad_enabled(backward):
                 logits = self._model(input_ids=batch.input_ids[index, :width]).logits.float()

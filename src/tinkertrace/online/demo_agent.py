@@ -26,7 +26,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -35,7 +35,7 @@ from openai import OpenAI
 
 import tinkertrace
 from tinkertrace.models.builtin import DEMO_MODEL
-from tinkertrace.online.settings import GROUPS_IN_FLIGHT
+from tinkertrace.online.groups_in_flight import GROUPS_IN_FLIGHT, run_groups
 
 TARGET = "I am tinkertrace."
 QUESTIONS = ("Who are you?", "What is your name?", "Introduce yourself.", "Identify yourself.")
@@ -147,31 +147,27 @@ def run_worker(
     stop = stop or threading.Event()
     client = OpenAI(base_url=base_url, api_key="EMPTY", max_retries=3, timeout=120)
     kwargs = {"client": client, "model": model, "max_tokens": max_tokens}
-    group_of: dict[Future[dict[str, Any]], int] = {}
-    left: Counter[int] = Counter()  # per group in flight: its rollouts not done
+    writing = threading.Lock()
     groups = 0
 
-    def alive() -> bool:
-        return not stop.is_set() and (parent_pid is None or os.getppid() == parent_pid)
+    def next_group() -> tuple[int, dict[str, Any]] | None:
+        nonlocal groups
+        if stop.is_set() or (parent_pid is not None and os.getppid() != parent_pid):
+            return None
+        group, groups = groups, groups + 1
+        return group, task.make(worker, group, seed)
+
+    def run_group(picked: tuple[int, dict[str, Any]]) -> None:
+        group, current = picked
+        rollouts = [pool.submit(_timed_rollout, task, current, kwargs, group) for _ in range(group_size)]
+        for future in as_completed(rollouts):
+            with writing:
+                out.write(json.dumps({**future.result(), "worker": worker}) + "\n")
+                out.flush()
 
     with ThreadPoolExecutor(GROUPS_IN_FLIGHT * group_size) as pool, log.open("a") as out:
-        while True:
-            while alive() and len(left) < GROUPS_IN_FLIGHT:
-                current = task.make(worker, groups, seed)
-                for _ in range(group_size):
-                    group_of[pool.submit(_timed_rollout, task, current, kwargs, groups)] = groups
-                left[groups] = group_size
-                groups += 1
-            if not group_of:
-                return groups
-            done, _ = wait(group_of, timeout=1.0, return_when=FIRST_COMPLETED)
-            for future in done:
-                group = group_of.pop(future)
-                left[group] -= 1
-                if not left[group]:
-                    del left[group]
-                out.write(json.dumps({**future.result(), "worker": worker}) + "\n")
-            out.flush()
+        run_groups(next_group, run_group)
+    return groups
 
 
 def _timed_rollout(

@@ -7,7 +7,7 @@ environments come in the JSON file named by ``$TINKERTRACE_ENVIRONMENTS``). Each
 next environment by weight (:class:`~tinkertrace.training.environments.WeightedTurns`, offset by
 the worker number) and one of its tasks, and runs the agent ``group_size`` times at once: one GRPO
 group, whose task id names the environment, the task and the round. As the demo's workers do
-(:data:`~tinkertrace.online.settings.GROUPS_IN_FLIGHT`), a worker runs two groups at a time and
+(:func:`~tinkertrace.online.groups_in_flight.run_groups`), a worker runs two groups at a time and
 starts the next as soon as one is done, so a long episode holds up its own group, not the worker.
 One JSON line per rollout goes to ``--log`` as the rollout ends; SIGTERM ends the worker once the
 groups in flight are done.
@@ -21,14 +21,13 @@ import os
 import random
 import signal
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
 import tinkertrace
 from tinkertrace.evaluation.rollouts import RolloutResult, load_ref, load_tasks, run_rollouts
-from tinkertrace.online.settings import GROUPS_IN_FLIGHT
+from tinkertrace.online.groups_in_flight import run_groups
 from tinkertrace.training.environments import WeightedTurns, group_task_id
 
 SPEC_ENV = "TINKERTRACE_ENVIRONMENTS"
@@ -67,7 +66,7 @@ def log_line(out: TextIO, lock: threading.Lock, tags: dict[str, Any], result: Ro
 def run_worker(
     spec: dict[str, Any], base_url: str, worker: int, log: Path, stop: threading.Event, parent_pid: int | None
 ) -> int:
-    """Rounds of rollout groups, :data:`GROUPS_IN_FLIGHT` at a time, until ``stop`` is set or the parent
+    """Rounds of rollout groups, two at a time (:func:`run_groups`), until ``stop`` is set or the parent
     process is gone, then the groups in flight finish; rounds started."""
     envs = [env for env in spec["environments"] if env.get("agent")]
     agents = {env["name"]: load_ref(env["agent"]) for env in envs}
@@ -75,37 +74,34 @@ def run_worker(
     rng = random.Random(f"{spec['seed']}/{spec['run']}/worker-{worker}")
     turns = WeightedTurns([env["weight"] for env in envs])
     turns.skip(worker)
-    picking, writing = threading.Lock(), threading.Lock()
+    writing = threading.Lock()
     rounds = 0
 
     def next_round() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
         """The next group to run (environment, task with its group id, log tags), or None to stop."""
         nonlocal rounds
-        with picking:
-            if stop.is_set() or (parent_pid is not None and os.getppid() != parent_pid):
-                return None
-            env = envs[turns.next()]
-            task = rng.choice(tasks[env["name"]])
-            group = {**task, "id": group_task_id(env["name"], task["id"], f"{spec['run']}w{worker}r{rounds}")}
-            tags = {"env": env["name"], "worker": worker, "round": rounds}
-            rounds += 1
-            return env, group, tags
+        if stop.is_set() or (parent_pid is not None and os.getppid() != parent_pid):
+            return None
+        env = envs[turns.next()]
+        task = rng.choice(tasks[env["name"]])
+        group = {**task, "id": group_task_id(env["name"], task["id"], f"{spec['run']}w{worker}r{rounds}")}
+        tags = {"env": env["name"], "worker": worker, "round": rounds}
+        rounds += 1
+        return env, group, tags
 
-    def run_rounds(out: TextIO) -> None:
-        while (picked := next_round()) is not None:
-            env, group, tags = picked
-            run_rollouts(
-                agents[env["name"]],
-                [group],
-                samples_per_task=env["group_size"],
-                agent_kwargs=agent_arguments(env, base_url, spec["model"]),
-                concurrency=env["group_size"],
-                on_result=partial(log_line, out, writing, tags),
-            )
+    def run_round(picked: tuple[dict[str, Any], dict[str, Any], dict[str, Any]]) -> None:
+        env, group, tags = picked
+        run_rollouts(
+            agents[env["name"]],
+            [group],
+            samples_per_task=env["group_size"],
+            agent_kwargs=agent_arguments(env, base_url, spec["model"]),
+            concurrency=env["group_size"],
+            on_result=partial(log_line, out, writing, tags),
+        )
 
-    with log.open("a") as out, ThreadPoolExecutor(GROUPS_IN_FLIGHT) as pool:
-        for done in [pool.submit(run_rounds, out) for _ in range(GROUPS_IN_FLIGHT)]:
-            done.result()
+    with log.open("a") as out:
+        run_groups(next_round, run_round)
     return rounds
 
 

@@ -22,11 +22,6 @@ from tinkertrace.training.offpolicy import DEFAULT_STALENESS_CAP
 StalenessMode = Literal["drop", "correct", "downweight"]
 
 
-GROUPS_IN_FLIGHT = 2
-"""Groups an agent worker runs at once, the demo's and those of follow over environments (each group
-started whole); the next starts as soon as one is done."""
-
-
 @dataclass
 class FollowSettings:
     """Follow-mode settings (the rest comes from :class:`~tinkertrace.training.config.TrainSettings`)."""
