@@ -109,6 +109,14 @@ def test_corrupt_span_files_are_listed_on_the_run_page(run: Run, tmp_path: Path,
         assert page.locator("#no-spans").count() == 0
 
 
+def test_a_page_whose_server_stops_says_so_without_an_error(run: Run, page: Any) -> None:
+    with UiServer([run.root], refresh_s=0.2) as server:
+        page.goto(server.url)
+    live = page.locator("#live.offline")
+    live.wait_for(timeout=10_000)  # its next poll found no server; no uncaught "Failed to fetch"
+    assert live.count() == 1
+
+
 def test_a_summary_written_later_appears_without_a_reload(run: Run, tmp_path: Path, page: Any) -> None:
     root = tmp_path / "run"
     shutil.copytree(run.spans, root / "spans")

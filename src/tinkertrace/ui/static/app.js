@@ -72,6 +72,10 @@
         }
       }
       await drawPlots();
+      $("#live").classList.remove("offline");
+    } catch (err) {
+      // the server is unreachable (stopped or restarting): say so; the next poll tries again
+      $("#live").classList.add("offline");
     } finally {
       setTimeout(poll, POLL_MS);
     }
