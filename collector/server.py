@@ -90,7 +90,8 @@ def run_collector(config: CollectorSettings) -> int:
         logs.stop()
         return 1
     _announce(config, ingestor, f"up to {max_connections} HTTP connections, open-files limit {open_files}")
-    stop.wait()
+    while not stop.wait(SIGNAL_POLL_S):
+        pass
     print("tinkertrace collector: shutting down, flushing spans…", flush=True)
     servers.stop()
     ingestor.stop()
@@ -153,8 +154,15 @@ def _report_recovery(recovered: RecoveryReport, what: str = "spans") -> None:
         print(f"tinkertrace collector: {note}", flush=True)
 
 
+SIGNAL_POLL_S = 0.5  # how often the main thread wakes to run a signal handler another thread received
+
+
 def _stop_on_signals() -> threading.Event:
-    """An event set by SIGINT or SIGTERM."""
+    """An event set by SIGINT or SIGTERM.
+
+    Python runs signal handlers in the main thread only, and the kernel may deliver a signal to any
+    thread (gRPC's, uvicorn's, the writer's): the main thread must wait with a timeout, or a
+    SIGTERM that another thread took is never seen (the collector then ran until SIGKILL)."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

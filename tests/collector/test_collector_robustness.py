@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import gzip
 import os
+import signal
 import struct
 import threading
 import time
@@ -69,6 +71,27 @@ def test_kill_9_after_acks_loses_nothing_and_duplicates_nothing(
     assert {span_id for span_id, _ in stored} == acknowledged
     assert max(count for _, count in stored) == 1
     assert segment_ids(collector.out / "_wal" / "test") == []
+    assert "stopped;" in output
+
+
+TGKILL = {"x86_64": 234, "aarch64": 131}  # the syscall's number: signal one thread of another process
+
+
+@pytest.mark.skipif(os.uname().machine not in TGKILL or not Path("/proc/self/task").exists(), reason="Linux")
+def test_a_sigterm_another_thread_receives_still_stops_the_collector(
+    start_collector: Callable[..., Any],
+) -> None:
+    """The kernel may hand a process's SIGTERM to any of its threads; Python runs the handler in the
+    main thread only when it wakes. Sent to a gRPC or writer thread, it once left the collector running
+    until SIGKILL (a fresh-clone suite timed out on it)."""
+    collector = start_collector("--roll-seconds", "0.3")
+    pid = collector.proc.pid
+    others = sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != pid)
+    assert others, "the collector runs server threads"
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(TGKILL[os.uname().machine], pid, others[-1], signal.SIGTERM) == 0
+    output, _ = collector.proc.communicate(timeout=20)
+    assert collector.proc.returncode == 0, output
     assert "stopped;" in output
 
 

@@ -35,7 +35,8 @@ ROLLOUTS = 5
 def _start_collector(out: Path, http_port: int, grpc_port: int) -> subprocess.Popen:
     cmd = collector_command(out, http_port)
     cmd += ["--grpc-port", str(grpc_port), "--roll-seconds", "0.3"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with (out.parent / "collector.log").open("ab") as log:  # never a pipe no one reads: it fills and blocks
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     wait_until_healthy(proc, http_port, timeout=60)
     wait_for_port(grpc_port, timeout=60)
     return proc
