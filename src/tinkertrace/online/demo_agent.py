@@ -150,10 +150,8 @@ def run_worker(
     writing = threading.Lock()
     groups = 0
 
-    def next_group() -> tuple[int, dict[str, Any]] | None:
+    def next_group() -> tuple[int, dict[str, Any]]:
         nonlocal groups
-        if stop.is_set() or (parent_pid is not None and os.getppid() != parent_pid):
-            return None
         group, groups = groups, groups + 1
         return group, task.make(worker, group, seed)
 
@@ -166,7 +164,7 @@ def run_worker(
                 out.flush()
 
     with ThreadPoolExecutor(GROUPS_IN_FLIGHT * group_size) as pool, log.open("a") as out:
-        run_groups(next_group, run_group)
+        run_groups(next_group, run_group, stop, parent_pid)
     return groups
 
 

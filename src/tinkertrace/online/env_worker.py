@@ -77,11 +77,9 @@ def run_worker(
     writing = threading.Lock()
     rounds = 0
 
-    def next_round() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
-        """The next group to run (environment, task with its group id, log tags), or None to stop."""
+    def next_round() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """The next group to run: its environment, its task with its group id, its log tags."""
         nonlocal rounds
-        if stop.is_set() or (parent_pid is not None and os.getppid() != parent_pid):
-            return None
         env = envs[turns.next()]
         task = rng.choice(tasks[env["name"]])
         group = {**task, "id": group_task_id(env["name"], task["id"], f"{spec['run']}w{worker}r{rounds}")}
@@ -101,7 +99,7 @@ def run_worker(
         )
 
     with log.open("a") as out:
-        run_groups(next_round, run_round)
+        run_groups(next_round, run_round, stop, parent_pid)
     return rounds
 
 

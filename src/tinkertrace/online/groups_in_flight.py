@@ -8,30 +8,44 @@ every training mode, the asynchronous ones too, waited for stragglers at the age
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
 GROUPS_IN_FLIGHT = 2
 """Groups an agent worker runs at once (each started whole); the next starts as soon as one is done."""
 
+WAKE_S = 0.5
+"""How often the waiting thread wakes: Python runs a signal handler (the workers' SIGTERM, which sets
+``stop``) only when the main thread runs, and the kernel may hand the signal to a group's thread."""
+
 Group = TypeVar("Group")
 
 
-def run_groups(next_group: Callable[[], Group | None], run_group: Callable[[Group], None]) -> None:
-    """Run ``run_group(next_group())``, :data:`GROUPS_IN_FLIGHT` at a time, until ``next_group``
-    returns None (it is called by one loop at a time); returns once the groups in flight are done."""
+def run_groups(
+    next_group: Callable[[], Group],
+    run_group: Callable[[Group], None],
+    stop: threading.Event,
+    parent_pid: int | None = None,
+) -> None:
+    """Run ``run_group(next_group())``, :data:`GROUPS_IN_FLIGHT` at a time (``next_group`` is called by
+    one loop at a time), until ``stop`` is set or the process ``parent_pid`` is no longer this one's
+    parent; returns once the groups in flight are done."""
     picking = threading.Lock()
 
     def loop() -> None:
         while True:
             with picking:
+                if stop.is_set() or (parent_pid is not None and os.getppid() != parent_pid):
+                    return
                 group = next_group()
-            if group is None:
-                return
             run_group(group)
 
     with ThreadPoolExecutor(GROUPS_IN_FLIGHT, thread_name_prefix="tt-group") as pool:
-        for done in [pool.submit(loop) for _ in range(GROUPS_IN_FLIGHT)]:
-            done.result()
+        loops = [pool.submit(loop) for _ in range(GROUPS_IN_FLIGHT)]
+        while wait(loops, timeout=WAKE_S).not_done:
+            pass
+        for done in loops:
+            done.result()  # a loop's error, raised here
