@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import gzip
@@ -43,6 +42,7 @@ from tinkertrace.spanstore import writer as writer_module
 from tinkertrace.spanstore.convert import request_to_table
 from tinkertrace.spanstore.samples import llm_request
 from tinkertrace.spanstore.writer import PartitionedParquetWriter
+from tinkertrace.testing.signals import CAN_SIGNAL_THREADS, signal_other_thread
 
 PROTOBUF = {"content-type": "application/x-protobuf"}
 
@@ -74,10 +74,7 @@ def test_kill_9_after_acks_loses_nothing_and_duplicates_nothing(
     assert "stopped;" in output
 
 
-TGKILL = {"x86_64": 234, "aarch64": 131}  # the syscall's number: signal one thread of another process
-
-
-@pytest.mark.skipif(os.uname().machine not in TGKILL or not Path("/proc/self/task").exists(), reason="Linux")
+@pytest.mark.skipif(not CAN_SIGNAL_THREADS, reason="Linux's tgkill")
 def test_a_sigterm_another_thread_receives_still_stops_the_collector(
     start_collector: Callable[..., Any],
 ) -> None:
@@ -85,11 +82,7 @@ def test_a_sigterm_another_thread_receives_still_stops_the_collector(
     main thread only when it wakes. Sent to a gRPC or writer thread, it once left the collector running
     until SIGKILL (a fresh-clone suite timed out on it)."""
     collector = start_collector("--roll-seconds", "0.3")
-    pid = collector.proc.pid
-    others = sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != pid)
-    assert others, "the collector runs server threads"
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.syscall(TGKILL[os.uname().machine], pid, others[-1], signal.SIGTERM) == 0
+    signal_other_thread(collector.proc.pid, signal.SIGTERM)
     output, _ = collector.proc.communicate(timeout=20)
     assert collector.proc.returncode == 0, output
     assert "stopped;" in output
