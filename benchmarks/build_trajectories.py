@@ -27,9 +27,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import record
 
 from tinkertrace import schemas
 from tinkertrace import semconv as sc
+
+MEASURES = ("src/tinkertrace/builder", "src/tinkertrace/spanstore", "schemas")
 
 T0 = 1_767_225_600_000_000_000
 PROMPT0, RESPONSE, USER = 150, 50, 10
@@ -167,7 +170,9 @@ def main() -> None:
     parser.add_argument("--memory-limit", default="512MB", help="DuckDB memory limit for the build")
     parser.add_argument("--buckets", type=int, default=0, help="token buckets (default: automatic)")
     parser.add_argument("--keep", type=Path, help="generate into (and keep, and reuse) this folder")
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     with tempfile.TemporaryDirectory(prefix="tt-bench-build-") as tmp:
         root = args.keep or Path(tmp)
         spans_dir, out = root / "spans", root / "out"
@@ -202,6 +207,14 @@ def main() -> None:
         print(f"CPU time of the build (all threads): {cpu:.1f} s")
         print(f"peak RSS of the build: {peak:,.0f} MiB (input {size / 2**20:,.0f} MiB Parquet, "
               f"output {out_size / 2**20:,.0f} MiB)")  # fmt: skip
+    result.add("spans", stats["spans"], "spans", "spans built")
+    result.add("build_s", stats["seconds"], "s", "wall time of build-trajectories")
+    result.add("spans_per_s", stats["spans"] / stats["seconds"], "spans/s", "build throughput (wall)")
+    result.add("trajectories", stats["trajectories"], "trajectories", "trajectories built")
+    result.add("build_cpu_s", cpu, "s", "CPU time of the build, all threads")
+    result.add("peak_rss_mib", peak, "MiB", f"peak RSS of the build at memory limit {args.memory_limit}")
+    result.add("input_mib", size / 2**20, "MiB", "input span Parquet")
+    result.save()
 
 
 if __name__ == "__main__":
