@@ -21,6 +21,7 @@ from tinkertrace.cli import (
     train_cmd,
     ui_cmd,
 )
+from tinkertrace.cli.help_layout import lay_out_help
 
 app = typer.Typer(
     name="tinkertrace",
@@ -46,6 +47,7 @@ COMMANDS = (
 )  # fmt: skip
 for module in COMMANDS:
     module.register(app)
+lay_out_help(app)
 
 
 if __name__ == "__main__":
