@@ -19,11 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
+import record
 
 from tinkertrace.collector.wal import WriteAheadLog
 from tinkertrace.spanstore.convert import body_to_table, reference
 from tinkertrace.spanstore.samples import llm_request
 from tinkertrace.spanstore.writer import write_parquet_atomic
+
+MEASURES = ("collector", "src/tinkertrace/spanstore", "schemas")
 
 T0 = 1_767_225_600_000_000_000
 
@@ -52,7 +55,9 @@ def main() -> None:
         "--spread", type=float, default=0.5, help="each span's token counts vary by up to this fraction"
     )
     parser.add_argument("--repeat", type=int, default=7, help="runs per stage; best and median are reported")
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     requests = [llm_request(args.spans, seed=s, spread=args.spread) for s in range(args.requests)]
     bodies = [r.SerializeToString() for r in requests]
     n = args.spans
@@ -104,6 +109,13 @@ def main() -> None:
             f"  collector pipeline without HTTP ({label}): {total:.1f} µs/span = "
             f"{1e6 / total:,.0f} spans per CPU-second"
         )
+    keys = ("convert_us", "reference_us", "wal_us", "parquet_us", "parquet_plain_us")
+    for key, (name, (_, median)) in zip(keys, stages.items(), strict=True):
+        result.add(key, median, "CPU µs/span", f"{name}, median of {args.repeat}")
+    result.add("parquet_bytes_per_span", size, "bytes/span", "Parquet size")
+    total = sum(stages[name][1] for name in pipeline)
+    result.add("pipeline_spans_per_cpu_s", 1e6 / total, "spans/CPU-s", "collector pipeline, no HTTP (median)")
+    result.save()
 
 
 if __name__ == "__main__":

@@ -17,9 +17,12 @@ import threading
 import time
 
 import httpx
+import record
 
 from tinkertrace.collector.http_server import HttpServer, Request, Response
 from tinkertrace.netutil import free_port
+
+MEASURES = ("collector",)
 
 
 class Answer:
@@ -70,7 +73,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--body-kb", type=int, default=16)
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     body = bytes(range(256)) * (args.body_kb * 4)
     results: dict[str, list[tuple[float, float]]] = {"subclass (deadlines)": [], "public options": []}
     for pair in range(args.pairs):
@@ -83,6 +88,11 @@ def main() -> None:
         rates, cpus = [r for r, _ in rows], [c for _, c in rows]
         rate, cpu_ms = statistics.median(rates), statistics.median(cpus)
         print(f"{name:22s} median {rate:8.0f} req/s  {cpu_ms:6.3f} CPU ms/request")
+        key = "subclass" if "subclass" in name else "public"
+        what = f"{name}, median of {args.pairs} pairs, {args.clients} clients"
+        result.add(f"{key}_req_per_s", rate, "req/s", what)
+        result.add(f"{key}_cpu_ms", cpu_ms, "CPU ms/request", what)
+    result.save()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import record
 from tinker import types
 
 from tinkertrace.engine import ServiceClient
@@ -30,6 +31,8 @@ from tinkertrace.models.builtin import DEMO_MODEL
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples package, run as a script
 
 from examples.long_tail.agent import MAX_TURNS, turn_weights
+
+MEASURES = ("src/tinkertrace/engine", "src/tinkertrace/models")
 
 ONE_PASS = 10**12  # pass_tokens that never starts another pass: one pass padded to the longest row
 
@@ -61,7 +64,9 @@ def main() -> None:
     parser.add_argument("--turn-tokens", type=int, default=75, help="tokens per turn of a trajectory")
     parser.add_argument("--device", default=None)
     parser.add_argument("--pass-tokens", type=int, default=None, help="the grouped way's (default: engine's)")
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     service = ServiceClient(device=args.device)
     client = service.create_lora_training_client(args.model, rank=16, seed=0).result()
     adam = types.AdamParams(learning_rate=1e-4)
@@ -102,6 +107,13 @@ def main() -> None:
         )
     ratio = statistics.median(g / o for g, o in zip(times["grouped"], times["one pass"], strict=True))
     print(f"  grouped / one pass, median of the pairs: {ratio:.2f}")
+    for name, values in times.items():
+        key = name.replace(" ", "_")
+        what = f"{args.model}, {args.rollouts} rollouts, {args.substeps} minibatches"
+        result.add(f"{key}_step_s", statistics.median(values), "s", f"{name}: median step, {what}")
+        result.add(f"{key}_padding", padded[name] / real, "× real", f"{name}: padded tokens / real tokens")
+    result.add("grouped_over_one_pass", ratio, "×", f"step time ratio, median of {args.rounds} pairs")
+    result.save()
 
 
 if __name__ == "__main__":

@@ -22,9 +22,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import record
 
 from tinkertrace.online.tail import SpanTail
 from tinkertrace.spanstore.reader import list_span_files
+
+MEASURES = ("src/tinkertrace/online", "src/tinkertrace/builder", "src/tinkertrace/spanstore")
 
 
 def replay(spans: Path, into: Path) -> tuple[list[float], int]:
@@ -45,7 +48,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("spans", type=Path, help="a spans folder to replay (a demo's spans/)")
     parser.add_argument("--edge", type=int, default=20, help="polls averaged at the start and at the end")
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     if not list_span_files(args.spans):
         parser.error(f"no span files under {args.spans}")
     with tempfile.TemporaryDirectory() as into:
@@ -57,6 +62,12 @@ def main() -> None:
         f"{len(seconds)} polls, {built} rollouts built  ·  poll p50 {p50:.3f}s p95 {p95:.3f}s  ·  "
         f"first {args.edge} {first:.3f}s, last {args.edge} {last:.3f}s"
     )
+    result.add("polls", len(seconds), "polls", f"one per span file of {args.spans}")
+    result.add("poll_p50_s", p50, "s", "poll time, median")
+    result.add("poll_p95_s", p95, "s", "poll time, p95")
+    result.add("first_polls_s", first, "s", f"mean of the first {args.edge} polls")
+    result.add("last_polls_s", last, "s", f"mean of the last {args.edge} polls")
+    result.save()
 
 
 if __name__ == "__main__":

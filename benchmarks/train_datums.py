@@ -13,10 +13,13 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import record
 
 from tinkertrace import schemas
 from tinkertrace.training.dataset import REQUIRED_COLUMNS, prepare
 from tinkertrace.training.datums import build_datums
+
+MEASURES = ("src/tinkertrace/training",)
 
 
 def synthetic(rows: int, tokens: int, per_group: int, seed: int = 0) -> pa.Table:
@@ -50,7 +53,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=20000, help="trajectory rows")
     parser.add_argument("--tokens", type=int, default=512, help="tokens per row")
     parser.add_argument("--per-group", type=int, default=8, help="rollouts per task")
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     table = synthetic(args.rows, args.tokens, args.per_group)
     n_tokens = args.rows * args.tokens
 
@@ -74,6 +79,9 @@ def main() -> None:
         print(
             f"{name:13s} {seconds:7.3f} s {n_rows / seconds:12,.0f} rows/s {tokens / seconds:14,.0f} tokens/s"
         )
+        result.add(f"{name}_rows_per_s", n_rows / seconds, "rows/s", f"{name}, {args.tokens} tokens/row")
+        result.add(f"{name}_tokens_per_s", tokens / seconds, "tokens/s", f"{name}, {args.rows} rows")
+    result.save()
 
 
 if __name__ == "__main__":
