@@ -95,12 +95,12 @@ def test_rows_of_consumed_rollouts_are_never_buffered_again(tmp_path: Path) -> N
     import pyarrow as pa
 
     trainer = FollowTrainer(TrainSettings(source=tmp_path, log_dir=tmp_path / "train"), FollowSettings())
-    trainer.consumed |= {"trained-before", "dropped-before"}
+    trainer.buffer.consumed |= {"trained-before", "dropped-before"}
     rebuilt = pa.table(
         {"rollout_id": ["trained-before", "new", "dropped-before", "new"], "turn": [0, 0, 0, 1]}
     )
-    trainer.add(rebuilt)
-    assert trainer.buffer["rollout_id"].to_pylist() == ["new", "new"]
+    trainer.buffer.add(rebuilt)
+    assert trainer.buffer.table["rollout_id"].to_pylist() == ["new", "new"]
 
 
 def test_a_rollout_whose_agents_train_in_different_steps_keeps_its_arrival_time(tmp_path: Path) -> None:
@@ -120,17 +120,17 @@ def test_a_rollout_whose_agents_train_in_different_steps_keeps_its_arrival_time(
             "end_time": pa.array([1_000_000_000] * 4, pa.timestamp("ns", tz="UTC")),
         }
     )
-    trainer.add(rows)
+    trainer.buffer.add(rows)
     first = trainer._select(0)
     assert first is not None
     table, ids = first
     assert sorted(ids) == ["r1", "r2"] and len(set(table["agent_name"].to_pylist())) == 1  # one agent's group
-    rollout_lags(table, set(ids), trainer._arrived, step_started=2.0)
-    trainer._consume(ids)
+    rollout_lags(table, set(ids), trainer.buffer.arrived, step_started=2.0)
+    trainer.buffer.consume(ids)
     second = trainer._select(0)  # the other agent's group: before the fix, a KeyError on its arrival time
     assert second is not None and sorted(second[1]) == ["r1", "r2"]
-    trainer._consume(second[1])
-    assert trainer._arrived == {}  # nothing left waiting: every arrival time is gone
+    trainer.buffer.consume(second[1])
+    assert trainer.buffer.arrived == {}  # nothing left waiting: every arrival time is gone
 
 
 def test_correct_mode_trains_stale_groups_within_the_bound_and_drops_whole_groups_beyond(

@@ -39,12 +39,13 @@ def test_a_step_takes_the_groups_nearest_the_bound_first(tmp_path: Path) -> None
     3 arrived last; the version-3 group goes now (before, it waited behind the younger ones and was
     dropped at step 5)."""
     follow = trainer(tmp_path)
-    follow.add(groups({"young-a": (4, 4), "young-b": (4, 4), "old": (4, 3)}))
-    follow._arrived.update({f"young-{g}-{i}": time.time() - 5 for g in "ab" for i in range(4)})
+    follow.buffer.add(groups({"young-a": (4, 4), "young-b": (4, 4), "old": (4, 3)}))
+    follow.buffer.arrived.update({f"young-{g}-{i}": time.time() - 5 for g in "ab" for i in range(4)})
     picked = follow._select(4)
     assert picked is not None
     assert sorted(set(picked[0]["task_id"].to_pylist())) == ["old", "young-a"]
-    assert follow._drop_stale(5) == []  # what is left is one version old at the next step: trained
+    # what is left is one version old at the next step: trained
+    assert follow.drops.drop_stale(follow.buffer, 5) == []
 
 
 def test_a_group_due_now_trains_without_its_straggler(tmp_path: Path) -> None:
@@ -52,18 +53,19 @@ def test_a_group_due_now_trains_without_its_straggler(tmp_path: Path) -> None:
     running): at step 4 it is due, so it trains with three rather than go stale whole at step 5."""
     for mode in ("drop", "correct"):
         follow = trainer(tmp_path / mode, mode)
-        follow.add(groups({"young-a": (4, 4), "young-b": (4, 4), "old": (3, 3)}))
+        follow.buffer.add(groups({"young-a": (4, 4), "young-b": (4, 4), "old": (3, 3)}))
         picked = follow._select(4)
         assert picked is not None
         assert sorted(picked[1]) == ["old-0", "old-1", "old-2", *(f"young-a-{i}" for i in range(4))]
-        assert follow._drop_stale(5) == []
-        follow.add(groups({"old": (1, 3)}).set_column(0, "rollout_id", pa.array(["old-3"])))
-        assert follow._drop_stale(5) == ["old-3"]  # the straggler alone: it finished too late
+        assert follow.drops.drop_stale(follow.buffer, 5) == []
+        follow.buffer.add(groups({"old": (1, 3)}).set_column(0, "rollout_id", pa.array(["old-3"])))
+        # the straggler alone: it finished too late
+        assert follow.drops.drop_stale(follow.buffer, 5) == ["old-3"]
 
 
 def test_waiting_groups_do_not_start_a_step_early(tmp_path: Path) -> None:
     """A due group that is not whole does not make a step run: the trainer still waits for a
     batch (no version goes by while it waits, so nothing goes stale meanwhile)."""
     follow = trainer(tmp_path)
-    follow.add(groups({"young-a": (4, 4), "old": (3, 3)}))
+    follow.buffer.add(groups({"young-a": (4, 4), "old": (3, 3)}))
     assert follow._select(4) is None

@@ -189,7 +189,7 @@ def test_follow_trainer_stages_then_shares_by_weight(spans: Path, tmp_path: Path
     selected, _ = trainer._select(0)  # type: ignore[misc]
     envs = sorted({t.split("/")[0] for t in selected["task_id"].to_pylist()})
     assert envs == ["alpha", "beta"] and len(set(selected["task_id"].to_pylist())) == 2
-    assert "other/x/r0" not in set(trainer.buffer["task_id"].to_pylist())
+    assert "other/x/r0" not in set(trainer.buffer.table["task_id"].to_pylist())
 
 
 def test_environments_config_file(tmp_path: Path) -> None:

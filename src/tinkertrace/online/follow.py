@@ -28,6 +28,10 @@ Late rollouts: a group trained short of ``group_size`` (after ``group_timeout_s`
 keys and rewards; a straggler of it arriving later joins the next step beyond ``groups_per_batch``,
 its advantage taken against the whole group's mean reward.
 
+The parts: :mod:`~tinkertrace.online.follow_buffer` (the buffer and group selection),
+:mod:`~tinkertrace.online.follow_data` (a step's training data), :mod:`~tinkertrace.online.drop_ledger`
+(drop and staleness accounting), :mod:`~tinkertrace.online.late_rollouts` (late-rollout carrying).
+
 Exactly-once: every step is checkpointed with its rollout ids; a restart reloads the last state with
 its optimizer and skips every recorded rollout, so nothing is trained twice.
 """
@@ -36,18 +40,21 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from rich.console import Console
 
-from tinkertrace.online.group_staging import GroupStager, pick_groups, rollouts_per_step
-from tinkertrace.online.lag import LAG_PARTS, follow_progress, follow_status, step_lags
+from tinkertrace.online.drop_ledger import DropLedger
+from tinkertrace.online.follow_buffer import FollowBuffer
+from tinkertrace.online.follow_data import StepData
+from tinkertrace.online.follow_result import FollowResult
+from tinkertrace.online.group_staging import GroupStager, rollouts_per_step
+from tinkertrace.online.lag import follow_progress, follow_status, step_lags
+from tinkertrace.online.late_rollouts import CARRIED_GROUPS, LateRollouts, reward_only
 from tinkertrace.online.publish import (
     Publisher,
     StatedDemand,
@@ -58,25 +65,24 @@ from tinkertrace.online.publish import (
     publish_version,
 )
 from tinkertrace.online.settings import FollowSettings
-from tinkertrace.online.staleness import (
-    VERSIONS_COLUMN,
-    correct_batch,
-    rollout_ages,
-    row_ages,
-    stale_rows,
-    staleness_metrics,
-    target_ages,
-)
+from tinkertrace.online.staleness import correct_batch, staleness_metrics, target_ages
 from tinkertrace.online.tail import BackgroundTail, SpanTail, TailPoll
 from tinkertrace.serving.admission import Demand
 from tinkertrace.settings import ConfigError
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainSettings
-from tinkertrace.training.dataset import DataReport, TrainingData, group_keys
 from tinkertrace.training.environments import WeightedTurns
-from tinkertrace.training.errors import DataError
-from tinkertrace.training.outcomes import DROPPED, outcome_rows
-from tinkertrace.training.step import TrainingSession, prepare_data
+from tinkertrace.training.step import TrainingSession
+
+__all__ = [
+    "CARRIED_GROUPS",
+    "CORRECT_WITHOUT_SUBSTEPS",
+    "FOLLOW_MODE",
+    "FollowResult",
+    "FollowTrainer",
+    "StepCallback",
+    "reward_only",
+]
 
 CORRECT_WITHOUT_SUBSTEPS = (
     "correct mode with --num-substeps 1: its clip never acts (each step takes one optimiser step, at "
@@ -84,40 +90,7 @@ CORRECT_WITHOUT_SUBSTEPS = (
 )
 
 FOLLOW_MODE = "follow"
-CARRIED_GROUPS = 1024
-"""Groups trained short of ``group_size`` whose rows are kept as their late rollouts' baseline, at most
-(the oldest are forgotten first)."""
 StepCallback = Callable[[int, dict[str, Any]], None]
-
-
-@dataclass
-class FollowResult:
-    """What a follow run did."""
-
-    log_dir: Path
-    start_step: int
-    steps: int = 0
-    rollouts_trained: int = 0
-    rollouts_dropped_stale: int = 0
-    rollouts_dropped_constant: int = 0
-    lags_s: list[float] = field(default_factory=list)
-    lag_parts_s: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in LAG_PARTS})
-    rewards: list[float] = field(default_factory=list)
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)
-    last_metrics: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    environments: dict[str, dict[str, int]] = field(default_factory=dict)  # per environment: what was built
-
-
-def reward_only(rows: pa.Table) -> pa.Table:
-    """``rows`` with their token lists emptied: all a baseline needs (keys and rewards), and small."""
-    for name in ("tokens", "logprobs", "action_mask", VERSIONS_COLUMN):
-        if name in rows.column_names:
-            field = rows.schema.field(name)
-            rows = rows.set_column(
-                rows.column_names.index(name), field, pa.array([[]] * rows.num_rows, field.type)
-            )
-    return rows
 
 
 class FollowTrainer:
@@ -141,95 +114,21 @@ class FollowTrainer:
         self.publish = publish
         self.service = service
         self.on_step = on_step
-        self.buffer = pa.table({})
-        self._arrived: dict[str, float] = {}
-        self.consumed: set[str] = set()  # rollouts trained or dropped (recorded in checkpoints)
-        self._dropped_since_save: list[str] = []  # dropped, to be recorded with the next checkpoint
-        self._drops_reported = 0  # how many of those the endpoint's gate was told of
         self._last_publish_s = float("nan")  # seconds the last publication took (logged with the next step)
         self._published: dict[str, Any] | None = None  # the checkpoint record published last
-        self._stale_now: list[str] = []  # dropped as stale by the latest poll
-        self._drop_records: list[dict[str, Any]] = []  # outcome records of those drops (outcomes.jsonl)
-        self._stale_groups: set[str] = set()  # correct mode: groups dropped whole (later rollouts too)
-        self._carried: dict[str, pa.Table] = {}  # group trained short of its size → its rows (a baseline)
         self._waiting_since: float | None = None  # the trainer idle with rollouts buffered, since
         self._stated: StatedDemand | None = None  # the demand held at the endpoint (while running)
         envs = self.config.environments
         self.stager = GroupStager(envs, Path(config.source), self.options.group_timeout_s) if envs else None
-        self.turns = WeightedTurns([env.weight for env in envs]) if envs else None
-
-    # --- data ----------------------------------------------------------------------------------------
-    def add(self, table: pa.Table) -> None:
-        """Buffer newly built trajectories for training.
-
-        With environments, the rows come from the :class:`GroupStager` (whole groups, built with their
-        environment's settings). Rows of rollouts already trained or dropped (this run or, after a
-        restart, a recorded one) are left out here: nothing is trained twice.
-        """
-        if table.num_rows and self.consumed:
-            consumed = pa.array(sorted(self.consumed), pa.string())
-            table = table.filter(pc.invert(pc.is_in(table["rollout_id"], value_set=consumed)))
-        if table.num_rows == 0:
-            return
-        now = time.time()
-        for rid in pc.unique(table["rollout_id"]).to_pylist():
-            self._arrived.setdefault(rid, now)
-        self.buffer = table if self.buffer.num_columns == 0 else pa.concat_tables([self.buffer, table])
-
-    def _drop_stale(self, step: int) -> list[str]:
-        """Remove rollouts older than ``max_staleness`` versions from the buffer (drop mode; in
-        correct mode whole groups with nothing left to train); their ids."""
-        o = self.options
-        if o.max_staleness is None or o.staleness_mode == "downweight" or self.buffer.num_rows == 0:
-            return []
-        keys = group_keys(self.buffer, self.config.group_by)
-        over = stale_rows(self.buffer, keys, step, o.max_staleness, o.staleness_mode, self._stale_groups)
-        if not over.any():
-            return []
-        stale = pa.array(over)
-        ids = self._record_stale(self.buffer.filter(stale), step)
-        self.buffer = self.buffer.filter(pc.invert(stale))
-        return ids
-
-    def _record_stale(self, rows: pa.Table, step: int) -> list[str]:
-        """The outcome records of ``rows`` (whole rollouts) dropped as stale at ``step``; their ids."""
-        behind = rollout_ages(rows, step).tolist()
-        self._drop_records += outcome_rows(rows, DROPPED, step=step, reason="stale", versions_behind=behind)
-        return pc.unique(rows["rollout_id"]).to_pylist()
-
-    def _count_stale(self, ids: list[str], result: FollowResult) -> None:
-        """Count ``ids`` as dropped stale: the run's figure, this poll's and step's, and the ids the
-        next checkpoint and the endpoint's gate are told of."""
-        result.rollouts_dropped_stale += len(ids)
-        self._dropped_since_save.extend(ids)
-        self._stale_now.extend(ids)
+        turns = WeightedTurns([env.weight for env in envs]) if envs else None
+        self.buffer = FollowBuffer(self.config, self.options, turns)
+        self.late = LateRollouts(self.config.group_by, self.options.group_size, enabled=not envs)
+        self.drops = DropLedger(self.options, self.config.group_by)
+        self.data = StepData(self.config, self.options, self.late, self.drops)
 
     def _select(self, step: int) -> tuple[pa.Table, list[str]] | None:
         """The rows of the groups to train at ``step`` (and their ids), or None to keep waiting."""
-        if self.buffer.num_rows == 0:
-            return None
-        keys = group_keys(self.buffer, self.config.group_by)
-        arrived = pa.array([self._arrived[r] for r in self.buffer["rollout_id"].to_pylist()], pa.float64())
-        names = [env.name for env in self.config.environments]
-        bounded = self.options.max_staleness is not None and self.turns is None
-        ages = row_ages(self.buffer, step) if bounded else None  # nearest the bound first
-        chosen = pick_groups(
-            keys,
-            self.buffer,
-            arrived,
-            self.options,
-            self.config.groups_per_batch,
-            self.turns,
-            names,
-            ages,
-            carried=self._carried.keys(),
-        )
-        if chosen is None:
-            return None
-        mask = pc.is_in(keys, chosen)
-        selected = self.buffer.filter(mask)
-        self.buffer = self.buffer.filter(pc.invert(mask))
-        return selected, pc.unique(selected["rollout_id"]).to_pylist()
+        return self.buffer.select(step, carried=self.late.carried.keys())
 
     # --- run -----------------------------------------------------------------------------------------
     def run(
@@ -278,7 +177,7 @@ class FollowTrainer:
             )
         last = records[-1] if records else None
         step = int(last["step"]) if last else 0
-        self.consumed |= {rid for r in records for rid in consumed_ids(r)}
+        self.buffer.consumed |= {rid for r in records for rid in consumed_ids(r)}
         follow_settings = {"follow": dict(vars(self.options), publish_token=None)}
         session = TrainingSession(
             self.config, start_step=step, resume_from=last, service=self.service, extra_config=follow_settings
@@ -301,7 +200,7 @@ class FollowTrainer:
     ) -> None:
         """Poll, buffer, and train a step whenever enough groups are ready, until told to stop."""
         source, o = Path(self.config.source), self.options  # type: ignore[arg-type]
-        tail = SpanTail(source, resolved=set(self.consumed), group_by=self.config.group_by)
+        tail = SpanTail(source, resolved=set(self.buffer.consumed), group_by=self.config.group_by)
         with (
             BackgroundTail(tail, o.poll_s) as feed,
             follow_progress(console, progress, o.max_steps, result.steps) as bar,
@@ -310,8 +209,8 @@ class FollowTrainer:
             while not stop.is_set() and not self._done(result):
                 if self._collect(feed.take(), result):
                     idle_since = time.monotonic()
-                self._write_drops(session)
-                self._report_drops()
+                self.drops.write(session)
+                self.drops.report(self.publish)
                 picked = self._select(result.steps)
                 if picked is None:
                     if self._waiting_since is None and (self.buffer.num_rows or self._staged()):
@@ -320,29 +219,14 @@ class FollowTrainer:
                         return
                     feed.wait(o.poll_s)
                 elif self._step(session, *picked, result):
-                    self._write_drops(session)
+                    self.drops.write(session)
                     idle_since = time.monotonic()
                     bar.update(completed=result.steps, status=follow_status(result.last_metrics))
                     if self.on_step is not None:
                         self.on_step(result.steps, result.last_metrics)
 
-    def _report_drops(self) -> None:
-        """Tell the endpoint's gate of the rollouts dropped since the last report. A step's drops
-        otherwise reach it with the step's publication, and a batch of constant-reward groups trains
-        no step: a gate full of such rollouts would hold every rollout the next step needs."""
-        new = self._dropped_since_save[self._drops_reported :]
-        if new and self.publish is not None:
-            self.publish.consume(new)
-        self._drops_reported = len(self._dropped_since_save)
-
     def _staged(self) -> bool:
         return self.stager is not None and bool(self.stager.arrived)
-
-    def _write_drops(self, session: TrainingSession) -> None:
-        """Record the rows dropped since the last call in ``outcomes.jsonl`` now: a stale drop after
-        the run's last step has no checkpoint to go with, and must not go unrecorded."""
-        session.outcomes.write(self._drop_records)
-        self._drop_records = []
 
     def _done(self, result: FollowResult) -> bool:
         return self.options.max_steps is not None and result.steps >= self.options.max_steps
@@ -358,18 +242,19 @@ class FollowTrainer:
         """Buffer what the polls built and drop what went stale; whether anything happened."""
         for polled in polls:
             result.notes.extend(f"skipped span file {s}" for s in polled.skipped_files)
-            for rid in pc.unique(polled.trajectories["rollout_id"]).to_pylist():
-                self._arrived.setdefault(rid, polled.built_at)
+            self.buffer.note_arrival(
+                pc.unique(polled.trajectories["rollout_id"]).to_pylist(), polled.built_at
+            )
             if self.stager is None:
-                self.add(polled.trajectories)
+                self.buffer.add(polled.trajectories)
             else:
                 self.stager.stage(polled.trajectories, polled.files)
         if self.stager is not None:
-            self.add(self.stager.release(self.consumed))
+            self.buffer.add(self.stager.release(self.buffer.consumed))
             result.environments = self.stager.stats
-        self._stale_now = []
-        self._count_stale(self._drop_stale(result.steps), result)
-        return any(p.rollouts_built for p in polls) or bool(self._stale_now)
+        self.drops.stale_now = []
+        self.drops.count_stale(self.drops.drop_stale(self.buffer, result.steps), result)
+        return any(p.rollouts_built for p in polls) or bool(self.drops.stale_now)
 
     def _step(self, session: TrainingSession, table: pa.Table, ids: list[str], result: FollowResult) -> bool:
         """Train on ``table`` (the rollouts ``ids``), checkpoint, publish; False when nothing in it
@@ -384,7 +269,7 @@ class FollowTrainer:
             "mode": FOLLOW_MODE,
             "policy_version": step + 1,
             "trained_rollout_ids": sorted(kept),  # not its constant-reward groups: those are dropped
-            "dropped_rollout_ids": sorted(self._dropped_since_save),
+            "dropped_rollout_ids": sorted(self.drops.since_save),
             "seed": self.config.seed,
             "groups_per_batch": self.config.groups_per_batch,
         }
@@ -393,9 +278,8 @@ class FollowTrainer:
         metrics["time/publish"] = self._last_publish_s
         session.log(step, metrics, started)
         saved = session.checkpoint(step + 1, record)
-        self._consume(consumed_ids(record))
-        self._dropped_since_save.clear()
-        self._drops_reported = 0
+        self.buffer.consume(consumed_ids(record))
+        self.drops.saved()
         published = time.monotonic()
         if self.publish is not None:
             publish_version(self.publish, session.client, saved)
@@ -415,9 +299,9 @@ class FollowTrainer:
         """One step on ``table``: its metrics and the rollouts it kept, or None when nothing in it
         could be trained."""
         started_at = time.time()
-        late = self._late_in(table)
-        prepared = self._prepare(table, step, result)
-        self._carry(table)  # trained or dropped, its groups' rewards are their late rollouts' baseline
+        late = self.late.late_in(table)
+        prepared = self.data.prepare(table, step, result)
+        self.late.carry(table)  # trained or dropped, its groups' rewards are their late rollouts' baseline
         if prepared is None:
             return None
         data, rows, kept, age = prepared
@@ -435,7 +319,9 @@ class FollowTrainer:
         )
         metrics.update(staleness_metrics(data.table.take(rows), step))
         metrics["offpolicy/straggler_wait_s"] = waited
-        metrics.update(step_lags(table, kept, self._arrived, started_at, result.lags_s, result.lag_parts_s))
+        metrics.update(
+            step_lags(table, kept, self.buffer.arrived, started_at, result.lags_s, result.lag_parts_s)
+        )
         result.rollouts_trained += len(kept)
         metrics.update(
             {
@@ -443,97 +329,10 @@ class FollowTrainer:
                 "lag/staleness_max": int(age.max()) if len(age) else 0,
                 "follow/rollouts_trained": len(kept),
                 "follow/late_rollouts": late,
-                "follow/dropped_stale": len(self._stale_now),
+                "follow/dropped_stale": len(self.drops.stale_now),
                 "follow/dropped_stale_total": result.rollouts_dropped_stale,
                 "follow/dropped_constant_total": result.rollouts_dropped_constant,
                 "follow/buffered_rows": self.buffer.num_rows,
             }
         )
         return metrics, kept
-
-    def _prepare(
-        self, table: pa.Table, step: int, result: FollowResult
-    ) -> tuple[TrainingData, np.ndarray, set[str], np.ndarray] | None:
-        """``table`` as training data (constant-reward groups dropped and counted, stale rows
-        downweighted), the rows to train (the rows of ``table``: a late rollout's group's earlier
-        rows join the data only for its baseline), the rollouts kept, and each row's age in versions;
-        None if nothing is left."""
-        o = self.options
-        ids = set(pc.unique(table["rollout_id"]).to_pylist())
-        baseline = self._baseline_of(table)
-        report = DataReport()
-        try:
-            whole = pa.concat_tables([table, baseline], promote_options="default") if baseline else table
-            data: TrainingData | None = prepare_data(whole, self.config, report)
-        except DataError:  # every group had a constant reward
-            data = None
-        self._drop_records += [{**r, "step": step} for r in report.dropped if r["rollout_id"] in ids]
-        rows, kept, spent = np.zeros(0, dtype=np.int64), set[str](), list[str]()
-        if data is not None:
-            own = pc.is_in(data.table["rollout_id"], pa.array(sorted(ids), pa.string()))
-            rows = np.flatnonzero(own.to_numpy(zero_copy_only=False))
-            if o.staleness_mode == "correct" and o.max_staleness is not None:
-                rows, spent = self._without_spent(data.table, rows, step, o.max_staleness, result)
-            kept = set(pc.unique(data.table["rollout_id"].take(rows)).to_pylist())
-        constant = ids - kept - set(spent)
-        result.rollouts_dropped_constant += len(constant)
-        self._dropped_since_save.extend(sorted(constant))
-        if data is None or not kept:
-            return None
-        age = row_ages(data.table, step)
-        if o.max_staleness is not None and o.staleness_mode == "downweight":
-            over = np.clip(age - o.max_staleness, 0, None)
-            data.advantage_of_row = data.advantage_of_row * o.staleness_decay**over
-        return data, rows, kept, age[rows]
-
-    def _without_spent(
-        self, table: pa.Table, rows: np.ndarray, step: int, bound: int, result: FollowResult
-    ) -> tuple[np.ndarray, list[str]]:
-        """Correct mode: ``rows`` without the rollouts wholly over ``bound`` (their newest token too),
-        and those rollouts. Their rewards are already in their group's advantages (its baseline); they
-        train nothing, so they are dropped as stale, not sent to the trainer."""
-        spent = rollout_ages(table, step, newest=True)[rows] > bound
-        if not spent.any():
-            return rows, []
-        ids = self._record_stale(table.take(rows[spent]), step)
-        self._count_stale(ids, result)
-        return rows[~spent], ids
-
-    # --- late rollouts: a group trained without some of its rollouts keeps its rows as their baseline ---
-    def _late_in(self, table: pa.Table) -> int:
-        """Rollouts of ``table`` whose group was trained before without them."""
-        keys = group_keys(table, self.config.group_by)
-        late = pc.fill_null(pc.is_in(keys, pa.array(sorted(self._carried), keys.type)), False)
-        return len(pc.unique(table["rollout_id"].filter(late)))
-
-    def _baseline_of(self, table: pa.Table) -> pa.Table | None:
-        """The earlier rows of ``table``'s carried groups, or None."""
-        keys = pc.unique(group_keys(table, self.config.group_by)).to_pylist()
-        earlier = [self._carried[k] for k in keys if k in self._carried]
-        return pa.concat_tables(earlier, promote_options="default") if earlier else None
-
-    def _carry(self, table: pa.Table) -> None:
-        """After a step on ``table``: keep the rows of each group still short of ``group_size`` (its
-        late rollouts' baseline), forget the groups now whole. Not with environments (their stager
-        releases whole groups)."""
-        if self.stager is not None:
-            return
-        keys = group_keys(table, self.config.group_by)
-        for key in pc.unique(keys).drop_null().to_pylist():
-            rows = table.filter(pc.fill_null(pc.equal(keys, key), False))
-            earlier = self._carried.pop(key, None)
-            if earlier is not None:
-                rows = pa.concat_tables([earlier, rows], promote_options="default")
-            if len(pc.unique(rows["rollout_id"])) < self.options.group_size:
-                self._carried[key] = reward_only(rows)
-        while len(self._carried) > CARRIED_GROUPS:
-            self._carried.pop(next(iter(self._carried)))
-
-    def _consume(self, ids: Iterable[str]) -> None:
-        """Mark rollouts trained or dropped; their arrival times go once none of their rows is left
-        in the buffer (grouped by task+agent, a rollout's other agents may still wait for a step)."""
-        waiting = set(self.buffer["rollout_id"].to_pylist()) if self.buffer.num_rows else set()
-        for rid in ids:
-            self.consumed.add(rid)
-            if rid not in waiting:
-                self._arrived.pop(rid, None)
