@@ -26,11 +26,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import record
 
 from tinkertrace import semconv
 from tinkertrace.spanstore.convert import body_to_table, warm_up_kernels
 from tinkertrace.spanstore.samples import llm_request
 from tinkertrace.spanstore.writer import PartitionedParquetWriter
+
+MEASURES = ("collector", "src/tinkertrace/spanstore", "src/tinkertrace/builder", "schemas")
 
 CALLS_PER_ROLLOUT = 8
 
@@ -97,7 +100,9 @@ def main() -> None:
     parser.add_argument("--spans", type=int, default=120_000)
     parser.add_argument("--memory-limit", default="512MB")
     parser.add_argument("--as-json", action="store_true", help="token ids in the JSON attributes (before)")
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args, variant="as-json" if args.as_json else "")
     bodies = [agentlightning_request(512, seed) for seed in range(4)]
     warm_up_kernels()
     started = time.process_time()
@@ -116,16 +121,24 @@ def main() -> None:
         command = [sys.executable, "-m", "tinkertrace.cli.main", "build-trajectories", str(spans_dir)]
         command += ["-o", str(out), "--memory-limit", args.memory_limit]
         started = time.perf_counter()
-        result = subprocess.run(command, capture_output=True, text=True)
+        build = subprocess.run(command, capture_output=True, text=True)
         wall = time.perf_counter() - started
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         form = "JSON attributes" if args.as_json else "token columns"
         print(
             f"build-trajectories over {written:,} Agent-lightning LLM spans ({form}) at --memory-limit "
-            f"{args.memory_limit}: exit {result.returncode}, {wall:.1f}s, peak RSS {peak:.0f} MB"
+            f"{args.memory_limit}: exit {build.returncode}, {wall:.1f}s, peak RSS {peak:.0f} MB"
         )
-        if result.returncode:
-            print(result.stdout[-2000:], result.stderr[-2000:])
+        if build.returncode:
+            print(build.stdout[-2000:], build.stderr[-2000:])
+            return
+    result.add(
+        "convert_us", cpu / (512 * len(bodies)) * 1e6, "CPU µs/span", "conversion, Agent-lightning form"
+    )
+    result.add("spans", written, "spans", f"Agent-lightning LLM spans ({form})")
+    result.add("build_s", wall, "s", f"build-trajectories wall time at --memory-limit {args.memory_limit}")
+    result.add("build_peak_rss_mb", peak, "MB", "peak RSS of build-trajectories")
+    result.save()
 
 
 if __name__ == "__main__":

@@ -31,11 +31,14 @@ from typing import Any
 
 import duckdb
 import httpx
+import record
 
 from tinkertrace.collector.launch import collector_command, wait_until_healthy
 from tinkertrace.netutil import free_port
 from tinkertrace.spanstore.reader import open_spans
 from tinkertrace.spanstore.samples import llm_request
+
+MEASURES = ("collector", "src/tinkertrace/spanstore", "schemas")
 
 
 def _client(
@@ -118,6 +121,7 @@ def _thread_cpu_seconds(pid: int) -> dict[str, float]:
 def run(
     label: str,
     args: argparse.Namespace,
+    result: record.Result,
     clients: int,
     bodies: int,
     extra: list[str],
@@ -208,6 +212,17 @@ def run(
         print(f"  refused (429/503): {refused} requests; collector peak RSS {rss:.0f} MB")
         if stored != sent:
             raise SystemExit(f"stored {stored} spans but {sent} were acknowledged")
+        key = "overload_" if extra else ""
+        what = f"{label}, {clients} clients"
+        result.add(f"{key}spans_per_s", spans / window, "spans/s", f"{what}: acknowledged after the warm-up")
+        result.add(
+            f"{key}spans_per_cpu_s",
+            spans / max(cpu_acked, 1e-9),
+            "spans/CPU-s",
+            f"{what}: per collector CPU-second",
+        )
+        result.add(f"{key}refused", refused, "requests", f"{what}: answered 429/503")
+        result.add(f"{key}peak_rss_mb", rss, "MB", f"{what}: collector peak RSS")
         return spans / window, spans / max(cpu_acked, 1e-9)
 
 
@@ -257,11 +272,14 @@ def main() -> None:
         default=None,
         help="pin the collector to this CPU (taskset): its spans/s is then the rate on one core",
     )
+    record.add_arguments(parser)
     args = parser.parse_args()
-    run("sustained", args, args.clients, args.bodies, [])
+    result = record.start(__file__, MEASURES, args, variant="arrays" if args.arrays else "")
+    run("sustained", args, result, args.clients, args.bodies, [])
     if not args.no_overload:  # memory under overload, not speed: fewer distinct requests to encode
         overload = ["--max-queue-mb", "16", "--max-file-mb", "32"]
-        run("overload (queue 16 MiB)", args, args.clients * 3, min(args.bodies, 16), overload)
+        run("overload (queue 16 MiB)", args, result, args.clients * 3, min(args.bodies, 16), overload)
+    result.save()
 
 
 if __name__ == "__main__":

@@ -27,9 +27,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import record
+
 from tinkertrace.collector.launch import collector_command, wait_until_healthy
 from tinkertrace.netutil import free_port
 from tinkertrace.spanstore.samples import llm_request
+
+MEASURES = ("collector", "src/tinkertrace/spanstore")
 
 
 def _status_mb(pid: int, field: str) -> float:
@@ -123,7 +127,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10, help="length of the flood")
     parser.add_argument("--stalled", type=int, default=12)
     parser.add_argument("--stall-seconds", type=float, default=5)
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     body = llm_request(820, prompt_tokens=300, response_tokens=100, seed=1).SerializeToString()
     print(f"budget (--max-queue-mb) {args.max_queue_mb:g} MiB; each phase on a fresh collector")
     with _collector(args.max_queue_mb) as pid_port:
@@ -136,6 +142,12 @@ def main() -> None:
             f"answers {dict(sorted(counts.items()))}; RSS at rest {rest:.0f} MB, peak "
             f"{_status_mb(pid, 'VmHWM'):.0f} MB, after {_status_mb(pid, 'VmRSS'):.0f} MB"
         )
+        flood = f"flood of {args.senders} senders, budget {args.max_queue_mb:g} MiB"
+        result.add("flood_accepted", counts.get(200, 0), "requests", f"{flood}: answered 200")
+        result.add("flood_refused", counts.get(429, 0), "requests", f"{flood}: answered 429")
+        result.add(
+            "flood_peak_above_rest_mb", _status_mb(pid, "VmHWM") - rest, "MB", f"{flood}: peak RSS above rest"
+        )
     with _collector(args.max_queue_mb) as (pid, port):
         rest = _status_mb(pid, "VmRSS")
         _reset_peak(pid)
@@ -147,6 +159,12 @@ def main() -> None:
             f"{args.stall_seconds:g}s: answers {answers}; RSS at rest {rest:.0f} MB, peak {peak:.0f} MB, "
             f"2 s after they closed {_status_mb(pid, 'VmRSS'):.0f} MB"
         )
+        stalled = f"{args.stalled} stalled 60 MB bodies"
+        result.add("stalled_peak_above_rest_mb", peak - rest, "MB", f"{stalled}: peak RSS above rest")
+        result.add(
+            "stalled_after_mb", _status_mb(pid, "VmRSS"), "MB", f"{stalled}: RSS 2 s after they closed"
+        )
+    result.save()
 
 
 @contextlib.contextmanager
