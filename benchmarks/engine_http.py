@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import record
 import tinker
 from rich.console import Console
 from rich.table import Table
@@ -36,6 +37,8 @@ from tinker import types
 from tinkertrace.engine import ServiceClient
 from tinkertrace.engine_server.process import EngineProcess
 from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
+
+MEASURES = ("src/tinkertrace/engine", "src/tinkertrace/engine_server", "src/tinkertrace/models")
 
 MODEL = f"{BUILTIN_MODEL}:small"
 
@@ -93,7 +96,9 @@ def main() -> None:
     parser.add_argument("--datums", type=int, default=32, help="Datums per training batch (demo: 4 x 8)")
     parser.add_argument("--length", type=int, default=120, help="tokens per Datum")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each engine")
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     os.environ["TINKERTRACE_CPU_THREADS"] = str(args.threads)
     console = Console()
     data = demo_batch(args.datums, args.length)
@@ -152,7 +157,12 @@ def main() -> None:
             f"{ratio:.3f}",
             f"{pair:.3f}",
         )
+        key = "train" if name.startswith("train") else "sample"
+        result.add(f"{key}_in_process_ms", statistics.median(in_process) * 1000, "ms", f"{name}: in-process")
+        result.add(f"{key}_http_ms", statistics.median(http) * 1000, "ms", f"{name}: over HTTP")
+        result.add(f"{key}_http_ratio", pair, "×", f"{name}: HTTP / in-process, median of {args.pairs} pairs")
     console.print(table)
+    result.save()
 
 
 if __name__ == "__main__":

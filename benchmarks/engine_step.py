@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import record
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -30,6 +31,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from tinkertrace.engine import BUILTIN_SIZES, ServiceClient
 from tinkertrace.engine.model import load_base_model, parameter_count
 from tinkertrace.models.tokenizer import BUILTIN_MODEL, builtin_tokenizer
+
+MEASURES = ("src/tinkertrace/engine", "src/tinkertrace/models")
 
 HEAD_DIM = 64
 """Head size of the ``--random`` shapes (as in Llama-style models of a few hundred million weights)."""
@@ -167,7 +170,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens generated per sample")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(
+        __file__,
+        MEASURES,
+        args,
+        variant="cuda" if (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda" else "",
+    )
 
     if args.matmul_precision:
         torch.set_float32_matmul_precision(args.matmul_precision)
@@ -216,9 +226,16 @@ def main() -> None:
                 f"{full * 1000:.1f}" if full else "-",
                 f"{sample:,.0f}",
             )
+            key, what = record.slug(label), f"{label} on {device}, batch {args.batch} x {args.seq_len}"
+            if full and plain:
+                result.add(f"{key}_full_tok_s", tokens / full, "tokens/s", f"{what}: full fine-tuning step")
+                result.add(f"{key}_plain_tok_s", tokens / plain, "tokens/s", f"{what}: plain PyTorch step")
+            result.add(f"{key}_lora_tok_s", tokens / lora, "tokens/s", f"{what}: LoRA r{args.lora_rank} step")
+            result.add(f"{key}_sample_tok_s", sample, "tokens/s", f"{label}: sampling, n={args.samples}")
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         console.print(table)
+    result.save()
 
 
 if __name__ == "__main__":

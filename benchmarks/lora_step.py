@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import record
 import torch
 from peft import LoraConfig, get_peft_model
 from tinker import types
@@ -26,6 +27,8 @@ from tinker import types
 from tinkertrace.engine import ServiceClient
 from tinkertrace.engine.model import LORA_ALPHA, load_base_model, lora_target_modules
 from tinkertrace.models.tokenizer import load_tokenizer
+
+MEASURES = ("src/tinkertrace/engine", "src/tinkertrace/models")
 
 TOPICS = ("the sea", "rain", "a forest", "the moon", "bread", "winter", "a train", "the stars")
 
@@ -107,7 +110,9 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=int(os.environ.get("TINKERTRACE_CPU_THREADS") or 2))
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     data = real_batch(args.model, args.batch, args.seq_len)
     with tempfile.TemporaryDirectory() as tmp:
         service = ServiceClient(tmp, cpu_threads=args.threads)
@@ -144,6 +149,13 @@ def main() -> None:
     ratio = statistics.median(times["engine"]) / statistics.median(times["plain torch+peft"])
     pairwise = [e / p for e, p in zip(times["engine"], times["plain torch+peft"], strict=True)]
     print(f"  engine / plain: {ratio:.2f} (pairwise {', '.join(f'{r:.2f}' for r in pairwise)})")
+    what = f"{args.model}, LoRA r{args.rank}, batch {args.batch} x {args.seq_len}"
+    result.add("engine_step_s", statistics.median(times["engine"]), "s", f"{what}: engine, median step")
+    result.add(
+        "plain_step_s", statistics.median(times["plain torch+peft"]), "s", f"{what}: torch+peft, median"
+    )
+    result.add("engine_over_plain", ratio, "×", f"median step ratio of {args.pairs} pairs (target <= 1.1)")
+    result.save()
 
 
 if __name__ == "__main__":

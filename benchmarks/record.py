@@ -38,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-results", action="store_true", help="print only, write no JSON")
 
 
+def slug(text: str) -> str:
+    """``text`` as part of a figure's name: lower case, runs of other characters as ``_``."""
+    return "_".join("".join(c if c.isalnum() else " " for c in text.lower()).split())
+
+
 def git(*args: str, root: Path = ROOT) -> str:
     """A git command's stdout in ``root``, stripped."""
     return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout.strip()
@@ -127,8 +132,8 @@ class Result:
 
     def add(self, name: str, value: float | int | str, unit: str, description: str) -> None:
         """Record one figure (``name`` is its key in the page's markers: letters, digits, ``_``)."""
-        if not name.replace("_", "").isalnum():
-            raise ValueError(f"figure name {name!r}: letters, digits and _ only")
+        if name != slug(name):
+            raise ValueError(f"figure name {name!r}: lower-case letters, digits and _ only (record.slug)")
         if isinstance(value, float):
             value = float(f"{value:.4g}")
         self.figures[name] = {"value": value, "unit": unit, "description": description}
