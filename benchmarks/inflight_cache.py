@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import record
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -37,6 +39,8 @@ from tinkertrace.engine import ServiceClient
 from tinkertrace.engine.continuous import ContinuousBatcher
 from tinkertrace.engine.decoding import DecodeRequest
 from tinkertrace.models.tokenizer import BUILTIN_MODEL
+
+MEASURES = ("src/tinkertrace/engine", "src/tinkertrace/models")
 
 TOPICS = ("the sea", "a forest", "rain", "the moon", "winter", "a river", "bread", "a garden", "thunder")
 
@@ -124,7 +128,9 @@ def main() -> None:
         "--learning-rate", type=float, default=3e-3, help="of the one step between the two weight sets"
     )
     parser.add_argument("--threads", type=int, default=int(os.environ.get("TINKERTRACE_CPU_THREADS") or 2))
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as folder:
         service = ServiceClient(Path(folder), device="cpu", cpu_threads=args.threads)
@@ -140,10 +146,15 @@ def main() -> None:
                        "|Δlp| max", "mismatch KL"):  # fmt: skip
             table.add_column(column, justify="right")
         run(models, tok, prompts, args, False)  # warm-up (the first full batch is slow): not reported
+        rates: dict[str, list[float]] = {"keep": [], "recompute": []}
+        kls: dict[str, list[float]] = {"keep": [], "recompute": []}
         for r in range(args.rounds):
             for mode in ("keep", "recompute") if r % 2 == 0 else ("recompute", "keep"):
                 out = run(models, tok, prompts, args, mode == "recompute")
                 d = mismatch(models, prompts, out["sequences"])
+                rates[mode].append(out["tokens"] / out["seconds"])
+                if d.size:
+                    kls[mode].append(float(d.mean()))
                 table.add_row(
                     str(r), mode, str(out["tokens"]), str(out["updates"]), f"{out['seconds']:.2f}",
                     f"{out['tokens'] / out['seconds']:.1f}", f"{out['recompute_s']:.2f}",
@@ -152,6 +163,14 @@ def main() -> None:
                 )  # fmt: skip
         Console(width=200).print(table)
         service.close()
+    what = f"{args.model}, {args.rows} rows, updates every {args.every} steps"
+    for mode in rates:
+        result.add(f"{mode}_tok_s", statistics.median(rates[mode]), "tokens/s", f"{mode}: {what}, median")
+        if kls[mode]:
+            result.add(
+                f"{mode}_mismatch_kl", statistics.median(kls[mode]), "", f"{mode}: mismatch KL, median"
+            )
+    result.save()
 
 
 if __name__ == "__main__":

@@ -24,11 +24,14 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import record
 from length_grouping import datum
 from tinker import types
 
 from tinkertrace.engine import ServiceClient
 from tinkertrace.models.builtin import DEMO_MODEL
+
+MEASURES = ("src/tinkertrace/engine", "src/tinkertrace/models")
 
 PROMPT = types.ModelInput.from_ints(list(range(30, 180)))
 PARAMS = types.SamplingParams(max_tokens=20, temperature=1.0)
@@ -108,7 +111,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--sampler-threads", type=int, default=1, help="torch threads of the process")
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     service = ServiceClient()
     trainer = service.create_lora_training_client(DEMO_MODEL, rank=16, seed=0).result()
     sampler = service.create_sampling_client(base_model=DEMO_MODEL)
@@ -156,6 +161,13 @@ def main() -> None:
     print(f"{args.rounds} rounds, sampler process with {args.sampler_threads} torch thread(s):")
     print("  median step: " + ", ".join(f"{k} {statistics.median(v):.3f} s" for k, v in steps.items()))
     print("  median sampler: " + ", ".join(f"{k} {statistics.median(v):.0f} tok/s" for k, v in rates.items()))
+    what = f"median of {args.rounds} rounds"
+    for place in steps:
+        doing = "no sampler" if place == "alone" else f"sampler in a {place}"
+        result.add(f"{place}_step_s", statistics.median(steps[place]), "s", f"training step, {doing}, {what}")
+        doing = "no training" if place == "alone" else f"in a {place}, under training"
+        result.add(f"{place}_sampler_tok_s", statistics.median(rates[place]), "tokens/s", f"sampler, {doing}")
+    result.save()
 
 
 if __name__ == "__main__":

@@ -19,9 +19,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import time
 
 import openai
+import record
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -31,6 +33,8 @@ from tinkertrace.models.tokenizer import load_tokenizer
 from tinkertrace.netutil import BackgroundServer
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
+
+MEASURES = ("src/tinkertrace/engine", "src/tinkertrace/models", "src/tinkertrace/serving")
 
 TOPICS = (
     "the sea", "a forest", "mountains", "rain", "the moon", "a city at night", "winter", "a river",
@@ -92,7 +96,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=int(os.environ.get("TINKERTRACE_CPU_THREADS") or 2))
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     torch.set_num_threads(args.threads)
     service = ServiceClient()
     sampler = service.create_sampling_client(base_model=args.model).result()
@@ -127,6 +133,12 @@ def main() -> None:
         f"continuous batcher: {sampler.decoder.prefills} prefills, {sampler.decoder.steps} steps, "
         f"mean {fill:.1f} rows per step"
     )
+    for mode in dict.fromkeys(name for _, name, _, _ in rows):
+        rate = statistics.median(t / s for _, name, t, s in rows if name == mode)
+        key = "concurrent" if "concurrent" in mode else record.slug(mode)
+        result.add(f"{key}_tok_s", rate, "tokens/s", f"{args.model}: {mode}, median of {args.rounds} rounds")
+    result.add("rows_per_step", fill, "rows", "continuous batcher: mean rows per decoding step")
+    result.save()
 
 
 if __name__ == "__main__":
