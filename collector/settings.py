@@ -55,7 +55,7 @@ class CollectorSettings:
     zstd_level: int = setting(
         ZSTD_LEVEL,
         "zstd level of the Parquet files. 1 is fast; negative levels take less CPU for larger files (-1: "
-        "~30% larger token pages on multi-turn rollouts, see docs/collector.md). 'tinkertrace spans "
+        "larger token pages on multi-turn rollouts, see benchmarks/NOTES.md). 'tinkertrace spans "
         "compact --zstd-level' can recompress closed hours harder.",
     )
     grpc_workers: int = setting(8)  # gRPC server threads (internal)

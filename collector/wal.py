@@ -131,8 +131,8 @@ class WriteAheadLog:
 
     Records are staged in page-aligned memory and written by :meth:`sync`. Where the file system
     allows, a segment is opened with ``O_DIRECT``: its bytes go from that memory to the disk without
-    being copied into the page cache, which took ~35% less CPU per 1.4 MB record (measured, see
-    docs/collector.md) and leaves the other threads' caches alone. ``O_DIRECT`` writes whole
+    being copied into the page cache, which takes less CPU per record (benchmarks/NOTES.md) and
+    leaves the other threads' caches alone. ``O_DIRECT`` writes whole
     blocks (:data:`BLOCK`), so each sync pads the last block with zeros and the next one writes that block
     again, completed; replay stops at the padding. Elsewhere (tmpfs, not Linux) the writes are plain.
     """

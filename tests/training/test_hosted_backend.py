@@ -73,7 +73,7 @@ def test_train_backend_tinker_has_the_local_loss_curve_and_resumes(
 
     want, got = loss_curves(local, hosted)
     assert len(got) == len(want) >= 4 and len(set(got.round(4))) > 1
-    np.testing.assert_allclose(got, want, rtol=1e-5)  # docs/engine.md states the measured difference
+    np.testing.assert_allclose(got, want, rtol=1e-5)  # docs/training.md states this tolerance
     records = read_checkpoints(hosted)
     assert all(r["state_path"].startswith("tinker://") and ":train:" in r["state_path"] for r in records)
     # The first run's session trained run :train:0; the resumed run is a new model of a new session.

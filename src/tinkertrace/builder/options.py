@@ -55,8 +55,8 @@ class BuildSettings:
     tasks: tuple[str, ...] = setting((), "Only rollouts of this task id; repeatable.", flags=("--task",))
     statuses: tuple[str, ...] = setting(
         (),
-        "Only rollouts with this status: succeeded, failed (the agent raised) or unknown (no root span or no "
-        "status recorded); repeatable. Default: all, failed ones included.",
+        "Only rollouts with this status: succeeded, failed (the agent raised), timed_out or unknown (no root "
+        "span or no status recorded); repeatable. Default: all, failed ones included.",
         flags=("--status",),
     )
     agent: str | None = setting(
