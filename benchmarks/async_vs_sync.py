@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import record
 from rich.console import Console
 
 from tinkertrace.models.builtin import DEMO_MODEL
@@ -57,6 +58,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the examples package, when run as a script
 
 from examples.long_tail.agent import TOOL_ENV  # noqa: E402
+
+MEASURES = (
+    "src/tinkertrace/online",
+    "src/tinkertrace/training",
+    "src/tinkertrace/serving",
+    "src/tinkertrace/engine",
+    "src/tinkertrace/builder",
+    "collector",
+    "examples/long_tail",
+)
 
 AGENT = "examples.long_tail.agent"
 # Sync waits for its batch's stragglers (the cost it is measured for): the demo's 10 s group timeout
@@ -192,6 +203,33 @@ def run_mode(spec: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return figures(rows, summary, args.threshold, args.window, args.seconds)
 
 
+def variant(args: argparse.Namespace) -> str:
+    """The result's variant: the agent when not the long-tail one, and the tool wait when set."""
+    parts = [] if args.agent == AGENT else [record.slug(args.agent.rsplit(".", 1)[-1])]
+    parts += [f"tool{args.tool_seconds:g}s"] if args.tool_seconds else []
+    return "-".join(parts).replace(".", "_")
+
+
+def record_modes(
+    result: record.Result, runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace
+) -> None:
+    """Each mode's figures, medians over its runs (a threshold never reached counts as the horizon)."""
+    for spec, rows in runs.items():
+        key, what = record.slug(spec), f"{spec}: median of {len(rows)} run(s) of {args.seconds:.0f} s"
+
+        def median(name: str, default: float, r: list[dict[str, Any]] = rows) -> float:
+            return float(np.median([default if x[name] is None else x[name] for x in r]))
+
+        reached = sum(x["to_threshold_s"] is not None for x in rows)
+        result.add(f"{key}_to_threshold_s", median("to_threshold_s", args.seconds), "s",
+                   f"{what}: to reward {args.threshold} ({reached} of {len(rows)} reached it)")  # fmt: skip
+        result.add(f"{key}_final_reward", median("final_reward", 0.0), "", f"{what}: reward, last quarter")
+        result.add(
+            f"{key}_trained_frac", median("trained_frac", 0.0), "", f"{what}: sampled rollouts trained"
+        )
+        result.add(f"{key}_lag_p95_s", median("lag_p95_s", 0.0), "s", f"{what}: rollout end → trained, p95")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     modes_help = f"comma-separated, of {', '.join(MODES)}; NAME/N: N substeps per step"
@@ -211,7 +249,9 @@ def main() -> None:
         "--tool-seconds", type=float, default=0.0, help="long-tail agent: wait before each turn but the first"
     )
     parser.add_argument("--agent", default=AGENT, help="the agent workers' module (a DEMO_TASK's)")
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args, variant=variant(args))
     modes = args.modes.split(",")
     for spec in modes:
         try:
@@ -227,12 +267,16 @@ def main() -> None:
         f"seed {args.seed}, bound {args.max_staleness}, tool wait {args.tool_seconds:g}s, "
         f"threshold {args.threshold} over {args.window} rollouts"
     )
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in modes}
     for pair in range(args.pairs):
         for name in modes:
             with tempfile.TemporaryDirectory(prefix="tt-async-sync-") as tmp:
-                result = run_mode(name, args, Path(tmp))
+                row = run_mode(name, args, Path(tmp))
             load = os.getloadavg()[0]
-            print(f"[{pair + 1}] {row_text(name, result)}  (load {load:.1f})", flush=True)
+            print(f"[{pair + 1}] {row_text(name, row)}  (load {load:.1f})", flush=True)
+            runs[name].append(row)
+    record_modes(result, runs, args)
+    result.save()
 
 
 if __name__ == "__main__":

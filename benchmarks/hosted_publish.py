@@ -18,6 +18,7 @@ import statistics
 import tempfile
 import time
 
+import record
 import tinker
 from tinker import types
 
@@ -28,6 +29,13 @@ from tinkertrace.netutil import BackgroundServer
 from tinkertrace.online.publish import holder_publisher, publish_version
 from tinkertrace.serving.policy import policy_from_service
 
+MEASURES = (
+    "src/tinkertrace/online",
+    "src/tinkertrace/serving",
+    "src/tinkertrace/engine",
+    "src/tinkertrace/engine_server",
+)
+
 KEY = "tml-hosted-publish-benchmark"
 TEXT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello there<|im_end|>\n"
 
@@ -37,7 +45,9 @@ def main() -> None:
     parser.add_argument("--model", default=f"{BUILTIN_MODEL}:small")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--rank", type=int, default=8)
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     os.environ["TINKER_API_KEY"] = KEY
     ids = load_tokenizer(args.model).encode(TEXT)
     datum = types.Datum(
@@ -63,16 +73,20 @@ def main() -> None:
                 started = time.perf_counter()
                 path = trainer.save_weights_for_sampler(f"step_{version:06d}").result().path
                 saved = time.perf_counter()
-                record = {"sampler_path": path, "policy_version": version}
-                publish_version(holder_publisher(holders[mode]), trainer, record)
+                published = {"sampler_path": path, "policy_version": version}
+                publish_version(holder_publisher(holders[mode]), trainer, published)
                 seconds[mode].append(time.perf_counter() - saved)
                 saves.append(saved - started)
         for mode, values in seconds.items():
             listed = " ".join(f"{v:.3f}" for v in values)
             median = statistics.median(values)
             print(f"{mode:10} ({holders[mode].sampler_kind}): publish median {median:.3f} s  [{listed}]")
+            what = f"inflight={mode}: publish_version, median of {args.rounds}, {args.model}"
+            result.add(f"{record.slug(mode)}_publish_s", median, "s", what)
         print(f"snapshot save (every step, both modes): median {statistics.median(saves):.3f} s")
+        result.add("snapshot_save_s", statistics.median(saves), "s", "snapshot save (every step), median")
         sdk.close("success").result(timeout=30)
+    result.save()
 
 
 if __name__ == "__main__":

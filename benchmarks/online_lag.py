@@ -25,14 +25,25 @@ import argparse
 import io
 import os
 import platform
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import record
 from rich.console import Console
 
 from tinkertrace.online.demo import run_demo
 from tinkertrace.online.settings import DemoSettings
+
+MEASURES = (
+    "src/tinkertrace/online",
+    "src/tinkertrace/training",
+    "src/tinkertrace/serving",
+    "src/tinkertrace/engine",
+    "src/tinkertrace/builder",
+    "collector",
+)
 
 ARMS: dict[str, dict[str, Any]] = {
     "before": {"admission": False, "max_staleness": 3, "roll_seconds": 0.5, "export_delay_s": 0.1},
@@ -64,7 +75,9 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=240, help="cap of each run's training")
     parser.add_argument("--workers", type=int, default=2, help="agent worker processes")
     parser.add_argument("--arms", default="before,after", help=f"comma-separated, of {', '.join(ARMS)}")
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     arms = args.arms.split(",")
     unknown = set(arms) - set(ARMS)
     if unknown:
@@ -72,6 +85,7 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores (shared with other work if any)")
     print(f"each run: {args.steps} steps (cap {args.max_seconds:.0f}s), {args.workers} workers, demo model")
     quiet = Console(file=io.StringIO())
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
     for pair in range(args.pairs):
         for name in arms:
             with tempfile.TemporaryDirectory(prefix="tt-online-bench-") as tmp:
@@ -84,6 +98,21 @@ def main() -> None:
                 )
                 summary = run_demo(settings, console=quiet)
             print(f"[{pair + 1}] " + _row(name, summary), flush=True)
+            runs[name].append(summary)
+    for name, summaries in runs.items():
+        what = f"{name}: median of {args.pairs} run(s) of {args.steps} steps"
+
+        def median(key: str, s: list[dict[str, Any]] = summaries) -> float:
+            return statistics.median(float(x[key] or 0) for x in s)
+
+        result.add(f"{name}_lag_p50_s", median("lag_p50_s"), "s", f"{what}: rollout end → trained, p50")
+        result.add(f"{name}_lag_p95_s", median("lag_p95_s"), "s", f"{what}: rollout end → trained, p95")
+        result.add(
+            f"{name}_trained_frac", median("trained_fraction"), "", f"{what}: sampled rollouts trained"
+        )
+        result.add(f"{name}_step_s", median("step_time_mean_s"), "s", f"{what}: mean training step")
+        result.add(f"{name}_reward_last", median("reward_last"), "", f"{what}: mean reward, last step")
+    result.save()
 
 
 if __name__ == "__main__":

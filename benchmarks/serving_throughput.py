@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 import openai
+import record
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -27,6 +28,8 @@ from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
 from tinkertrace.netutil import BackgroundServer
 from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
+
+MEASURES = ("src/tinkertrace/serving", "src/tinkertrace/engine", "src/tinkertrace/models")
 
 
 @dataclass
@@ -93,7 +96,9 @@ def main() -> None:
         default=1,
         help="torch intra-op threads (1 keeps CPU sampling steady when the cores are shared)",
     )
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     torch.set_num_threads(args.torch_threads)
 
     title = f"sampling endpoint, local engine ({args.model}, CPU, {args.torch_threads} torch threads)"
@@ -124,7 +129,11 @@ def main() -> None:
                 f"{r.tokens / r.seconds:.0f}",
                 str(r.sample_calls),
             )
+            key = f"{workload}_{window:g}ms_{clients}_clients".replace(".", "_")
+            what = f"{workload} prompts, coalescing window {window:g} ms, {clients} clients"
+            result.add(f"{key}_tok_s", r.tokens / r.seconds, "tokens/s", what)
     Console(width=140).print(table)
+    result.save()
 
 
 if __name__ == "__main__":
