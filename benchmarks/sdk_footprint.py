@@ -21,6 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import record
+
+MEASURES = ("src/tinkertrace/sdk", "src/tinkertrace/__init__.py", "pyproject.toml")
+
 BASELINE = {"pip", "setuptools", "wheel", "_distutils_hack", "distutils-precedence.pth"}
 INIT = (
     "import time; t = time.perf_counter(); import tinkertrace; "
@@ -73,7 +77,9 @@ def main() -> None:
     )
     parser.add_argument("trees", nargs="*", type=Path, default=[Path(__file__).resolve().parents[1]])
     parser.add_argument("--rounds", type=int, default=7)
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     with tempfile.TemporaryDirectory() as tmp:
         pythons = {}
         for i, tree in enumerate(args.trees):
@@ -91,6 +97,16 @@ def main() -> None:
             ts = times[tree]
             median = statistics.median(ts)
             print(f"{tree!s:<40} {dists:>6} {size / 1e6:>8.1f} {median:>14.3f} {min(ts):>7.3f}")
+            if tree.resolve() == record.ROOT:  # this checkout's figures (other trees are for comparison)
+                result.add(
+                    "distributions", dists, "", "installed distributions (pip, setuptools, wheel excluded)"
+                )
+                result.add("site_packages_mb", size / 1e6, "MB", "site-packages of `pip install tinkertrace`")
+                result.add(
+                    "init_s", median, "s", f"import + init() in a new process, median of {args.rounds}"
+                )
+    if result.figures:
+        result.save()
 
 
 if __name__ == "__main__":

@@ -16,11 +16,14 @@ import os
 from collections.abc import Sequence
 
 import httpx
+import record
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from sdk_overhead import CHAT, EXTRAS, Samples, _start_server, measure  # same folder
 
 from tinkertrace.netutil import free_port
+
+MEASURES = ("src/tinkertrace/testing",)
 
 
 class _Dropped(SpanExporter):
@@ -35,7 +38,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=6)
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     try:
         from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
     except ImportError:
@@ -65,6 +70,11 @@ def main() -> None:
         for what in ("cpu", "wall"):
             (pm, _), (im, _) = plain.stat(what), instrumented.stat(what)
             print(f"{what:>4} median per call: plain {pm:.0f} µs, instrumented {im:.0f} µs (+{im - pm:.0f})")
+            result.add(f"plain_{what}_us", pm, "µs", f"median {what} time per plain httpx call")
+            result.add(
+                f"overhead_{what}_us", im - pm, "µs", f"added per call by HTTPXClientInstrumentor ({what})"
+            )
+        result.save()
         print(f"load average {os.getloadavg()[0]:.1f} at end")
     finally:
         provider.shutdown()

@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import record
 from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +30,13 @@ from tinkertrace.serving.app import create_app  # noqa: E402
 from tinkertrace.serving.policy import PolicyHolder  # noqa: E402
 from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler  # noqa: E402
 
+MEASURES = (
+    "src/tinkertrace/builder",
+    "tests/instrumentations/requirements.txt",
+    "collector",
+    "src/tinkertrace/serving",
+)
+
 INSTRUMENTATIONS = ("openinference", "openllmetry", "openai-v2", "openai-v2-messages", "logfire")
 
 
@@ -36,7 +44,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=20)
     parser.add_argument("--only", nargs="+", choices=INSTRUMENTATIONS, help="run these instrumentations only")
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args, variant="-".join(args.only or []))
     tokenizer = load_tokenizer(BUILTIN_MODEL)
     model = Model()
     sampler = ScriptedTinkerSampler(model)
@@ -67,7 +77,17 @@ def main() -> None:
             print(f"| {name} | {s.rollouts_built} | {sum(s.llm_spans_by_producer.values())} | {s.triplets} | "
                   f"{sources} | {exact_p}/{s.triplets} | {exact_r}/{s.triplets} | "
                   f"{s.rewards_matched}/{s.rewards} | {plain.exit_code} |")  # fmt: skip
+            key, what = record.slug(name), f"{name}, {args.rollouts} rollouts"
+            result.add(f"{key}_triplets", s.triplets, "triplets", f"{what}: triplets built")
+            result.add(
+                f"{key}_exact_prompt_ids", exact_p, "triplets", f"{what}: prompt ids equal to the sampled"
+            )
+            result.add(
+                f"{key}_exact_response_ids", exact_r, "triplets", f"{what}: response ids equal to the sampled"
+            )
+            result.add(f"{key}_rewards_matched", s.rewards_matched, "rewards", f"{what}: of {s.rewards}")
     print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    result.save()
 
 
 if __name__ == "__main__":
