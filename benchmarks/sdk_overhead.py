@@ -30,9 +30,12 @@ from typing import Any
 
 import httpx
 import openai
+import record
 
 import tinkertrace
 from tinkertrace.netutil import free_port, wait_for_port
+
+MEASURES = ("src/tinkertrace/sdk", "src/tinkertrace/spanstore")
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
@@ -81,16 +84,18 @@ def _start_server(port: int) -> subprocess.Popen:
     return proc
 
 
-def _row(name: str, base: Samples, traced: Samples) -> None:
+def _row(result: record.Result, name: str, base: Samples, traced: Samples) -> None:
     for what in ("wall", "cpu"):
         (bm, b90), (tm, t90) = base.stat(what), traced.stat(what)
         print(
             f"{name:<20}{what:>5}{bm:>10.0f}{b90:>8.0f}{tm:>10.0f}{t90:>8.0f}"
             f"{tm - bm:>10.0f}{(tm - bm) / bm * 100:>8.1f}%"
         )
+        what_it_is = f"{name}: tracing overhead per call ({what} time, difference of medians)"
+        result.add(f"{record.slug(name)}_{what}_overhead_us", tm - bm, "µs", what_it_is)
 
 
-def network_cases(base_url: str, calls: int, rounds: int) -> None:
+def network_cases(result: record.Result, base_url: str, calls: int, rounds: int) -> None:
     """Untraced vs traced calls through the OpenAI client and httpx, sync, JSON and SSE."""
     oa = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
     hx = httpx.Client()
@@ -134,7 +139,7 @@ def network_cases(base_url: str, calls: int, rounds: int) -> None:
             base.add(measure(untraced, calls))
             with_tracing.add(traced_batch(name, traced, calls))
             tinkertrace.flush()  # keep the export thread's work out of the next batch
-        _row(name, base, with_tracing)
+        _row(result, name, base, with_tracing)
 
 
 def _recorded(hx: httpx.Client, url: str, body: dict[str, Any]) -> tuple[httpx.Headers, list[bytes]]:
@@ -186,7 +191,7 @@ def _pipeline_case(
     return (am - bm, a90 - b90, *export.stat("cpu"))
 
 
-def pipeline(base_url: str, n: int) -> None:
+def pipeline(result: record.Result, base_url: str, n: int) -> None:
     """The capture pipeline on recorded responses, agent thread and export thread apart."""
     hx = httpx.Client()
     print(f"\ncapture pipeline on recorded responses, {n} calls (CPU µs, median / p90)")
@@ -204,9 +209,12 @@ def pipeline(base_url: str, n: int) -> None:
                 f" {am:4.0f} / {a90:4.0f}; export thread (span build: parse, pack, messages)"
                 f" {em:4.0f} / {e90:4.0f}"
             )
+            key, what = f"{api}_{label.lower()}", f"capture of a recorded {api} {label} response"
+            result.add(f"{key}_agent_cpu_us", am, "CPU µs", f"{what}: on the agent's thread, median")
+            result.add(f"{key}_export_cpu_us", em, "CPU µs", f"{what}: on the export thread, median")
 
 
-def rollout_and_span(n: int) -> None:
+def rollout_and_span(result: record.Result, n: int) -> None:
     """An empty rollout against a plain call, and a bare span of the SDK's tracer."""
     from tinkertrace.sdk import runtime
 
@@ -230,6 +238,8 @@ def rollout_and_span(n: int) -> None:
         "per rollout (root span + final reward span, no LLM call), CPU:"
         f" {rollout[0] - base[0]:.0f} µs median, {rollout[1] - base[1]:.0f} p90"
     )
+    result.add("rollout_cpu_us", rollout[0] - base[0], "CPU µs", "per rollout without LLM calls, median")
+    result.add("bare_span_cpu_us", span[0], "CPU µs", "a bare OTel span start+end (reference), median")
 
 
 def main() -> None:
@@ -237,7 +247,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200, help="calls per timed batch")
     parser.add_argument("--rounds", type=int, default=5, help="alternating untraced/traced batches")
     parser.add_argument("--pipeline", type=int, default=3000, help="calls in the no-network benchmarks")
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
 
     load = os.getloadavg()[0]
     print(f"machine: {os.cpu_count()} cores, load average {load:.1f} at start")
@@ -246,12 +258,13 @@ def main() -> None:
     base_url = f"http://127.0.0.1:{port}/v1"
     tinkertrace.init(spans_dir=tempfile.mkdtemp(prefix="tt-bench-spans-"))
     try:
-        network_cases(base_url, args.calls, args.rounds)
-        pipeline(base_url, args.pipeline)
-        rollout_and_span(args.pipeline)
+        network_cases(result, base_url, args.calls, args.rounds)
+        pipeline(result, base_url, args.pipeline)
+        rollout_and_span(result, args.pipeline)
         assert tinkertrace.flush()
         print("\nstats:", tinkertrace.stats())
         print(f"load average {os.getloadavg()[0]:.1f} at end")
+        result.save()
     finally:
         tinkertrace.shutdown()
         server.terminate()
