@@ -41,6 +41,7 @@ from pathlib import Path
 
 import duckdb
 import openai
+import record
 
 from tinkertrace.collector.launch import collector_command, wait_until_healthy
 from tinkertrace.models.tokenizer import BUILTIN_MODEL, load_tokenizer
@@ -49,6 +50,8 @@ from tinkertrace.serving.app import create_app
 from tinkertrace.serving.policy import PolicyHolder
 from tinkertrace.serving.recording import CallRecorder
 from tinkertrace.spanstore.reader import open_spans
+
+MEASURES = ("src/tinkertrace/serving", "src/tinkertrace/sdk", "collector", "src/tinkertrace/spanstore")
 
 
 def _call(client: openai.OpenAI, model: str, max_tokens: int) -> tuple[float, int]:
@@ -59,7 +62,7 @@ def _call(client: openai.OpenAI, model: str, max_tokens: int) -> tuple[float, in
     return time.perf_counter() - started, reply.usage.completion_tokens if reply.usage else 0
 
 
-def cost(pairs: int, max_tokens: int, warmup: int) -> None:
+def cost(result: record.Result, pairs: int, max_tokens: int, warmup: int) -> None:
     from tinkertrace.engine import ServiceClient
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,6 +115,11 @@ def cost(pairs: int, max_tokens: int, warmup: int) -> None:
         f"recording costs {med * 100:+.1f} % wall (medians), {mean * 100:+.1f} % wall (means), "
         f"{cpu_cost * 100:+.1f} % CPU (means, span building and export included); {recorded}"
     )
+    for name in ("off", "on"):
+        what = f"capture {name}: median wall time per call ({len(times[name])} calls)"
+        result.add(f"capture_{name}_ms", statistics.median(times[name]) * 1000, "ms", what)
+    result.add("wall_cost_pct", med * 100, "%", "recording's cost in wall time (medians)")
+    result.add("cpu_cost_pct", cpu_cost * 100, "%", "recording's cost in this process's CPU (means)")
 
 
 def _delivered(recorder: CallRecorder, spans: int) -> None:
@@ -173,7 +181,7 @@ def _durable_servers(tmp: Path) -> tuple[dict[str, subprocess.Popen[bytes]], dic
     return procs, urls
 
 
-def durable(levels: list[int], rounds: int, round_s: float) -> None:
+def durable(result: record.Result, levels: list[int], rounds: int, round_s: float) -> None:
     import httpx
 
     print(f"load: {os.getloadavg()[0]:.2f} (1-min average), {os.cpu_count()} CPUs")
@@ -213,10 +221,21 @@ def durable(levels: list[int], rounds: int, round_s: float) -> None:
                 f"{(p99['on'] - p99['off']) * 1000:+.1f} ms at p99; throughput "
                 f"{(statistics.fmean(rates['on']) / statistics.fmean(rates['off']) - 1) * 100:+.1f} %"
             )
+            for name in ("off", "on"):
+                what = f"{agents} agent(s), durable {name}"
+                result.add(
+                    f"agents_{agents}_durable_{name}_p50_ms", p50[name] * 1000, "ms", f"{what}: p50 latency"
+                )
+                result.add(
+                    f"agents_{agents}_durable_{name}_p99_ms", p99[name] * 1000, "ms", f"{what}: p99 latency"
+                )
+                result.add(
+                    f"agents_{agents}_durable_{name}_calls_s", statistics.fmean(rates[name]), "calls/s", what
+                )
     print(f"load: {os.getloadavg()[0]:.2f} (1-min average) at the end")
 
 
-def restart(seconds: float, clients: int) -> None:
+def restart(result: record.Result, seconds: float, clients: int) -> None:
     from tinkertrace.testing.scripted_sampler import ScriptedTinkerSampler
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -281,6 +300,9 @@ def restart(seconds: float, clients: int) -> None:
         f"flush {'complete' if delivered else 'INCOMPLETE'}"
     )
     print(f"stored LLM spans: {len(stored & set(answered))}; lost: {len(lost)}; exporter: {stats}")
+    what = f"{clients} clients for {seconds:.0f} s, collector SIGKILLed midway"
+    result.add("answered", len(answered), "calls", f"{what}: calls answered")
+    result.add("lost", len(lost), "calls", f"{what}: answered calls whose span never reached Parquet")
 
 
 def main() -> None:
@@ -297,13 +319,16 @@ def main() -> None:
     r = sub.add_parser("restart", help="calls lost across a collector restart under load")
     r.add_argument("--seconds", type=float, default=20.0)
     r.add_argument("--clients", type=int, default=4)
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args, variant=args.what)
     if args.what == "cost":
-        cost(args.pairs, args.max_tokens, args.warmup)
+        cost(result, args.pairs, args.max_tokens, args.warmup)
     elif args.what == "durable":
-        durable(args.agents, args.rounds, args.round_s)
+        durable(result, args.agents, args.rounds, args.round_s)
     else:
-        restart(args.seconds, args.clients)
+        restart(result, args.seconds, args.clients)
+    result.save()
 
 
 if __name__ == "__main__":
