@@ -22,10 +22,13 @@ import httpx
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import record
 
 from tinkertrace import schemas
 from tinkertrace import semconv as sc
 from tinkertrace.ui.server import UiServer
+
+MEASURES = ("src/tinkertrace/ui", "src/tinkertrace/spanstore", "src/tinkertrace/builder")
 
 T0 = 1_790_000_000_000_000_000  # ns
 FILES = 40
@@ -170,7 +173,9 @@ def main() -> None:
         "--refresh-seconds", type=float, default=0.0,
         help="the app's file re-check interval (0: every request looks for new files, the worst case)",
     )  # fmt: skip
+    record.add_arguments(parser)
     args = parser.parse_args()
+    result = record.start(__file__, MEASURES, args)
     with tempfile.TemporaryDirectory(prefix="tinkertrace-ui-bench-") as tmp:
         root = Path(tmp)
         started = time.perf_counter()
@@ -180,6 +185,9 @@ def main() -> None:
         started = time.perf_counter()
         server = UiServer([root], refresh_s=args.refresh_seconds).start()
         print(f"first index (all files read once): {time.perf_counter() - started:.2f} s")
+        result.add(
+            "first_index_s", time.perf_counter() - started, "s", f"{args.rollouts:,} rollouts: first index"
+        )
         try:
             base = f"http://127.0.0.1:{server.port}"
             print(f"file re-check every {args.refresh_seconds} s")
@@ -196,6 +204,8 @@ def main() -> None:
                         response.text.count("<tr data-rollout=") if "api" not in path else response.text[:60]
                     )
                     print(f"{label:<40} {statistics.median(times):>10.1f} {max(times):>8.1f}  {rows}")
+                    what = f"{label}, {args.rollouts:,} rollouts: median of {args.repeat}"
+                    result.add(f"{record.slug(label)}_ms", statistics.median(times), "ms", what)
                 rid = client.get("/api/rollouts?sort=turns&per_page=25").json()["rows"][0]["rollout_id"]
                 print("one rollout (not a list page: its task group is built from its span files)")
                 for label, path in (("rollout page, first view", f"/rollouts/{rid}"),
@@ -204,9 +214,11 @@ def main() -> None:
                     t = time.perf_counter()
                     client.get(path).raise_for_status()
                     print(f"{label:<40} {(time.perf_counter() - t) * 1000:>10.1f}")
+                    result.add(f"{record.slug(label)}_ms", (time.perf_counter() - t) * 1000, "ms", label)
         finally:
             server.stop()
     print(f"load average: {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()})")
+    result.save()
 
 
 if __name__ == "__main__":
