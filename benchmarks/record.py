@@ -129,6 +129,7 @@ class Result:
         self.load_start = os.getloadavg()
         self.t0 = time.perf_counter()
         self.figures: dict[str, dict[str, Any]] = {}
+        self.clone_commit: str | None = None  # set when measured on a fresh clone of this commit
 
     def add(self, name: str, value: float | int | str, unit: str, description: str) -> None:
         """Record one figure (``name`` is its key in the page's markers: letters, digits, ``_``)."""
@@ -147,7 +148,9 @@ class Result:
 
     def data(self) -> dict[str, Any]:
         """The result as it is written: figures, command, date, commit, dirty files, machine, load."""
-        status = git("status", "--porcelain", "--", *self.measures, root=self.root)
+        status = (
+            "" if self.clone_commit else git("status", "--porcelain", "--", *self.measures, root=self.root)
+        )
         return {
             "script": self.stem,
             "variant": self.variant,
@@ -155,7 +158,7 @@ class Result:
             "started": self.started,
             "finished": _now(),
             "wall_s": round(time.perf_counter() - self.t0, 1),
-            "commit": git("rev-parse", "HEAD", root=self.root),
+            "commit": self.clone_commit or git("rev-parse", "HEAD", root=self.root),
             "dirty": [line[3:] for line in status.splitlines()],
             "measures": self.measures,
             "machine": machine(),
