@@ -44,8 +44,9 @@ def slug(text: str) -> str:
 
 
 def git(*args: str, root: Path = ROOT) -> str:
-    """A git command's stdout in ``root``, stripped."""
-    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout.strip()
+    """A git command's stdout in ``root``, trailing whitespace stripped."""
+    done = subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True)
+    return done.stdout.rstrip()
 
 
 def measured_paths(script: Path, measures: Sequence[str], root: Path = ROOT) -> list[str]:
