@@ -59,15 +59,7 @@ sys.path.insert(0, str(ROOT))  # the examples package, when run as a script
 
 from examples.long_tail.agent import TOOL_ENV  # noqa: E402
 
-MEASURES = (
-    "src/tinkertrace/online",
-    "src/tinkertrace/training",
-    "src/tinkertrace/serving",
-    "src/tinkertrace/engine",
-    "src/tinkertrace/builder",
-    "collector",
-    "examples/long_tail",
-)
+MEASURES = (*record.ONLINE_STACK, "examples/long_tail")
 
 AGENT = "examples.long_tail.agent"
 # Sync waits for its batch's stragglers (the cost it is measured for): the demo's 10 s group timeout

@@ -36,14 +36,7 @@ from rich.console import Console
 from tinkertrace.online.demo import run_demo
 from tinkertrace.online.settings import DemoSettings
 
-MEASURES = (
-    "src/tinkertrace/online",
-    "src/tinkertrace/training",
-    "src/tinkertrace/serving",
-    "src/tinkertrace/engine",
-    "src/tinkertrace/builder",
-    "collector",
-)
+MEASURES = record.ONLINE_STACK
 
 ARMS: dict[str, dict[str, Any]] = {
     "before": {"admission": False, "max_staleness": 3, "roll_seconds": 0.5, "export_delay_s": 0.1},

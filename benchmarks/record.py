@@ -27,6 +27,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
+# What a run of the whole online stack (the demo's) measures: trainer, endpoint, engine, builder, collector.
+ONLINE_STACK = (
+    "src/tinkertrace/online",
+    "src/tinkertrace/training",
+    "src/tinkertrace/serving",
+    "src/tinkertrace/engine",
+    "src/tinkertrace/builder",
+    "collector",
+)
 # The packages whose versions a result names (those installed).
 PACKAGES = ("tinkertrace", "torch", "transformers", "pyarrow", "duckdb", "numba", "numpy", "uvicorn", "httpx")
 
