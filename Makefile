@@ -51,7 +51,7 @@ OPENREWARD_VENV := .venv-openreward
 OPENREWARD_STAMP := $(OPENREWARD_VENV)/.installed
 
 .PHONY: setup demo test check lint environments agents-env browser cookbook-env ts-agent smollm2 \
-	instrumentations-env crewai-env openreward-env
+	instrumentations-env crewai-env openreward-env results
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -169,3 +169,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# docs/results.md from benchmarks/results/*.json, which each benchmark writes when it runs (staleness included)
+results: $(STAMP)
+	$(BIN)/python benchmarks/results_page.py
