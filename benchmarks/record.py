@@ -145,8 +145,8 @@ class Result:
         """Record one figure (``name`` is its key in the page's markers: letters, digits, ``_``)."""
         if name != slug(name):
             raise ValueError(f"figure name {name!r}: lower-case letters, digits and _ only (record.slug)")
-        if isinstance(value, float):
-            value = float(f"{value:.4g}")
+        if isinstance(value, float):  # four significant digits, whole numbers from 1,000
+            value = round(value) if abs(value) >= 1000 else float(f"{value:.4g}")
         self.figures[name] = {"value": value, "unit": unit, "description": description}
 
     @property
