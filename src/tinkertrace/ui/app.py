@@ -41,7 +41,7 @@ from tinkertrace.ui.compare import turn_pairs
 from tinkertrace.ui.index import RunIndex
 from tinkertrace.ui.listing import PAGE_SIZES, SORTABLE, RolloutPage, RolloutQuery
 from tinkertrace.ui.outcomes import row_fates
-from tinkertrace.ui.run_metrics import metric_series
+from tinkertrace.ui.run_metrics import metric_series, version_series
 from tinkertrace.ui.sources import not_span_files, read_json
 from tinkertrace.ui.templating import template_environment
 from tinkertrace.ui.timeline import messages_of, reward_landings, span_tree
@@ -88,6 +88,10 @@ def _bad_request(request: Request, message: str) -> HTMLResponse:
 
 
 # --- run -------------------------------------------------------------------------------------------
+def _by_version(index: RunIndex) -> list[dict[str, Any]]:
+    return index.by_version(environment_names(run_settings(index)))
+
+
 def run_page(request: Request) -> Response:
     state = _state(request)
     summaries = [read_json(p) for p in state.index.sources.summary_files]
@@ -99,7 +103,7 @@ def run_page(request: Request) -> Response:
         summary=summaries[0] if summaries else {},
         sources=state.index.sources.describe(),
         skipped=sorted(state.index.skipped.items()),
-        by_version=state.index.by_version(environment_names(run_settings(state.index))),
+        by_version=_by_version(state.index),
         task_progress=state.index.task_progress(),
         not_spans=not_span_files(state.index.sources) if state.index.missing_spans() else [],
     )
@@ -111,6 +115,10 @@ def api_status(request: Request) -> Response:
 
 def api_metrics(request: Request) -> Response:
     return JSONResponse(metric_series(_state(request).index.sources.log_dirs))
+
+
+def api_reward_by_version(request: Request) -> Response:
+    return JSONResponse(version_series(_by_version(_state(request).index)))
 
 
 # --- rollouts --------------------------------------------------------------------------------------
@@ -356,6 +364,7 @@ def create_app(index: RunIndex, *, token: str | None = None) -> Starlette:
         Route("/favicon.ico", lambda request: Response(status_code=204)),
         Route("/api/status", api_status),
         Route("/api/metrics", api_metrics),
+        Route("/api/reward_by_version", api_reward_by_version),
         Route("/api/rollouts", api_rollouts),
         Route("/api/trajectory/{rollout_id:path}", api_trajectory),
         Route("/export/rollouts.{fmt}", export_rollouts),

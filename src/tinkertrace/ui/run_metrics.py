@@ -68,3 +68,28 @@ def metric_series(log_dirs: list[Path]) -> dict[str, Any]:
             panels.append(panel(title, unit, mine))
     panels += [panel(n, n, [n]) for n in names if n not in taken]  # every numeric metric, on its own axis
     return {"steps": [r["step"] for r in records], "panels": panels, "log_dir": str(log_dir)}
+
+
+def version_series(by_version: list[dict[str, Any]]) -> dict[str, Any]:
+    """Reward by policy version (:meth:`RunIndex.by_version`'s rows) as one plot panel over the versions:
+    the mean and quartiles, or, when the rows are split by environment, each environment's mean
+    (``"other"`` for tasks outside the named environments). Rollouts with no policy version (not sampled
+    by a published policy) are not plotted: ``unversioned`` counts them."""
+    rows = [r for r in by_version if r["policy_version"] is not None]
+    versions = sorted({r["policy_version"] for r in rows})
+    at = {v: i for i, v in enumerate(versions)}
+    split = any(r["environment"] for r in rows)
+    if split:
+        names = sorted({f"mean {r['environment'] or 'other'}" for r in rows})
+        values: list[list[Any]] = [[None] * len(versions) for _ in names]
+        for r in rows:
+            values[names.index(f"mean {r['environment'] or 'other'}")][at[r["policy_version"]]] = r["mean"]
+    else:
+        names = ["mean", "q1", "median", "q3"]
+        values = [[r[n] for r in sorted(rows, key=lambda r: r["policy_version"])] for n in names]
+    return {
+        "versions": versions,
+        "panels": [{"title": "reward by policy version", "unit": "reward", "names": names, "values": values}],
+        "unversioned": sum(r["rollouts"] for r in by_version if r["policy_version"] is None),
+        "split": split,
+    }
