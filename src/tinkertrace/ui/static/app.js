@@ -22,6 +22,32 @@
     return String(Number(v.toPrecision(4)));
   }
   const stepTicks = (u, ticks) => ticks.map((t) => (Number.isInteger(t) ? String(t) : ""));
+  // One panel ({title, unit, names, values}) over xs as a uPlot chart in `box`; `style` gives a series its
+  // own stroke, width or dash, `bands` fills between two series (indices in [x].concat(names)).
+  function plot(box, panel, xLabel, xs, style, bands) {
+    const div = document.createElement("div");
+    div.className = "plot";
+    div.dataset.title = panel.title;
+    div.dataset.points = String(xs.length);
+    div.dataset.unit = panel.unit;
+    const h = document.createElement("h3");
+    h.textContent = panel.title;
+    div.appendChild(h);
+    box.appendChild(div);
+    const series = [{ label: xLabel, value: (u, v) => (v === null ? "–" : String(v)) }].concat(
+      panel.names.map((name, i) => Object.assign({ label: name, stroke: COLORS[i % COLORS.length], width: 1.5,
+                                                   spanGaps: true, value: (u, v) => fmt(v) }, (style || {})[name]))
+    );
+    new uPlot({ width: Math.max(400, div.clientWidth - 12), height: 220, series: series, bands: bands || [],
+                scales: { x: { time: false } },
+                axes: [{ label: xLabel, values: stepTicks },
+                       { label: panel.unit, size: 64, values: (u, ticks) => ticks.map(fmt) }],
+                legend: { live: true } },
+              [xs].concat(panel.values), div);
+    return div;
+  }
+
+  // The training metrics; the reward panel leads the page (#reward-curve), the others follow the counts.
   let plottedSteps = -1;
   async function drawPlots() {
     const box = $("#plots");
@@ -33,32 +59,38 @@
     plottedSteps = data.steps.length;
     $("#metrics-steps").textContent = `${data.steps.length} steps` + (data.log_dir ? ` · ${data.log_dir}` : "");
     if (!data.steps.length) return;
+    const lead = $("#reward-curve");
     box.replaceChildren();
-    for (const panel of data.panels) {
-      const div = document.createElement("div");
-      div.className = "plot";
-      div.dataset.title = panel.title;
-      div.dataset.points = String(data.steps.length);
-      const h = document.createElement("h3");
-      h.textContent = panel.title;
-      div.appendChild(h);
-      box.appendChild(div);
-      const series = [{ label: "step", value: (u, v) => (v === null ? "–" : String(v)) }].concat(
-        panel.names.map((name, i) => ({ label: name, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
-                                        value: (u, v) => fmt(v) }))
-      );
-      div.dataset.unit = panel.unit;
-      new uPlot({ width: Math.max(400, div.clientWidth - 12), height: 220, series: series,
-                  scales: { x: { time: false } },
-                  axes: [{ label: "step", values: stepTicks },
-                         { label: panel.unit, size: 64, values: (u, ticks) => ticks.map(fmt) }],
-                  legend: { live: true } },
-                [data.steps].concat(panel.values), div);
+    if (lead && data.panels.some((panel) => panel.title === "reward")) lead.replaceChildren();
+    for (const panel of data.panels) plot(panel.title === "reward" && lead ? lead : box, panel, "step", data.steps);
+  }
+
+  // Mean reward (and its quartiles, shaded) per policy version, beside the reward curve.
+  const VERSION_STYLE = { mean: { stroke: COLORS[0], width: 2 }, median: { stroke: COLORS[1], width: 1, dash: [4, 3] },
+                          q1: { stroke: "#9aa3b5", width: 1 }, q3: { stroke: "#9aa3b5", width: 1 } };
+  async function drawVersions() {
+    const box = $("#reward-by-version");
+    if (!box) return;
+    const res = await fetch("/api/reward_by_version", { credentials: "same-origin" });
+    if (!res.ok) return;
+    const data = await res.json();
+    if (!data.versions.length) return;
+    box.replaceChildren();
+    const panel = data.panels[0];
+    const bands = data.split ? [] : [{ series: [panel.names.indexOf("q3") + 1, panel.names.indexOf("q1") + 1],
+                                       fill: "rgba(91, 60, 196, 0.10)" }];
+    const div = plot(box, panel, "policy version", data.versions, data.split ? {} : VERSION_STYLE, bands);
+    if (data.unversioned) {
+      const note = document.createElement("p");
+      note.className = "muted note";
+      note.textContent = `not plotted: ${data.unversioned} rollouts with no policy version (the table below has them)`;
+      div.appendChild(note);
     }
   }
 
   // --- live ---------------------------------------------------------------------------------------
   let version = Number(document.body.dataset.version);
+  let versionsDrawn = null;
   async function poll() {
     try {
       const res = await fetch("/api/status", { credentials: "same-origin" });
@@ -72,6 +104,10 @@
         }
       }
       await drawPlots();
+      if (versionsDrawn !== version) {  // the page's first poll, and after new data
+        await drawVersions();
+        versionsDrawn = version;
+      }
       $("#live").classList.remove("offline");
     } catch (err) {
       // the server is unreachable (stopped or restarting): say so; the next poll tries again
@@ -102,7 +138,12 @@
         const doc = new DOMParser().parseFromString(await res.text(), "text/html");
         for (const el of parts) {
           const fresh = doc.getElementById(el.id);
-          if (fresh) el.replaceWith(fresh);
+          if (!fresh) continue;
+          for (const folded of el.querySelectorAll("details[id]")) {  // opened or folded by the reader: kept
+            const twin = fresh.querySelector(`details[id="${folded.id}"]`);
+            if (twin) twin.open = folded.open;
+          }
+          el.replaceWith(fresh);
         }
       }
     }
