@@ -15,9 +15,11 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import typer
 from typer import rich_utils
+from typer.core import TyperGroup
 
 HELP_WIDTH = 160
 """Columns of help with no terminal: the widest option table (train's: two flag columns and a type
@@ -28,8 +30,8 @@ log viewers and side-by-side views."""
 def help_width(environ: Mapping[str, str] = os.environ) -> int | None:
     """The console width for help: :data:`HELP_WIDTH` when no terminal is attached and no width is
     set in the environment; else None, for rich's own choice (the terminal's, or ``COLUMNS``)."""
-    if environ.get("TERMINAL_WIDTH"):  # typer's own setting, already read into MAX_WIDTH
-        return rich_utils.MAX_WIDTH
+    if (width := environ.get("TERMINAL_WIDTH", "")).isdigit():  # typer's own setting
+        return int(width)
     if environ.get("COLUMNS") or any(os.isatty(fd) for fd in (0, 1, 2)):
         return None
     return HELP_WIDTH
@@ -42,17 +44,21 @@ def reflow(text: str) -> str:
     return "\n\n".join(p if p.startswith("\b") else " ".join(p.split("\n")) for p in paragraphs)
 
 
-def lay_out_help(app: typer.Typer) -> None:
-    """Set the help width for every command of ``app`` and reflow their help paragraphs."""
-    rich_utils.MAX_WIDTH = help_width()
-    _reflow_commands(app)
+class HelpLayoutGroup(TyperGroup):
+    """The app's command group: each run sets the help width (typer's console reads
+    ``rich_utils.MAX_WIDTH``) from that run's environment and streams."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        rich_utils.MAX_WIDTH = help_width()
+        return super().main(*args, **kwargs)
 
 
-def _reflow_commands(app: typer.Typer) -> None:
+def reflow_help(app: typer.Typer) -> None:
+    """Reflow the help paragraphs of every command of ``app`` (and of its sub-apps)."""
     for command in app.registered_commands:
         text = command.help if command.help is not None else inspect.getdoc(command.callback)
         if text:
             command.help = reflow(text)
     for group in app.registered_groups:
         if group.typer_instance is not None:
-            _reflow_commands(group.typer_instance)
+            reflow_help(group.typer_instance)

@@ -21,7 +21,7 @@ from tinkertrace.cli import (
     train_cmd,
     ui_cmd,
 )
-from tinkertrace.cli.help_layout import lay_out_help
+from tinkertrace.cli.help_layout import HelpLayoutGroup, reflow_help
 
 app = typer.Typer(
     name="tinkertrace",
@@ -32,6 +32,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    cls=HelpLayoutGroup,
 )
 
 
@@ -47,7 +48,7 @@ COMMANDS = (
 )  # fmt: skip
 for module in COMMANDS:
     module.register(app)
-lay_out_help(app)
+reflow_help(app)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from tinkertrace.cli.help_layout import HELP_WIDTH, reflow
+from tinkertrace.cli.main import app
 
 TINKERTRACE = str(Path(sys.executable).with_name("tinkertrace"))  # the installed command
 
@@ -51,6 +53,14 @@ def test_piped_help_keeps_an_options_help_on_one_line(command: tuple[str, ...], 
 def test_columns_wins_over_the_piped_width() -> None:
     lines = _help("train", columns="100")
     assert max(len(line) for line in lines) == 100
+
+
+def test_each_run_reads_its_own_environment() -> None:
+    """The width is decided when the command line runs, not when the app is imported."""
+    for columns in ("100", "180"):
+        env = {"COLUMNS": columns, "TERMINAL_WIDTH": None}
+        result = CliRunner().invoke(app, ["train", "--help"], env=env)
+        assert max(len(line) for line in result.output.splitlines()) == int(columns)
 
 
 def test_a_docstrings_paragraphs_reflow_and_stay_apart() -> None:
