@@ -1,6 +1,6 @@
 """How `--help` is laid out: the width when no terminal is attached, and paragraphs that reflow.
 
-With no terminal on stdin, stdout or stderr (a CI log, a captured subprocess, `cmd --help > file`), rich
+With no terminal on stdin, stdout or stderr (a CI log, a captured subprocess, a job without a tty), rich
 falls back to 80 columns, where the option table leaves each help text a narrow column of three-word
 lines. There help is :data:`HELP_WIDTH` wide instead. A terminal keeps its own width (so `--help | less`
 fits the screen it is read on), and ``COLUMNS`` or typer's ``TERMINAL_WIDTH`` win when set.
