@@ -236,6 +236,15 @@ def _response_versions(table: pa.Table, seg: _Segments) -> pa.Array:
     return pa.ListArray.from_arrays(offsets, pa.array(values, pa.int64()), mask=pa.array(~whole))
 
 
+def _replies_cut(table: pa.Table, seg: _Segments) -> pa.Array:
+    """Per segment: how many of its turns' replies were cut short (``truncated``; null when the table
+    lacks the column)."""
+    if "truncated" not in table.column_names:
+        return pa.nulls(len(seg.first), pa.int32())
+    cut = pc.fill_null(table.column("truncated"), False).to_numpy(zero_copy_only=False).astype(np.int32)
+    return pa.array(np.add.reduceat(cut, seg.first), pa.int32())
+
+
 def merge_turns(table: pa.Table) -> tuple[pa.Table, int]:
     """Trajectory rows (``schemas.trajectories()``) of whole rollouts in ``table``, whose rows are
     sorted by (rollout_id, turn) and carry the triplet columns plus group_key, traj_reward, split,
@@ -274,5 +283,6 @@ def merge_turns(table: pa.Table) -> tuple[pa.Table, int]:
         "split": first_turns("split"),
         "end_time": first_turns("rollout_end"),
         "response_policy_versions": _response_versions(table, seg),
+        "replies_cut": _replies_cut(table, seg),
     }
     return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema), missing
