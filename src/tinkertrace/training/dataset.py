@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from tinkertrace import schemas
 from tinkertrace.training.advantages import compute_advantages, constant_reward_groups
 from tinkertrace.training.errors import DataError
 from tinkertrace.training.outcomes import dropped_where
+from tinkertrace.training.trainability import GroupTally, replies_of, untrainable_message
 
 REQUIRED_COLUMNS = (
     "rollout_id",
@@ -34,8 +36,9 @@ REQUIRED_COLUMNS = (
     "action_mask",
     "reward",
 )
-# kept when present: the policy versions that sampled each row (follow mode's staleness reads them)
-VERSION_COLUMNS = ("policy_version", "response_policy_versions")
+# kept when present: the policy versions that sampled each row (follow mode's staleness reads them), and
+# the row's replies and how many the reply cap cut (the cut share)
+OPTIONAL_COLUMNS = ("policy_version", "response_policy_versions", "num_turns", "replies_cut")
 TRAJECTORIES_FILE = "trajectories.parquet"
 
 
@@ -169,12 +172,12 @@ def prepare(
         raise DataError(
             f"{report.source or 'trajectories'} lacks the columns {', '.join(missing)} (not trajectories?)"
         )
-    versions = [c for c in VERSION_COLUMNS if c in table.column_names]
+    optional = [c for c in OPTIONAL_COLUMNS if c in table.column_names]
     typed = table.select(list(REQUIRED_COLUMNS)).cast(
         pa.schema([schemas.trajectories().field(c) for c in REQUIRED_COLUMNS])
     )
     table = pa.Table.from_arrays(
-        [*typed.columns, *(table[c] for c in versions)], names=[*REQUIRED_COLUMNS, *versions]
+        [*typed.columns, *(table[c] for c in optional)], names=[*REQUIRED_COLUMNS, *optional]
     )
     if table.num_rows == 0:
         raise DataError(f"{report.source or 'the training source'} holds no trajectories")
@@ -212,10 +215,11 @@ def prepare(
         report.groups_constant_removed = int(np.count_nonzero(constant))
         report.dropped += dropped_where(table, constant[index.group_of_row], "constant_reward")
         if constant.all():
-            raise DataError(
-                f"all {report.groups} groups have a constant reward, so no trajectory has an advantage: "
-                "add more rollouts per task or pass --keep-constant-reward-groups"
-            )
+            first = np.unique(index.group_of_trajectory, return_index=True)[1]  # a trajectory per group
+            rewards = Counter(index.reward_of_trajectory[first].tolist())
+            tally = GroupTally(report.groups, reasons=Counter(constant_reward=report.groups), rewards=rewards)
+            tally.replies, tally.replies_cut = (int(pc.sum(c).as_py() or 0) for c in replies_of(table))
+            raise DataError(untrainable_message(tally))
         table = table.filter(pa.array(~constant[index.group_of_row]))
         index = _Index.of(table)
 

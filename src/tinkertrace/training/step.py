@@ -39,7 +39,7 @@ from tinkertrace.training.checkpoints import append_checkpoint
 from tinkertrace.training.config import TrainSettings
 from tinkertrace.training.dataset import DataReport, TrainingData, prepare
 from tinkertrace.training.datums import DatumBatch, build_datums
-from tinkertrace.training.environments import environment_metrics
+from tinkertrace.training.environments import environment_metrics, group_environments
 from tinkertrace.training.errors import BackendError
 from tinkertrace.training.metrics import MetricsLogger, kl_sample_train
 from tinkertrace.training.offpolicy import (
@@ -49,6 +49,7 @@ from tinkertrace.training.offpolicy import (
     mismatch_metrics,
 )
 from tinkertrace.training.outcomes import TRAINED, OutcomeLog, dropped_where, outcome_rows
+from tinkertrace.training.trainability import replies_of
 
 ADAM_FIELDS = ("beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
 CLIPPED_LOSSES = ("ppo", "cispo")
@@ -132,6 +133,22 @@ def step_outcomes(rows: pa.Table, batch: DatumBatch, step: int) -> list[dict[str
     kept = [d.model_input.length + 1 for d in batch.data]
     trained = outcome_rows(rows.take(batch.row_index), TRAINED, step=step, tokens=kept)
     return trained + dropped_where(rows, ~usable, "no_trainable_tokens", step=step)
+
+
+def cut_share_metrics(table: pa.Table, env_names: list[str]) -> dict[str, float]:
+    """``env/all/replies/cut_share``: the share of the replies of a step's rows (``table``) that the
+    reply cap cut, and ``env/NAME/replies/cut_share`` per environment; none where no row says."""
+    replies, cut = (c.to_numpy(zero_copy_only=False) for c in replies_of(table))
+    out = {}
+    if replies.sum():
+        out["env/all/replies/cut_share"] = float(cut.sum() / replies.sum())
+    if env_names:
+        index = group_environments(table["task_id"], env_names)
+        for i, name in enumerate(env_names):
+            mine = index == i
+            if replies[mine].sum():
+                out[f"env/{name}/replies/cut_share"] = float(cut[mine].sum() / replies[mine].sum())
+    return out
 
 
 def batch_metrics(data: TrainingData, rows: np.ndarray, batch: DatumBatch) -> dict[str, float]:
@@ -313,6 +330,7 @@ class TrainingSession:
             names = [env.name for env in self.config.environments]
             task_ids = data.table["task_id"].take(rows[first])
             metrics.update(environment_metrics(task_ids, data.reward_of_trajectory[trajectories], names))
+        metrics.update(cut_share_metrics(taken, [env.name for env in self.config.environments]))
         if batch.data:
             ages = token_ages(taken, batch) if token_ages is not None else None
             corrected = before_train(self.client, batch, ages) if before_train is not None else {}
