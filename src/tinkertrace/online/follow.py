@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,9 @@ from tinkertrace.settings import ConfigError
 from tinkertrace.training.checkpoints import read_checkpoints
 from tinkertrace.training.config import TrainSettings
 from tinkertrace.training.environments import WeightedTurns
+from tinkertrace.training.errors import DataError
 from tinkertrace.training.step import TrainingSession
+from tinkertrace.training.trainability import GroupTally, TrainabilityWatch, WatchLimits, announce
 
 __all__ = [
     "CARRIED_GROUPS",
@@ -91,6 +94,19 @@ CORRECT_WITHOUT_SUBSTEPS = (
 
 FOLLOW_MODE = "follow"
 StepCallback = Callable[[int, dict[str, Any]], None]
+
+
+def untrainable_limits(options: FollowSettings) -> WatchLimits:
+    """The trainability watch's limits: the ``untrainable_*`` settings (giving up only with ``max_steps``:
+    a service without it keeps going, and keeps warning)."""
+    limited = options.max_steps is not None
+    return WatchLimits(
+        warn_groups=options.untrainable_warn_groups,
+        warn_s=options.untrainable_warn_s,
+        repeat_s=options.untrainable_repeat_s,
+        give_up_groups=options.untrainable_give_up_groups if limited else None,
+        give_up_s=options.untrainable_give_up_s if limited else None,
+    )
 
 
 class FollowTrainer:
@@ -124,7 +140,8 @@ class FollowTrainer:
         self.buffer = FollowBuffer(self.config, self.options, turns)
         self.late = LateRollouts(self.config.group_by, self.options.group_size, enabled=not envs)
         self.drops = DropLedger(self.options, self.config.group_by)
-        self.data = StepData(self.config, self.options, self.late, self.drops)
+        self.watch = TrainabilityWatch(untrainable_limits(self.options))
+        self.data = StepData(self.config, self.options, self.late, self.drops, self.watch)
 
     def _select(self, step: int) -> tuple[pa.Table, list[str]] | None:
         """The rows of the groups to train at ``step`` (and their ids), or None to keep waiting."""
@@ -211,6 +228,7 @@ class FollowTrainer:
                     idle_since = time.monotonic()
                 self.drops.write(session)
                 self.drops.report(self.publish)
+                self._check_trainability(session, console, result)
                 picked = self._select(result.steps)
                 if picked is None:
                     if self._waiting_since is None and (self.buffer.num_rows or self._staged()):
@@ -224,6 +242,21 @@ class FollowTrainer:
                     bar.update(completed=result.steps, status=follow_status(result.last_metrics))
                     if self.on_step is not None:
                         self.on_step(result.steps, result.last_metrics)
+
+    def _check_trainability(
+        self, session: TrainingSession, console: Console | None, result: FollowResult
+    ) -> None:
+        """Warn when no group could be trained for a while (:mod:`~tinkertrace.training.trainability`);
+        past the give-up limit (only with ``max_steps``), end the run with a :class:`DataError`."""
+        alert = self.watch.check()
+        if alert is None:
+            return
+        announce(alert, console, session.log_dir, result.steps)
+        if alert.give_up:
+            raise DataError(
+                f"{alert.message}. Gave up short of --max-steps {self.options.max_steps} (the limits: "
+                "--untrainable-give-up-groups, --untrainable-give-up-seconds)"
+            )
 
     def _staged(self) -> bool:
         return self.stager is not None and bool(self.stager.arrived)
@@ -242,9 +275,9 @@ class FollowTrainer:
         """Buffer what the polls built and drop what went stale; whether anything happened."""
         for polled in polls:
             result.notes.extend(f"skipped span file {s}" for s in polled.skipped_files)
-            self.buffer.note_arrival(
-                pc.unique(polled.trajectories["rollout_id"]).to_pylist(), polled.built_at
-            )
+            built = pc.unique(polled.trajectories["rollout_id"]).to_pylist()
+            self.buffer.note_arrival(built, polled.built_at)
+            self._observe_rowless(polled.rollouts_built - len(built))
             if self.stager is None:
                 self.buffer.add(polled.trajectories)
             else:
@@ -255,6 +288,13 @@ class FollowTrainer:
         self.drops.stale_now = []
         self.drops.count_stale(self.drops.drop_stale(self.buffer, result.steps), result)
         return any(p.rollouts_built for p in polls) or bool(self.drops.stale_now)
+
+    def _observe_rowless(self, rollouts: int) -> None:
+        """Tell the watch of rollouts built without a trajectory row (no token ids), counted as groups of
+        ``group_size`` (which task they ran is not known here)."""
+        if rollouts > 0:
+            groups = -(-rollouts // self.options.group_size)
+            self.watch.observe(GroupTally(groups=groups, reasons=Counter(no_token_ids=groups)))
 
     def _step(self, session: TrainingSession, table: pa.Table, ids: list[str], result: FollowResult) -> bool:
         """Train on ``table`` (the rollouts ``ids``), checkpoint, publish; False when nothing in it

@@ -14,21 +14,29 @@ from tinkertrace.online.late_rollouts import LateRollouts
 from tinkertrace.online.settings import FollowSettings
 from tinkertrace.online.staleness import rollout_ages, row_ages
 from tinkertrace.training.config import TrainSettings
-from tinkertrace.training.dataset import DataReport, TrainingData
+from tinkertrace.training.dataset import DataReport, TrainingData, group_keys
 from tinkertrace.training.errors import DataError
 from tinkertrace.training.step import prepare_data
+from tinkertrace.training.trainability import TrainabilityWatch, tally_groups
 
 PreparedStep = tuple[TrainingData, np.ndarray, set[str], np.ndarray]
 """Training data, the rows to train, the rollouts kept, and each trained row's age in versions."""
 
 
 class StepData:
-    """Turns a step's selected rows into :data:`PreparedStep`, recording what it drops in ``drops``."""
+    """Turns a step's selected rows into :data:`PreparedStep`, recording what it drops in ``drops`` and
+    telling ``watch`` which of its groups could be trained."""
 
     def __init__(
-        self, config: TrainSettings, options: FollowSettings, late: LateRollouts, drops: DropLedger
+        self,
+        config: TrainSettings,
+        options: FollowSettings,
+        late: LateRollouts,
+        drops: DropLedger,
+        watch: TrainabilityWatch,
     ) -> None:
         self.config, self.options, self.late, self.drops = config, options, late, drops
+        self.watch = watch
 
     def prepare(self, table: pa.Table, step: int, result: FollowResult) -> PreparedStep | None:
         """``table`` as training data (constant-reward groups dropped and counted, stale rows
@@ -53,6 +61,7 @@ class StepData:
                 rows, spent = self._without_spent(data.table, rows, step, o.max_staleness, result)
             kept = set(pc.unique(data.table["rollout_id"].take(rows)).to_pylist())
         constant = ids - kept - set(spent)
+        self._observe(table, kept, spent)
         result.rollouts_dropped_constant += len(constant)
         self.drops.since_save.extend(sorted(constant))
         if data is None or not kept:
@@ -62,6 +71,14 @@ class StepData:
             over = np.clip(age - o.max_staleness, 0, None)
             data.advantage_of_row = data.advantage_of_row * o.staleness_decay**over
         return data, rows, kept, age[rows]
+
+    def _observe(self, table: pa.Table, kept: set[str], spent: list[str]) -> None:
+        """Tell the watch the verdict on each group of ``table``; rollouts dropped as stale are left
+        out (staleness is counted on its own)."""
+        if spent:
+            table = table.filter(pc.invert(pc.is_in(table["rollout_id"], pa.array(spent, pa.string()))))
+        if table.num_rows:
+            self.watch.observe(tally_groups(table, group_keys(table, self.config.group_by), kept))
 
     def _without_spent(
         self, table: pa.Table, rows: np.ndarray, step: int, bound: int, result: FollowResult

@@ -91,6 +91,32 @@ class FollowSettings:
         "rollout only while it will be trained within --max-staleness versions (agents wait instead of "
         "sampling rollouts that would be dropped as stale).",
     )
+    untrainable_warn_groups: int = setting(
+        4,
+        "Warn (console, log, LOG_DIR/warnings.jsonl) once this many groups in a row could not be trained: "
+        "every reward the same, no reward, or no token ids; the warning names the rewards seen, the share "
+        "of replies cut by the reply cap, and what to try.",
+    )
+    untrainable_warn_s: float = setting(
+        60.0,
+        "Or warn once the first of those groups was seen this many seconds ago.",
+        flags=("--untrainable-warn-seconds",),
+    )
+    untrainable_repeat_s: float = setting(
+        300.0,
+        "While still no group trains, warn again this often, seconds.",
+        flags=("--untrainable-repeat-seconds",),
+    )
+    untrainable_give_up_groups: int | None = setting(
+        64,
+        "With --max-steps: end with an error after this many groups in a row could not be trained (without "
+        "--max-steps the run keeps going and keeps warning).",
+    )
+    untrainable_give_up_s: float | None = setting(
+        600.0,
+        "With --max-steps: end with an error also this many seconds after the first of those groups.",
+        flags=("--untrainable-give-up-seconds",),
+    )
 
     def validate(self) -> FollowSettings:
         """Check ranges (and apply ``sync``); returns self."""
@@ -106,6 +132,19 @@ class FollowSettings:
             (self.max_steps is None or self.max_steps >= 1, "max_steps must be at least 1"),
             (self.workers >= 1, "workers must be at least 1"),
             (self.max_seconds is None or self.max_seconds > 0, "max_seconds must be positive"),
+            (self.untrainable_warn_groups >= 1, "untrainable_warn_groups must be at least 1"),
+            (
+                self.untrainable_warn_s > 0 and self.untrainable_repeat_s > 0,
+                "untrainable_warn_s and untrainable_repeat_s must be positive",
+            ),
+            (
+                self.untrainable_give_up_groups is None or self.untrainable_give_up_groups >= 1,
+                "untrainable_give_up_groups must be at least 1",
+            ),
+            (
+                self.untrainable_give_up_s is None or self.untrainable_give_up_s > 0,
+                "untrainable_give_up_s must be positive",
+            ),
             *check_choices(self),
         ]
         raise_problems(checks, "invalid follow settings")

@@ -137,7 +137,8 @@ class BackgroundTail:
                     self._error = exc
                     self._changed.notify_all()
                 return
-            if polled.trajectories.num_rows or polled.skipped_files:
+            # a poll that built rollouts without rows (no token ids) is handed over too: they are counted
+            if polled.trajectories.num_rows or polled.skipped_files or polled.rollouts_built:
                 with self._changed:
                     self._ready.append(polled)
                     self._changed.notify_all()
