@@ -163,6 +163,7 @@ def render(root: Path) -> str:
             label = script.stem + (f"--{r['variant']}" if r and r["variant"] else "")
             when = r["started"][:10] if r else "no result recorded yet"
             status = staleness(r, root).split(":")[0] if r else ""
+            status += "; uncommitted changes" if r and r["dirty"] else ""
             lines.append(f"| [{label}](#{label}) | {when} | {status} |")
     lines.append("")
     for script in listed:
