@@ -64,6 +64,15 @@ def test_rollouts_without_token_ids_are_counted_and_named(tmp_path: Path) -> Non
     assert "2 without token ids" in shown.getvalue() and "return_token_ids" in shown.getvalue()
 
 
+def test_groups_without_rewards_are_counted_as_failed(tmp_path: Path) -> None:
+    write_groups(tmp_path / "spans", {"f0": [None] * 4, "c0": [0.5] * 4})
+    shown = io.StringIO()
+    trainer(tmp_path, untrainable_warn_groups=2).run(console=Console(file=shown, width=400), progress=False)
+    text = shown.getvalue()
+    assert "all 2 groups in " in text and "1 with a constant reward (every reward 0.5)" in text
+    assert "1 with no reward (every rollout failed or emitted none)" in text and "the agents' errors" in text
+
+
 def test_with_max_steps_a_run_that_cannot_train_ends_with_a_clear_error(tmp_path: Path) -> None:
     write_groups(tmp_path / "spans", {f"c{g}": [1.0] * 4 for g in range(3)})
     follow = trainer(tmp_path, max_steps=1, untrainable_give_up_groups=3, idle_timeout_s=20.0)
