@@ -20,7 +20,7 @@ from typing import Any
 from tinkertrace.online.env_worker import SPEC_ENV
 from tinkertrace.ors.upload import SpoolUploader, upload_settings
 from tinkertrace.settings import ConfigError
-from tinkertrace.training.config import Environment, TrainSettings
+from tinkertrace.training.config import REPLY_TOKENS, Environment, TrainSettings
 
 WORKER_MODULE = "tinkertrace.online.env_worker"
 
@@ -51,6 +51,7 @@ def train_with_agents(
     settings = StackSettings(
         out=log_dir,
         model=config.model,
+        max_tokens=REPLY_TOKENS,  # requests that set none: never the demo's few tokens (see Environment)
         agent_module=WORKER_MODULE,
         worker_python=options.worker_python or sys.executable,
         inflight=options.inflight,

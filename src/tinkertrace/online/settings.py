@@ -16,7 +16,7 @@ from typing import Any, Literal
 from tinkertrace.models.builtin import BUILTIN_MODEL, DEMO_MODEL
 from tinkertrace.serving.policy import INFLIGHT_HELP, InflightMode
 from tinkertrace.settings import check_choices, load, raise_problems, setting
-from tinkertrace.training.config import TrainSettings
+from tinkertrace.training.config import REPLY_TOKENS, TrainSettings
 from tinkertrace.training.offpolicy import DEFAULT_STALENESS_CAP
 
 StalenessMode = Literal["drop", "correct", "downweight"]
@@ -170,7 +170,7 @@ class StackSettings:
     roll_seconds: float = 0.2  # collector Parquet roll: a rollout is buildable this soon after it ends
     export_delay_s: float = 0.05  # the agents' span export delay
     group_size: int = 8
-    max_tokens: int = 20
+    max_tokens: int = REPLY_TOKENS  # the endpoint's cap for requests that set none (the demo: its task's)
     agent_module: str = "tinkertrace.online.demo_agent"
     worker_python: str = sys.executable  # the interpreter of the agent workers (their own env)
     worker_env: dict[str, str] = field(default_factory=dict)  # extra environment variables of the workers

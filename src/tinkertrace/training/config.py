@@ -27,6 +27,11 @@ Loss = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
 AdvantageMode = Literal["group", "std", "none"]
 Reduction = Literal["sum", "mean", "max", "min", "last"]
 
+REPLY_TOKENS = 512
+"""An environment's reply cap when it sets no ``max_tokens``: room for a tool call with its arguments
+(the demo's 12-20 tokens fit no call); the engine cuts each reply to what the model's context leaves
+after its prompt."""
+
 
 @dataclass
 class Environment:
@@ -58,7 +63,12 @@ class Environment:
     group_size: int = setting(4, "Rollouts per task: one GRPO group.", aliases=("num_rollouts",))
     weight: float = setting(1.0, "The environment's share of each step's groups (relative to the others).")
     temperature: float = setting(1.0, "Sampling temperature passed to the agent.")
-    max_tokens: int | None = setting(None, "Longest reply, tokens, passed to the agent (default: its own).")
+    max_tokens: int | None = setting(
+        None,
+        f"Longest reply, tokens, passed to the agent. Unset: {REPLY_TOKENS} (room for a tool call), which "
+        "the OpenReward agent asks for and the endpoint train starts gives requests that set none. A reply "
+        "is also cut to the room the model's context leaves after its prompt.",
+    )
     agent_kwargs: dict[str, Any] = setting(
         help="Further keyword arguments for the agent.", default_factory=dict
     )
