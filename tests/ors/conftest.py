@@ -46,10 +46,11 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def start_ors_server(log: Path, *args: str) -> OrsServer:
-    """tests/ors/ors_server.py (the example's environments and ``faulty``) on a free port, healthy."""
+def start_ors_server(log: Path, *args: str, script: str = "ors_server.py") -> OrsServer:
+    """tests/ors/``script`` (ors_server.py: the example's environments and ``faulty``) on a free port,
+    healthy."""
     port = free_port()
-    command = [str(ORS_PYTHON), str(Path(__file__).parent / "ors_server.py"), "--port", str(port), *args]
+    command = [str(ORS_PYTHON), str(Path(__file__).parent / script), "--port", str(port), *args]
     process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     server = OrsServer(f"http://127.0.0.1:{port}", process, log)
     try:

@@ -4,15 +4,20 @@
 it, and starts the next at once. So a long episode holds up its own group, not the worker: a worker
 that ran one group at a time waited for each group's longest rollout before the next started, and
 every training mode, the asynchronous ones too, waited for stragglers at the agents.
+
+When ``stop`` is set, a group in flight is not finished: :func:`run_until_stopped` cancels an async
+group (each rollout's ``finally`` runs, so an ORS episode deletes its session), and the worker ends
+within about :data:`ABANDON_S`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import TypeVar
+from typing import Any, TypeVar
 
 GROUPS_IN_FLIGHT = 2
 """Groups an agent worker runs at once (each started whole); the next starts as soon as one is done."""
@@ -20,6 +25,13 @@ GROUPS_IN_FLIGHT = 2
 WAKE_S = 0.5
 """How often the waiting thread wakes: Python runs a signal handler (the workers' SIGTERM, which sets
 ``stop``) only when the main thread runs, and the kernel may hand the signal to a group's thread."""
+
+ABANDON_S = 3.0
+"""How long a cancelled group's clean-up (its rollouts' ``finally`` blocks: closing ORS sessions) may take
+before the group is left behind."""
+
+STOP_POLL_S = 0.1
+"""How often a running async group looks at ``stop``."""
 
 Group = TypeVar("Group")
 
@@ -49,3 +61,21 @@ def run_groups(
             pass
         for done in loops:
             done.result()  # a loop's error, raised here
+
+
+def run_until_stopped(make: Callable[[], Coroutine[Any, Any, Any]], stop: threading.Event) -> bool:
+    """Run the coroutine ``make()`` on an event loop of its own (in this thread) until it is done or
+    ``stop`` is set, then cancel it and give its clean-up :data:`ABANDON_S`; whether it finished."""
+    return asyncio.run(_until_stopped(make(), stop))
+
+
+async def _until_stopped(coro: Coroutine[Any, Any, Any], stop: threading.Event) -> bool:
+    task = asyncio.ensure_future(coro)
+    while not stop.is_set():
+        done, _ = await asyncio.wait({task}, timeout=STOP_POLL_S)
+        if done:
+            task.result()  # its error, raised here
+            return True
+    task.cancel()
+    await asyncio.wait({task}, timeout=ABANDON_S)
+    return False

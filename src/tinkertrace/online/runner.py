@@ -19,8 +19,13 @@ from typing import Any
 
 from tinkertrace.collector.launch import collector_command, wait_until_healthy
 from tinkertrace.netutil import BackgroundServer, free_port
+from tinkertrace.online.groups_in_flight import ABANDON_S, STOP_POLL_S
 from tinkertrace.online.settings import StackSettings
 from tinkertrace.serving.policy import InflightMode
+
+WORKER_STOP_S = ABANDON_S + 2.0
+"""How long a worker has after SIGTERM (to abandon its groups, close their sessions and send its spans)
+before it is killed."""
 
 
 def serve_policy(
@@ -141,11 +146,17 @@ class OnlineStack:
     ) -> Any:
         """Start ``workers`` agent workers, run ``trainer`` (a ``FollowTrainer``) until its step limit,
         ``max_seconds`` (None: no limit) or ``stop`` is set, then stop the workers; returns the trainer's
-        result. ``around`` (e.g. a rich ``Live`` display) is entered for the duration of the training."""
+        result. ``around`` (e.g. a rich ``Live`` display) is entered for the duration of the training.
+        Once ``stop`` is set the workers are stopped at once, while the trainer ends its step."""
         stop = stop or threading.Event()
         timer = threading.Timer(max_seconds if max_seconds is not None else 0, stop.set)
         timer.daemon = True
+        ended = threading.Event()
+        watcher = threading.Thread(
+            target=self._stop_workers_on, args=(stop, ended), name="tt-stop", daemon=True
+        )
         self.start_workers(workers)
+        watcher.start()
         if max_seconds is not None:
             timer.start()
         try:
@@ -153,10 +164,20 @@ class OnlineStack:
                 return trainer.run(stop=stop, console=console, progress=progress)
         finally:
             timer.cancel()
+            ended.set()
+            watcher.join()
             self.stop_workers()
 
-    def stop_workers(self, timeout: float = 20.0) -> None:
-        """Ask every worker to finish its round (SIGTERM), then kill any that linger."""
+    def _stop_workers_on(self, stop: threading.Event, ended: threading.Event) -> None:
+        """Stop the workers as soon as ``stop`` is set, unless ``ended`` is set first."""
+        while not ended.is_set():
+            if stop.wait(STOP_POLL_S):
+                self.stop_workers()
+                return
+
+    def stop_workers(self, timeout: float = WORKER_STOP_S) -> None:
+        """Ask every worker to stop (SIGTERM: an environment worker abandons its groups in flight, the
+        demo's finishes its round), then kill any still running after ``timeout`` seconds."""
         for proc in self._workers:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -175,14 +196,16 @@ class OnlineStack:
         return [row for path in paths for row in read_jsonl(path, skip_bad=True)]
 
     def stop(self) -> None:
-        """Stop workers, then the endpoint and its sampler, then the collector (SIGTERM: it flushes its
+        """Stop workers, then the sampler and the endpoint, then the collector (SIGTERM: it flushes its
         files)."""
         self.stop_workers()
+        if self.holder is not None:
+            # first: the requests it still decodes (their agents are gone) fail now instead of holding the
+            # endpoint's shutdown for its grace time; and no decoding thread may outlive the process
+            self.holder.close()
         if self._server is not None:
             self._server.stop()
             self._server = None
-        if self.holder is not None:
-            self.holder.close()  # no decoding thread may outlive the process (see engine.continuous)
         if self._collector is not None and self._collector.poll() is None:
             self._collector.send_signal(signal.SIGTERM)
             try:

@@ -21,6 +21,7 @@ over) is a :class:`ToolResult` with ``error`` set.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -217,15 +218,18 @@ class OrsEnvironment:
 
     @asynccontextmanager
     async def session(self, split: str, index: int) -> AsyncIterator[OrsSession]:
-        """An episode on task ``index`` of ``split``, deleted on exit."""
+        """An episode on task ``index`` of ``split``, deleted on exit, a cancelled one too: a ``/create``
+        already sent is let finish first (else the server could make the session after its delete)."""
         session = OrsSession(self, await self.new_sid())
         body: dict[str, Any] = {"split": split, "index": index}
         if self.ref.name:
             body["env_name"] = self.ref.name
-        await self.request("POST", "/create", sid=session.sid, json=body)
+        created = asyncio.ensure_future(self.request("POST", "/create", sid=session.sid, json=body))
         try:
+            await asyncio.shield(created)
             yield session
         finally:
+            await asyncio.wait({created})
             await session.delete()
 
 
