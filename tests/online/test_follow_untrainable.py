@@ -99,6 +99,7 @@ def test_the_cli_shows_the_error_and_exits_non_zero(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
     assert "error: no group could be trained: all 2 groups" in " ".join(done.stderr.split())
+    assert done.stderr.count("no group could be trained") == 1  # the error alone, not a warning beside it
 
 
 def test_one_trainable_group_after_constant_ones_does_not_end_the_run(tmp_path: Path) -> None:

@@ -129,7 +129,7 @@ def untrainable_advice(tally: GroupTally) -> list[str]:
     advice = []
     share = tally.cut_share
     if share is not None and share > CUT_SHARE_HIGH:
-        advice.append(f"a larger reply budget (max_tokens): {share:.0%} of the replies were cut")
+        advice.append("a larger reply budget (max_tokens), since most replies were cut")
     if tally.reasons["constant_reward"]:
         advice += [
             "more rollouts per group (group_size / num_rollouts), so that some differ",
@@ -230,10 +230,12 @@ class TrainabilityWatch:
 
 def announce(alert: Alert, console: Console | None, log_dir: Path, step: int) -> None:
     """Show ``alert`` on ``console`` (when given; ``logging`` then gets it at INFO, else at WARNING)
-    and append it to ``LOG_DIR/warnings.jsonl`` (``kind`` untrainable, with its counts)."""
-    if console is not None:
+    and append it to ``LOG_DIR/warnings.jsonl`` (``kind`` untrainable, with its counts). An alert to
+    give up is only recorded (``logging`` at INFO): the error that ends the run says it."""
+    shown = console is not None and not alert.give_up
+    if console is not None and shown:
         console.print(f"[yellow]warning:[/] {escape(alert.message)}", highlight=False, soft_wrap=True)
-    log.log(logging.INFO if console is not None else logging.WARNING, "%s", alert.message)
+    log.log(logging.INFO if shown or alert.give_up else logging.WARNING, "%s", alert.message)
     tally = alert.tally
     record = {
         "time": time.time(),
