@@ -20,6 +20,7 @@ from tinkertrace.testing.waiting import wait_until
 from tinkertrace.training.config import TrainSettings
 from tinkertrace.training.errors import DataError
 from tinkertrace.training.jsonl import read_jsonl
+from tinkertrace.training.metrics import read_metrics
 from tinkertrace.training.trainability import WARNINGS_FILE
 
 MODEL = "tinkertrace/tiny-chat:nano"
@@ -128,3 +129,5 @@ def test_one_trainable_group_after_constant_ones_does_not_end_the_run(tmp_path: 
     assert (result.steps, result.rollouts_trained, result.rollouts_dropped_constant) == (1, 4, 8)
     assert "all 2 groups in " in shown.getvalue()
     assert follow.watch.streak.groups == 0  # the trained group ended the streak
+    (step,) = read_metrics(tmp_path / "run")
+    assert step["env/all/replies/cut_share"] == 0.0  # none of its replies was cut
