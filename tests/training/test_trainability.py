@@ -99,3 +99,18 @@ def test_each_step_logs_the_share_of_its_replies_cut_by_the_reply_cap(tmp_path: 
     (step,) = read_metrics(config.log_dir)
     assert step["env/all/replies/cut_share"] == pytest.approx(sum(truncated) / len(truncated))
     assert pc.sum(built.trajectories["replies_cut"]).as_py() == 4
+
+
+def test_the_time_limit_gives_up_only_once_the_warning_count_was_seen() -> None:
+    """One slow untrainable group is no reason to end a run: past give_up_s it warns; once
+    warn_groups groups were seen it gives up."""
+    now = [0.0]
+    limits = WatchLimits(warn_groups=3, warn_s=60, repeat_s=300, give_up_groups=None, give_up_s=100)
+    watch = TrainabilityWatch(limits, clock=lambda: now[0])
+    watch.observe(constant_tally(1))
+    now[0] = 200
+    alert = watch.check()
+    assert alert is not None and not alert.give_up
+    watch.observe(constant_tally(2))
+    stop = watch.check()
+    assert stop is not None and stop.give_up and "all 3 groups in 200 s" in stop.message

@@ -114,7 +114,8 @@ class FollowSettings:
     )
     untrainable_give_up_s: float | None = setting(
         600.0,
-        "With --max-steps: end with an error also this many seconds after the first of those groups.",
+        "With --max-steps: end with an error also this many seconds after the first of those groups, once "
+        "--untrainable-warn-groups of them were seen.",
         flags=("--untrainable-give-up-seconds",),
     )
 

@@ -9,8 +9,9 @@ batch mode's error and follow mode's warning alike.
 :class:`TrainabilityWatch` is follow mode's: fed each step's tally, it counts the groups since the
 last trainable one (the *streak*) and, once ``warn_groups`` of them or ``warn_s`` seconds have gone
 by, raises an alert, then again every ``repeat_s`` seconds while the streak lasts; past
-``give_up_groups`` groups or ``give_up_s`` seconds its alert says to give up (the trainer does, with
-``max_steps`` set). :func:`announce` shows an alert on the console, in Python ``logging`` and in
+``give_up_groups`` groups, or ``give_up_s`` seconds once ``warn_groups`` groups were seen (a single
+slow group is no reason to give up), its alert says to give up (the trainer does, with ``max_steps``
+set). :func:`announce` shows an alert on the console, in Python ``logging`` and in
 ``LOG_DIR/warnings.jsonl``.
 """
 
@@ -215,7 +216,7 @@ class TrainabilityWatch:
         lim, now, groups = self.limits, self.clock(), self.streak.groups
         elapsed = now - self.since
         give_up = (lim.give_up_groups is not None and groups >= lim.give_up_groups) or (
-            lim.give_up_s is not None and elapsed >= lim.give_up_s
+            lim.give_up_s is not None and elapsed >= lim.give_up_s and groups >= lim.warn_groups
         )
         if self.last_alert is None:
             due = groups >= lim.warn_groups or elapsed >= lim.warn_s
