@@ -9,11 +9,13 @@ their spans to the collector. The follow trainer publishes into ``stack.holder``
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import threading
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +49,20 @@ def serve_policy(
     holder = policy_from_service(service, model, model_path=model_path, version=version, inflight=inflight)
     server = BackgroundServer(create_app(holder, default_max_tokens=max_tokens)).start()
     return holder, server
+
+
+@contextmanager
+def _unlogged_failures() -> Iterator[None]:
+    """The endpoint logs no traceback for a request that fails meanwhile: while the stack stops, those
+    are requests their agents abandoned, failed by the closing sampler (one traceback each was noise)."""
+    from tinkertrace.serving.guard import log
+
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 @dataclass
@@ -199,13 +215,14 @@ class OnlineStack:
         """Stop workers, then the sampler and the endpoint, then the collector (SIGTERM: it flushes its
         files)."""
         self.stop_workers()
-        if self.holder is not None:
-            # first: the requests it still decodes (their agents are gone) fail now instead of holding the
-            # endpoint's shutdown for its grace time; and no decoding thread may outlive the process
-            self.holder.close()
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        with _unlogged_failures():
+            if self.holder is not None:
+                # first: the requests it still decodes (their agents are gone) fail now instead of holding
+                # the endpoint's shutdown for its grace time; and no decoding thread may outlive the process
+                self.holder.close()
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
         if self._collector is not None and self._collector.poll() is None:
             self._collector.send_signal(signal.SIGTERM)
             try:
