@@ -57,3 +57,19 @@ def test_a_clean_up_that_hangs_is_left_after_abandon_s() -> None:
     started = time.monotonic()
     assert run_until_stopped(group, stop) is False
     assert 0.2 + ABANDON_S <= time.monotonic() - started < 0.2 + ABANDON_S + 2.0
+
+
+def test_a_sync_rollout_thread_is_left_behind_not_waited_for() -> None:
+    release = threading.Event()
+
+    async def group() -> None:
+        await asyncio.to_thread(release.wait, 600)  # a sync agent: cancelling cannot stop its thread
+
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    started = time.monotonic()
+    try:
+        assert run_until_stopped(group, stop) is False
+        assert time.monotonic() - started < 0.2 + 2.0
+    finally:
+        release.set()

@@ -5,9 +5,9 @@ it, and starts the next at once. So a long episode holds up its own group, not t
 that ran one group at a time waited for each group's longest rollout before the next started, and
 every training mode, the asynchronous ones too, waited for stragglers at the agents.
 
-When ``stop`` is set, a group in flight is not finished: :func:`run_until_stopped` cancels an async
-group (each rollout's ``finally`` runs, so an ORS episode deletes its session), and the worker ends
-within about :data:`ABANDON_S`.
+When ``stop`` is set, a group in flight is not finished: :func:`run_until_stopped` cancels it (an
+async rollout's ``finally`` runs, so an ORS episode deletes its session; a sync rollout's thread is
+left behind), and the worker ends within about :data:`ABANDON_S`.
 """
 
 from __future__ import annotations
@@ -65,8 +65,21 @@ def run_groups(
 
 def run_until_stopped(make: Callable[[], Coroutine[Any, Any, Any]], stop: threading.Event) -> bool:
     """Run the coroutine ``make()`` on an event loop of its own (in this thread) until it is done or
-    ``stop`` is set, then cancel it and give its clean-up :data:`ABANDON_S`; whether it finished."""
-    return asyncio.run(_until_stopped(make(), stop))
+    ``stop`` is set, then cancel it and give its clean-up :data:`ABANDON_S`; whether it finished.
+
+    Not ``asyncio.run``, which waits for the loop's threads: a sync agent's rollout runs in one
+    (``asyncio.to_thread``), and cancelling cannot stop it. It is left running, for the worker's exit."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(_until_stopped(make(), stop))
+    finally:
+        left = asyncio.all_tasks(loop)  # a clean-up past ABANDON_S: cancelled again
+        for task in left:
+            task.cancel()
+        if left:
+            loop.run_until_complete(asyncio.wait(left))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()  # its thread pool is shut down without waiting
 
 
 async def _until_stopped(coro: Coroutine[Any, Any, Any], stop: threading.Event) -> bool:
