@@ -140,7 +140,7 @@ def result_text(result: dict[str, Any], root: Path) -> list[str]:
         lines.append(f"| `{name}` | {number(f['value'])} | {f['unit']} | {f['description']} |")
     lines += [
         "",
-        f"- command: `{result['command']}` ({result['wall_s']:,.0f} s wall)",
+        f"- command: `{result['command']}` ({result['wall_s']:,.0f} s wall after its imports)",
         f"- measured: {started:%Y-%m-%d %H:%M} UTC at commit `{result['commit'][:7]}`",
         f"- machine: {machine_text(result['machine'])}",
         "- load average (1/5/15 min): "
