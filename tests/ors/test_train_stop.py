@@ -1,7 +1,8 @@
 """A signal ends `tinkertrace train --config` (agents run here) within seconds, mid-episode, before any
-step: the workers abandon their groups in flight instead of finishing them, every ORS session the run
-opened is deleted (the server's own count of sessions is 0 afterwards), and the spans the collector
-had written before the signal are still there."""
+step: the workers abandon their groups in flight instead of finishing them (ORS episodes, and a sync
+agent's rollouts that cannot be cancelled), every ORS session the run opened is deleted (the server's
+own count of sessions is 0 afterwards), and the spans the collector had written before the signal are
+still there."""
 
 from __future__ import annotations
 
@@ -48,14 +49,34 @@ def span_ids(spans: Path) -> set[str]:
         return {row[0] for row in con.execute("select span_id from spans").fetchall()}
 
 
+NAP = """
+import time
+from pathlib import Path
+
+
+def nap(task, **settings):
+    Path(__file__).with_name("napping").touch()
+    time.sleep(600)  # a sync agent: its thread cannot be cancelled
+    return 0.0
+
+
+def tasks(split="train"):
+    return [{"id": "a"}, {"id": "b"}]
+"""
+
+
 def config_file(server: OrsServer, log: Path) -> Path:
-    """whodunit episodes (up to 8 policy calls of up to 512 tokens) and ``slow`` ones (their prompt
-    never comes in time), 12 groups a step: no step forms before the signal."""
+    """whodunit episodes (up to 8 policy calls of up to 512 tokens), ``slow`` ones (their prompt never
+    comes in time) and a sync agent's that sleep, 12 groups a step: no step forms before the signal.
+    Each worker takes the environments in turn: worker 0 starts whodunit and slow, worker 1 slow and
+    nap."""
+    (log.parent / "nap.py").write_text(NAP)
     path = log.parent / "config.yaml"
     path.write_text(
         f"model_name: {NANO}\nlora_rank: 2\nbatch_size: 12\nlog_path: {log}\nenvironments:\n"
         f"  {server.url}/whodunit: {{num_rollouts: 3, max_turns: 8}}\n"
         f"  {server.url}/slow: {{num_rollouts: 2}}\n"
+        "  nap: {agent: nap.py:nap, tasks: nap.py:tasks, num_rollouts: 2}\n"
     )
     return path
 
@@ -73,10 +94,11 @@ def test_a_signal_ends_the_run_within_seconds_and_closes_its_sessions(
     out = (tmp_path / "train.log").open("wb")
     run = subprocess.Popen([*command, "--no-progress"], stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        # both workers have both their groups under way (each holds 2-3 open sessions), and the policy
-        # has answered: spans are written
+        # both workers have both their groups under way (3 + 2 + 2 open sessions, a sync agent asleep),
+        # and the policy has answered: spans are written
         def under_way() -> bool:
-            return open_sessions(session_server) >= 6 and bool(span_ids(log / "spans"))
+            asleep = (tmp_path / "napping").exists()
+            return asleep and open_sessions(session_server) >= 7 and bool(span_ids(log / "spans"))
 
         wait_until(lambda: run.poll() is not None or under_way(), 300, "episodes under way")
         assert run.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
