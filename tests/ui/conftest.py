@@ -171,10 +171,9 @@ def browser() -> Iterator[Any]:
         browser.close()
 
 
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    """A fresh page; JavaScript errors on it fail the test."""
-    context = browser.new_context(viewport={"width": 1300, "height": 900})
+def open_page(browser: Any, viewport: dict[str, int]) -> Iterator[Any]:
+    """A fresh page of ``viewport`` size (a fixture's body); JavaScript errors on it fail the test."""
+    context = browser.new_context(viewport=viewport)
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -182,6 +181,12 @@ def page(browser: Any) -> Iterator[Any]:
     yield page
     context.close()
     assert not errors, f"JavaScript errors: {errors}"
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh 1300x900 page; JavaScript errors on it fail the test."""
+    yield from open_page(browser, {"width": 1300, "height": 900})
 
 
 T0 = 1_700_000_000_000_000_000
@@ -199,3 +204,16 @@ def span(trace: str, sid: str, name: str, at: float, parent: str | None = None, 
             cols[key] = json.dumps(cols[key])
     row.update(cols)
     return row
+
+
+def rollout_spans(rid: str, trace: str, task: str, version: int, reward: float) -> list[dict]:
+    """One succeeded rollout in our SDK's span form: its root, one LLM call sampled by policy
+    ``version``, and its ``reward``."""
+    ids = {"rollout_id": rid, "task_id": task}
+    return [
+        span(trace, "1", "rollout", 0, span_type="rollout", **ids,
+             attributes={"tinkertrace.rollout.status": "succeeded"}),
+        span(trace, "2", "chat", 1, parent="1", span_type="llm", policy_version=version,
+             prompt_token_ids=[1, 2], response_token_ids=[3], **ids),
+        span(trace, "3", "reward", 2, parent="1", span_type="reward", reward_value=reward, **ids),
+    ]  # fmt: skip

@@ -17,7 +17,7 @@ from tinkertrace import schemas
 from tinkertrace.ui.run_metrics import version_series
 from tinkertrace.ui.server import UiServer
 
-from .conftest import span
+from .conftest import open_page, rollout_spans
 
 VERSIONS = 60  # a 60-step follow run: one policy version per step
 SCREEN = {"width": 1280, "height": 900}
@@ -29,18 +29,12 @@ def versions_plot(points: int) -> str:
 
 def _rollouts(folder: Path, versions: range, name: str) -> None:
     """Two rollouts per policy version, in our SDK's span form; version v's rewards are 0 and v/100."""
-    rows = []
-    for version in versions:
-        for k, reward in enumerate((0.0, version / 100)):
-            rid, trace = f"r{version}-{k}", f"{version:x}{k}"
-            ids = {"rollout_id": rid, "task_id": f"task-{version % 5}"}
-            rows += [
-                span(trace, "1", "rollout", 0, span_type="rollout", **ids,
-                     attributes={"tinkertrace.rollout.status": "succeeded"}),
-                span(trace, "2", "chat", 1, parent="1", span_type="llm", policy_version=version,
-                     prompt_token_ids=[1, 2], response_token_ids=[3], **ids),
-                span(trace, "3", "reward", 2, parent="1", span_type="reward", reward_value=reward, **ids),
-            ]  # fmt: skip
+    rows = [
+        row
+        for version in versions
+        for k, reward in enumerate((0.0, version / 100))
+        for row in rollout_spans(f"r{version}-{k}", f"{version:x}{k}", f"task-{version % 5}", version, reward)
+    ]
     part = folder / "spans" / "date=2026-12-08" / "hour=00"
     part.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=schemas.spans()), part / f"{name}.parquet")
@@ -60,14 +54,7 @@ def long_run(tmp_path: Path) -> Path:
 @pytest.fixture
 def screen(browser: Any) -> Iterator[Any]:
     """A fresh 1280x900 page; JavaScript errors on it fail the test."""
-    context = browser.new_context(viewport=SCREEN)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.set_default_timeout(15_000)
-    yield page
-    context.close()
-    assert not errors, f"JavaScript errors: {errors}"
+    yield from open_page(browser, SCREEN)
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from tinkertrace import schemas
 from tinkertrace.training.dataset import prepare
 from tinkertrace.ui.server import UiServer
 
-from .conftest import Run, span
+from .conftest import Run, rollout_spans
 
 pytestmark = pytest.mark.slow  # the session's run is traced and trained first
 
@@ -181,19 +181,8 @@ def _versioned_run(folder: Path) -> None:
     """Rollouts in our SDK's span form, sampled by policy versions 0 and 3, with known rewards."""
     plan = {"t-up": [(0, 0.0), (0, 0.0), (3, 1.0), (3, 1.0)], "t-down": [(0, 1.0), (3, 0.0)],
             "t-flat": [(0, 0.5), (3, 0.5)], "t-once": [(0, 0.2)]}  # fmt: skip
-    rows, n = [], 0
-    for task, attempts in plan.items():
-        for version, reward in attempts:
-            n += 1
-            rid, trace = f"r{n}", f"{n:x}"
-            ids = {"rollout_id": rid, "task_id": task}
-            rows += [
-                span(trace, "1", "rollout", 0, span_type="rollout", **ids,
-                     attributes={"tinkertrace.rollout.status": "succeeded"}),
-                span(trace, "2", "chat", 1, parent="1", span_type="llm", policy_version=version,
-                     prompt_token_ids=[1, 2], response_token_ids=[3], **ids),
-                span(trace, "3", "reward", 2, parent="1", span_type="reward", reward_value=reward, **ids),
-            ]  # fmt: skip
+    attempts = [(task, version, reward) for task, runs in plan.items() for version, reward in runs]
+    rows = [row for n, one in enumerate(attempts, 1) for row in rollout_spans(f"r{n}", f"{n:x}", *one)]
     part = folder / "date=2026-11-27" / "hour=10"
     part.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=schemas.spans()), part / "run.parquet")
