@@ -68,7 +68,7 @@ class FollowSettings:
     workers: int = setting(
         2,
         "With environments that name an agent (--config): agent worker processes to start; each runs "
-        "one group of one environment at a time, spans to a collector this command starts.",
+        "two groups at a time (each of one environment), spans to a collector this command starts.",
     )
     max_seconds: float | None = setting(None, "Stop after this many seconds.")
     worker_python: str | None = setting(
