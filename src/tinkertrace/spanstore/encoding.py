@@ -21,7 +21,13 @@ def lists_from_packed(packed: pa.Array, list_type: pa.DataType) -> pa.Array:
     offset_type = np.int64 if pa.types.is_large_binary(packed.type) else np.int32
     byte_offsets = np.frombuffer(packed.buffers()[1], offset_type, packed.offset + len(packed) + 1)
     start = int(byte_offsets[packed.offset])
-    offsets = ((byte_offsets[packed.offset :] - start) // width).astype(np.int32)
+    offsets = (byte_offsets[packed.offset :] - start) // width
+    if pa.types.is_large_list(list_type):
+        offsets = offsets.astype(np.int64)
+    elif len(offsets) and offsets[-1] > np.iinfo(np.int32).max:  # astype would wrap to negative offsets
+        raise pa.ArrowInvalid(f"{offsets[-1]} values do not fit a {list_type}'s int32 offsets")
+    else:
+        offsets = offsets.astype(np.int32)
     data = packed.buffers()[2]
     data = data.slice(start) if data is not None else pa.py_buffer(b"")
     values = pa.Array.from_buffers(list_type.value_type, int(offsets[-1]), [None, data])
@@ -35,16 +41,36 @@ def lists_from_packed(packed: pa.Array, list_type: pa.DataType) -> pa.Array:
 
 def lists_as_binary(column: pa.ChunkedArray) -> pa.Array | None:
     """Each list's values as one ``large_binary`` value, sharing the values buffer (the inverse of
-    :func:`lists_from_packed`); ``None`` if the values are not all valid and fixed-width."""
+    :func:`lists_from_packed`); ``None`` if the values are not all valid and fixed-width.
+
+    ``list`` (int32 offsets) and ``large_list`` (int64 offsets) columns; other types give ``None``.
+    A column of several chunks is packed chunk by chunk and the ``large_binary`` chunks concatenated
+    (int64 byte offsets): combining the list chunks first would overflow a ``list``'s int32 offsets
+    once the chunks hold more than 2**31 - 1 values in all.
+    """
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+        return None
     value_type = column.type.value_type
     if not pa.types.is_primitive(value_type) or pa.types.is_boolean(value_type):
         return None
-    width = value_type.bit_width // 8
-    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if column.num_chunks == 1:
+        return _list_as_binary(column.chunk(0))
+    chunks = [_list_as_binary(chunk) for chunk in column.chunks]
+    if any(chunk is None for chunk in chunks):
+        return None
+    return pa.concat_arrays(chunks) if chunks else pa.array([], pa.large_binary())
+
+
+def _list_as_binary(array: pa.Array) -> pa.Array | None:
+    """One ``list`` / ``large_list`` array of fixed-width values as ``large_binary``, zero-copy."""
+    if len(array) == 0:
+        return pa.array([], pa.large_binary())
     values = array.values
     if values.null_count:
         return None
-    offsets = np.frombuffer(array.buffers()[1], np.int32, array.offset + len(array) + 1)
+    width = array.type.value_type.bit_width // 8
+    offset_type = np.int64 if pa.types.is_large_list(array.type) else np.int32
+    offsets = np.frombuffer(array.buffers()[1], offset_type, array.offset + len(array) + 1)
     byte_offsets = (offsets.astype(np.int64) + values.offset) * width
     return pa.Array.from_buffers(
         pa.large_binary(),
