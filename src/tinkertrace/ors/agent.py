@@ -7,8 +7,10 @@ policy call is a token-exact span), each tool call runs on the server and its te
 the ``tool`` message, and each ``ToolOutput.reward`` is emitted as a reward linked to the policy
 call that made the tool call (``response_id``). ``finished`` ends the episode; reaching
 ``max_turns`` policy calls first ends it with a ``truncated`` reward (so ``nonterminal_reward``
-applies). An :class:`~tinkertrace.ors.client.OrsError` (server gone, a tool that raised, a reaped
-session) fails the rollout with its reason.
+applies). The session is pinged every ``PING_INTERVAL_S`` seconds while the episode is played (a
+server reaps sessions unpinged for 900 s, and a policy call may be slower than that). An
+:class:`~tinkertrace.ors.client.OrsError` (server gone, a tool that raised, a reaped session) fails
+the rollout with its reason.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import tinkertrace
 from tinkertrace.ors.client import OrsEnvironment, OrsError, ToolResult
 from tinkertrace.ors.upload import spool_rollout
 
+# How often a session is pinged while its episode is played: an ORS server reaps sessions unpinged for
+# 900 s (tool calls do not count), and a policy call on a slow machine can take over 10 minutes.
+PING_INTERVAL_S = 60.0
 MALFORMED = "malformed_tool_call"  # the endpoint's finish_reason for a tool call it could not parse
 TRUNCATED = "truncated"
 
@@ -78,7 +83,10 @@ class Episode:
         async with OrsEnvironment(self.openreward) as env:
             tools = chat_tools(await env.tools())
             names = ", ".join(t["function"]["name"] for t in tools)
-            async with env.session(task["split"], int(task["index"])) as session:
+            async with (
+                env.session(task["split"], int(task["index"])) as opened,
+                opened.kept_alive(PING_INTERVAL_S) as session,
+            ):
                 self.messages.append({"role": "user", "content": await session.prompt()})
                 completion = None
                 for turn in range(self.max_turns):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
@@ -33,6 +34,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 HOSTED_SESSIONS = "https://sessions.openreward.ai"
+
+log = logging.getLogger(__name__)
 
 
 class OrsError(RuntimeError):
@@ -276,6 +279,30 @@ class OrsSession:
     async def ping(self) -> None:
         """Keep the session from being reaped while the policy thinks."""
         await self.env.request("POST", "/ping", sid=self.sid)
+
+    async def ping_every(self, interval_s: float) -> None:
+        """Ping the session every ``interval_s`` seconds until cancelled. A failed ping is logged, not
+        raised; a session already gone stops the pinging (the episode's next request reports it)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.ping()
+            except Exception as exc:  # a ping is best effort: the episode's own requests fail for real
+                log.warning("ORS session %s: ping failed: %s", self.sid, exc)
+                if isinstance(exc, OrsError) and exc.reason == "session_gone":
+                    return
+
+    @asynccontextmanager
+    async def kept_alive(self, interval_s: float) -> AsyncIterator[OrsSession]:
+        """The session, pinged every ``interval_s`` seconds in the background until the block ends (or
+        is cancelled), so a server that reaps idle sessions (900 s unpinged) keeps it while the policy
+        thinks; tool calls do not count as activity on the server, only ``/ping`` and ``/create``."""
+        pinger = asyncio.ensure_future(self.ping_every(interval_s))
+        try:
+            yield self
+        finally:
+            pinger.cancel()
+            await asyncio.wait({pinger})  # stopped before the session is deleted
 
     async def delete(self) -> None:
         """End the session on the server (a session already gone, or a server gone, is no error)."""
