@@ -10,6 +10,7 @@ import typer
 from tinkertrace.builder.options import BuildSettings
 from tinkertrace.cli.extras import needs_extra
 from tinkertrace.cli.options import OptionsOf, config_option, validated, with_settings
+from tinkertrace.cli.paths import existing, local
 
 
 @with_settings
@@ -39,8 +40,8 @@ def build_trajectories_cmd(
     from tinkertrace.collector.wal import unflushed_wal_note
 
     console = Console()
-    if not spans_dir.is_dir():
-        raise typer.BadParameter(f"spans folder {spans_dir} does not exist", param_hint="SPANS_DIR")
+    spans_dir = existing(spans_dir)
+    out = local(out, "output folder")
     options = validated(BuildSettings, settings, config, section="build")
     try:
         with console.status("building trajectories"):

@@ -9,6 +9,7 @@ import typer
 
 from tinkertrace.cli.extras import needs_extra
 from tinkertrace.cli.options import OptionsOf, config_option, validated, with_settings
+from tinkertrace.cli.paths import local
 from tinkertrace.evaluation.settings import EvalSettings
 from tinkertrace.extras import require
 
@@ -30,6 +31,9 @@ def eval_command(
 
     console = Console(soft_wrap=True)
     run = validated(EvalSettings, settings, config, section="eval")
+    local(run.out, "results file")  # both written here (created when missing), locally only
+    if run.spans_dir is not None:
+        local(run.spans_dir, "spans folder")
     if run.base_url is None:  # the local endpoint serves --model with the engine
         require("serve", "`tinkertrace eval` without --base-url")
     with Progress(console=console, transient=True) as progress:

@@ -9,6 +9,7 @@ import typer
 
 from tinkertrace.cli.extras import needs_extra
 from tinkertrace.cli.options import OptionsOf, validated, with_settings
+from tinkertrace.cli.paths import existing
 from tinkertrace.spanstore.settings import CompactSettings
 
 spans_app = typer.Typer(
@@ -28,6 +29,7 @@ def compact(spans_dir: SpansDir, settings: dict[str, Any] = OptionsOf(CompactSet
     from tinkertrace.collector.settings import MiB
     from tinkertrace.spanstore.compact import compact as run_compact
 
+    spans_dir = existing(spans_dir)
     checked = validated(CompactSettings, settings)
     report = run_compact(
         spans_dir,
@@ -56,9 +58,11 @@ def stats(spans_dir: SpansDir) -> None:
 
     from tinkertrace.spanstore.reader import open_spans
 
+    spans_dir = existing(spans_dir)
     con = duckdb.connect()
     report = open_spans(con, spans_dir)
     console = Console()
+    _note_if_empty(report.files, report.skipped, spans_dir)
     queries = {
         "partition": "SELECT strftime(date, '%Y-%m-%d') || ' ' || lpad(hour::VARCHAR, 2, '0') AS partition, "
         "count(DISTINCT filename) AS files, count(*) AS spans FROM spans GROUP BY ALL ORDER BY 1",
@@ -108,7 +112,9 @@ def query(
         raise typer.BadParameter(
             f"unknown format {format!r}: use table, csv, json or parquet", param_hint="--format"
         )
+    spans_dir = existing(spans_dir)
     con, report = open_query_views(spans_dir)
+    _note_if_empty(report.files, report.skipped, spans_dir)
     if note := unflushed_wal_note(spans_dir):  # spans a collector acknowledged, not in Parquet yet
         typer.echo(note, err=True)
     for path, reason in report.skipped:
@@ -131,6 +137,12 @@ def query(
     except QueryError as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from exc
+
+
+def _note_if_empty(files: list[Path], skipped: list[tuple[Path, str]], spans_dir: Path) -> None:
+    """Say on stderr that an existing folder holds no span file (its result is empty, not an error)."""
+    if not files and not skipped:
+        typer.echo(f"note: no span files under {spans_dir}", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -9,6 +9,7 @@ import typer
 
 from tinkertrace.cli.extras import needs_extra
 from tinkertrace.cli.options import OptionsOf, config_option, with_settings
+from tinkertrace.cli.paths import existing, local
 from tinkertrace.online.settings import FollowSettings, make_follow_options
 from tinkertrace.training.config import TrainSettings, make_config
 
@@ -67,6 +68,19 @@ def train(
         if not follow and train_config.source is None and any(env.agent for env in train_config.environments):
             console.print("no source given: running the environments' agents (follow mode)", highlight=False)
             follow = True
+        runs_agents = any(env.agent for env in train_config.environments)
+        if train_config.source is not None and runs_agents:  # the agents' collector creates it
+            local(train_config.source, "spans folder")
+        elif train_config.source is not None and follow:
+            # the collector creates its folder when it starts: one missing now is a typo or a collector
+            # not started yet, and following it would wait forever on nothing
+            existing(
+                train_config.source,
+                "spans folder to follow",
+                hint="start the collector first (it creates its folder), or create the folder",
+            )
+        elif train_config.source is not None:
+            existing(train_config.source, "training source", folder=False)
         if follow:
             _follow(train_config, make_follow_options(config, follow_settings), console, progress)
             return

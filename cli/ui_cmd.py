@@ -9,6 +9,7 @@ import typer
 
 from tinkertrace.cli.extras import needs_extra
 from tinkertrace.cli.options import OptionsOf, config_option, validated, with_settings
+from tinkertrace.cli.paths import existing
 from tinkertrace.ui.settings import UiSettings
 
 
@@ -22,7 +23,11 @@ def ui(
     token by token (trained mask, sampler logprob, advantage, splits, re-tokenised calls), and the
     build report. A live run's new rollouts and steps appear without a restart. Nothing is written to
     the run folder and nothing is fetched from the network."""
+    for path in settings.get("paths") or []:  # checked before the settings, which only say "missing"
+        existing(path, "folder")
     run = validated(UiSettings, settings, config, section="ui")
+    for path in run.folders:  # those from --config
+        existing(path, "folder")
     from rich.console import Console
 
     from tinkertrace.ui.server import serve
