@@ -155,7 +155,7 @@ def test_previous_response_id_continues_a_stored_conversation(served, tokenizer)
 @pytest.mark.parametrize(
     ("extra", "param", "code"),
     [
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type", "unsupported_tool_type"),
+        ({"tools": [{"type": 5}]}, "tools[0].type", "invalid_type"),  # hosted tools: test_codex_responses
         ({"tools": [{"type": "function", "name": "a b"}]}, "tools[0].name", "invalid_value"),
         ({"tools": [CALC], "tool_choice": {"type": "function", "name": "x"}}, "tool_choice", "invalid_value"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type", "unsupported"),

@@ -8,12 +8,14 @@ ended, as vLLM does), so a trainer can rebuild what was sampled without re-token
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from tinker import types
 
 from tinkertrace.serving.batching import SampleBatcher
+from tinkertrace.serving.context_window import clamp_max_tokens, context_limit
 from tinkertrace.serving.openai_wire.completions import Choice
 from tinkertrace.serving.openai_wire.errors import ApiError
 from tinkertrace.serving.openai_wire.requests import SamplingOptions
@@ -91,7 +93,13 @@ class Generator:
 
     # --- sampling ------------------------------------------------------------------------------------
     async def generate(self, policy: Policy, prompt_ids: list[int], options: SamplingOptions) -> list[Choice]:
-        """Sample ``options.n`` sequences for one prompt with ``policy`` and decode them into choices."""
+        """Sample ``options.n`` sequences for one prompt with ``policy`` and decode them into choices.
+
+        ``max_tokens`` (or the default) is clamped to the room the prompt leaves in the model's context;
+        a prompt that leaves none raises :class:`~tinkertrace.serving.context_window.PromptTooLong`."""
+        wanted = options.max_tokens or self.default_max_tokens
+        limit = context_limit(policy.sampling_client)
+        options = replace(options, max_tokens=clamp_max_tokens(wanted, len(prompt_ids), limit))
         params = sampling_params(options, self.default_max_tokens)
         sequences = await self.batcher.sample(
             policy.sampling_client, prompt_ids, options.n, params, options.top_logprobs

@@ -87,9 +87,11 @@ class PolicyHolder:
         model_path: str | None = None,
         loader: SamplerLoader | None = None,
         inflight: InflightMode = "keep-cache",
+        aliases: tuple[str, ...] = (),
     ) -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.aliases = tuple(a for a in dict.fromkeys(aliases) if a != model_name)
         self._loader = loader
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
@@ -99,6 +101,11 @@ class PolicyHolder:
         self.swaps = 0
         self.taken_over = 0  # swaps that moved running requests onto the new weights
         self.admission = AdmissionGate()  # which new rollouts may start: set by the trainer's demand
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every name a request may give for this model: ``model_name`` first, then its aliases."""
+        return (self.model_name, *self.aliases)
 
     def current(self) -> Policy:
         """The snapshot to use for one whole request."""
@@ -228,13 +235,15 @@ def policy_from_service(
     model: str,
     *,
     model_path: str | None = None,
-    served_name: str | None = None,
+    served_name: str | list[str] | None = None,
     version: int = 0,
     inflight: InflightMode = "keep-cache",
 ) -> PolicyHolder:
     """The one way to serve a model: a :class:`PolicyHolder` over ``service`` (the local engine's or
     hosted Tinker's ``ServiceClient``) sampling ``model``, or the sampler weights at ``model_path``,
-    whose loader opens further ``tinker://`` sampler paths for weight swaps."""
+    whose loader opens further ``tinker://`` sampler paths for weight swaps. ``served_name``: the name
+    (or names: the first answered, the others aliases) requests give for the model."""
+    names = [served_name] if isinstance(served_name, str) else list(served_name or [])
     if model_path:
         sampling_client = resolve_client(service.create_sampling_client(model_path=model_path))
     else:
@@ -242,9 +251,10 @@ def policy_from_service(
     return PolicyHolder(
         sampling_client,
         model_tokenizer(model, sampling_client),
-        served_name or model,
+        names[0] if names else model,
         version=version,
         model_path=model_path,
         loader=lambda path: service.create_sampling_client(model_path=path),
         inflight=inflight,
+        aliases=tuple(names[1:]),
     )

@@ -117,7 +117,12 @@ class ServeSettings(RequestLimitSettings, RecordingSettings):
     watch_checkpoints: Path | None = setting(
         None, "Follow this checkpoint record (LOG_DIR/checkpoints.jsonl) and serve each new entry."
     )
-    served_name: str | None = setting(None, "Model name clients send in requests (default: --model).")
+    served_name: list[str] = setting(
+        help="Model name clients send in requests (default: --model); repeat for aliases (e.g. the names a "
+        "harness asks for): requests naming any of them are served, /v1/models lists each, answers carry "
+        "the name the request gave.",
+        default_factory=list,
+    )
     max_tokens: int = setting(256, "max_tokens for requests that set none.")
     batch_window_ms: float = setting(
         5.0, "How long identical concurrent requests wait to share one sample call (0: off)."

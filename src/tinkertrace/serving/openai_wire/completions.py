@@ -335,7 +335,28 @@ def completion_chunks(
     return out
 
 
-def models_list(model: str, created: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``GET /v1/models``: the one served model."""
-    entry = {"id": model, "object": "model", "created": created, "owned_by": "tinkertrace", **(extra or {})}
-    return {"object": "list", "data": [entry]}
+def models_list(
+    names: str | tuple[str, ...],
+    created: int,
+    extra: dict[str, Any] | None = None,
+    *,
+    context_length: int | None = None,
+) -> dict[str, Any]:
+    """``GET /v1/models``: the served model under each of its names, with its context length (as
+    vLLM reports it, ``max_model_len``, and as OpenRouter and LiteLLM read it, ``context_length``)
+    where known."""
+    window = (
+        {} if context_length is None else {"max_model_len": context_length, "context_length": context_length}
+    )
+    entries = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "tinkertrace",
+            **window,
+            **(extra or {}),
+        }
+        for name in ((names,) if isinstance(names, str) else names)
+    ]
+    return {"object": "list", "data": entries}

@@ -44,6 +44,25 @@ def speaks_anthropic(path: str) -> bool:
     return path.rstrip("/").endswith("/v1/messages")
 
 
+def context_length_exceeded(prompt_tokens: int, limit: int, *, responses: bool = False) -> ApiError:
+    """OpenAI's answer to a prompt that does not fit the model's context: chat and completions word it
+    as OpenAI's chat API does (``param`` ``messages``), the Responses API as its own (``param``
+    ``input``); both HTTP 400 with code ``context_length_exceeded``, which clients (Codex CLI, the
+    Agents SDK) read as "compact the history"."""
+    if responses:
+        message = (
+            f"Your input exceeds the context window of this model ({prompt_tokens} tokens > {limit} "
+            "maximum). Please adjust your input and try again."
+        )
+    else:
+        message = (
+            f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
+            f"{prompt_tokens} tokens. Please reduce the length of the messages."
+        )
+    param = "input" if responses else "messages"
+    return ApiError(400, message, param=param, code="context_length_exceeded")
+
+
 class ApiError(Exception):
     """An error answered to the client in OpenAI's format."""
 

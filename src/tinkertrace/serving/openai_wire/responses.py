@@ -27,7 +27,14 @@ from tinkertrace.serving.openai_wire.errors import (
     require_object,
 )
 from tinkertrace.serving.openai_wire.requests import MAX_TOP_LOGPROBS_CHAT, SamplingOptions, model_name
-from tinkertrace.serving.openai_wire.tools import ToolChoice, function_tools, tool_choice
+from tinkertrace.serving.openai_wire.responses_tools import (
+    NO_TOOLS,
+    ResponsesTools,
+    chosen_name,
+    qualify_input,
+    responses_tools,
+)
+from tinkertrace.serving.openai_wire.tools import ToolChoice, tool_choice
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,11 @@ class ResponsesRequest:
     previous_response_id: str | None
     store: bool
     metadata: dict[str, str] | None
+    names: ResponsesTools = NO_TOOLS  # namespaced functions, tools left out
+
+    @property
+    def left_out(self) -> tuple[str, ...]:
+        return self.names.left_out
 
 
 def input_messages(value: Any) -> list[dict[str, Any]]:
@@ -73,10 +85,11 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     model = model_name(body)
     if body.get("input") is None:
         raise missing("input")
-    messages = input_messages(body["input"])
+    messages = input_messages(qualify_input(body["input"]))
     logprobs = _include_logprobs(body)
     top = checked(body, "top_logprobs", int, 0, minimum=0, maximum=MAX_TOP_LOGPROBS_CHAT)
-    tools = function_tools(body.get("tools"), nested=False)
+    offered = responses_tools(body.get("tools"))
+    tools = offered.functions
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise invalid_type("metadata", "an object", metadata)
@@ -99,10 +112,11 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         messages=messages,
         options=options,
         tools=tools,
-        tool_choice=tool_choice(body, tools, named=lambda c: c.get("name")),
+        tool_choice=tool_choice(body, tools, named=chosen_name),
         previous_response_id=checked(body, "previous_response_id", str),
         store=bool(checked(body, "store", bool, True)),
         metadata=metadata,
+        names=offered,
     )
 
 
@@ -111,7 +125,9 @@ def new_item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def _output(choice: Choice, status: str, logprobs: bool) -> list[dict[str, Any]]:
+def _output(
+    choice: Choice, status: str, logprobs: bool, names: ResponsesTools = NO_TOOLS
+) -> list[dict[str, Any]]:
     """Output items: the text as a message (when there is text, or no call), then the calls.
     ``output_text.logprobs`` are per sampled token when the output is text only (empty otherwise:
     ``output_token_logprobs`` is always aligned with ``output_token_ids``)."""
@@ -135,7 +151,7 @@ def _output(choice: Choice, status: str, logprobs: bool) -> list[dict[str, Any]]
                 "type": "function_call",
                 "id": new_item_id("fc"),
                 "call_id": call.id,
-                "name": call.name,
+                **names.call_fields(call.name),
                 "arguments": call.arguments,
                 "status": "completed",
             }
@@ -171,7 +187,7 @@ def response_body(
         "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "instructions": req.instructions,
-        "output": _output(choice, status, req.options.logprobs),
+        "output": _output(choice, status, req.options.logprobs, req.names),
         "tools": [{**t["function"], "type": "function", "strict": False} for t in req.tools or []],
         "tool_choice": _echo_tool_choice(req.tool_choice),
         "parallel_tool_calls": req.tool_choice.parallel,
