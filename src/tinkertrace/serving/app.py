@@ -32,16 +32,23 @@ from tinkertrace.serving import anthropic_wire
 from tinkertrace.serving.admission import DEFAULT_LEASE_S, Demand
 from tinkertrace.serving.batching import SampleBatcher
 from tinkertrace.serving.checkpoint_watch import CheckpointWatcher
+from tinkertrace.serving.context_window import PromptTooLong, context_limit
 from tinkertrace.serving.conversations import ConversationStore, assistant_message
 from tinkertrace.serving.generation import Generator
 from tinkertrace.serving.guard import Handler, check_token, guarded, http_error
 from tinkertrace.serving.limits import BodyLimit, RequestLimits
 from tinkertrace.serving.openai_wire import completions as wire
 from tinkertrace.serving.openai_wire.completions import Choice
-from tinkertrace.serving.openai_wire.errors import ApiError, read_json, require_object
+from tinkertrace.serving.openai_wire.errors import (
+    ApiError,
+    context_length_exceeded,
+    read_json,
+    require_object,
+)
 from tinkertrace.serving.openai_wire.requests import ChatRequest, parse_chat_request, parse_completion_request
 from tinkertrace.serving.openai_wire.responses import new_item_id, parse_responses_request, response_body
 from tinkertrace.serving.openai_wire.responses_stream import stream_events
+from tinkertrace.serving.openai_wire.responses_tools import note_left_out
 from tinkertrace.serving.openai_wire.sse import sse_response
 from tinkertrace.serving.policy import Policy, PolicyHolder, StalePolicyError
 from tinkertrace.serving.recording import CallRecorder
@@ -98,11 +105,12 @@ class SamplingEndpoint:
         return guarded(handler, lambda request: self._authenticate(request, admin), recorder)
 
     def _check_model(self, model: str) -> None:
-        if model != self.policy.model_name:
+        names = self.policy.served_names
+        if model not in names:
             raise ApiError(
                 404,
                 f"The model `{model}` does not exist or you do not have access to it. "
-                f"This server serves `{self.policy.model_name}`.",
+                f"This server serves {', '.join(f'`{n}`' for n in names)}.",
                 param="model",
                 code="model_not_found",
             )
@@ -134,7 +142,10 @@ class SamplingEndpoint:
 
     async def chat(self, request: Request) -> Response:
         req = parse_chat_request(await read_json(request))
-        choices, policy = await self._sample_chat(request, req)
+        try:
+            choices, policy = await self._sample_chat(request, req)
+        except PromptTooLong as exc:
+            raise context_length_exceeded(exc.prompt_tokens, exc.limit) from None
         rid, headers = wire.new_id("chatcmpl"), {semconv.HEADER_POLICY_VERSION: str(policy.version)}
         extra = self._version_fields(choices, policy)
         if req.options.stream:
@@ -164,8 +175,12 @@ class SamplingEndpoint:
         policy = self.policy.current()
         plan = plan_tools(self.tool_parser, req.tools, req.tool_choice)
         prompt_ids = self.generator.chat_prompt([*system, *history, *req.messages], req.tools, plan.prefix)
-        [sampled] = await self.generator.generate(policy, prompt_ids, plan.options(req.options))
+        try:
+            [sampled] = await self.generator.generate(policy, prompt_ids, plan.options(req.options))
+        except PromptTooLong as exc:
+            raise context_length_exceeded(exc.prompt_tokens, exc.limit, responses=True) from None
         choice = plan.apply(sampled)
+        note_left_out(request, req.left_out)
         self.requests_served += 1
         rid = new_item_id("resp")
         if req.store:
@@ -182,9 +197,12 @@ class SamplingEndpoint:
         await self._admit(request)
         policy = self.policy.current()
         prompts = [self.generator.text_prompt(p, i) for i, p in enumerate(req.prompts)]
-        per_prompt = await asyncio.gather(
-            *(self.generator.generate(policy, ids, req.options) for ids in prompts)
-        )
+        try:
+            per_prompt = await asyncio.gather(
+                *(self.generator.generate(policy, ids, req.options) for ids in prompts)
+            )
+        except PromptTooLong as exc:
+            raise context_length_exceeded(exc.prompt_tokens, exc.limit) from None
         choices = [c for group in per_prompt for c in group]
         self.requests_served += 1
         rid, headers = wire.new_id("cmpl"), {semconv.HEADER_POLICY_VERSION: str(policy.version)}
@@ -201,14 +219,16 @@ class SamplingEndpoint:
 
     def _models(self) -> dict[str, Any]:
         extra = {semconv.RESPONSE_POLICY_VERSION: self.policy.version}
-        return wire.models_list(self.policy.model_name, self.created, extra)
+        window = context_limit(self.policy.current().sampling_client)
+        return wire.models_list(self.policy.served_names, self.created, extra, context_length=window)
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(self._models())
 
     async def model(self, request: Request) -> Response:
-        self._check_model(request.path_params["model"])
-        return JSONResponse(self._models()["data"][0])
+        name = request.path_params["model"]
+        self._check_model(name)
+        return JSONResponse(next(m for m in self._models()["data"] if m["id"] == name))
 
     # --- health and admin ----------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
