@@ -8,8 +8,21 @@ Every answer carries the token-id extension of ``/v1/responses`` (``prompt_token
 stream on ``message_start``'s message (prompt ids) and on the ``message_delta`` event (output ids).
 Text and tool use: ``tools`` become function tools, ``tool_use`` / ``tool_result`` blocks the chat
 tool calls and tool messages (:func:`tinkertrace.sdk.anthropic_messages.chat_messages`), and calls
-parsed from the reply come back as ``tool_use`` blocks (``stop_reason: tool_use``). Images, documents
-and thinking blocks are refused with a 400 naming the block.
+parsed from the reply come back as ``tool_use`` blocks (``stop_reason: tool_use``). Images and
+documents are refused with a 400 naming the block.
+
+Accepted as the upstream API accepts them (what Claude Code sends in its default mode):
+
+- ``system`` messages anywhere in ``messages``: rendered as a system turn at their place; where the
+  chat template refuses a system turn there, appended in order to the top-level ``system``
+  (:func:`merged_system`, tried by :mod:`tinkertrace.serving.anthropic_route`).
+- ``thinking`` / ``redacted_thinking`` blocks in the history: dropped from the prompt (the served
+  model never wrote them: this endpoint answers without thinking blocks, as a model without
+  extended thinking does).
+- ``thinking``, ``context_management``, ``output_config``, ``metadata``, ``service_tier``,
+  ``cache_control`` (on blocks, ``system`` blocks and tools) and other fields the endpoint cannot
+  honour: ignored. ``tool_result``'s ``is_error`` is accepted; its content (a string or a list of
+  text blocks) is the tool message's text.
 """
 
 from __future__ import annotations
@@ -20,9 +33,16 @@ from typing import Any
 from tinkertrace import semconv
 from tinkertrace.sdk import anthropic_messages
 from tinkertrace.serving.openai_wire.completions import Choice
-from tinkertrace.serving.openai_wire.errors import invalid_type, invalid_value, missing, require_object
+from tinkertrace.serving.openai_wire.errors import (
+    ApiError,
+    invalid_type,
+    invalid_value,
+    missing,
+    require_object,
+)
 
-ROLES = ("user", "assistant")
+ROLES = ("user", "assistant", "system")
+DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 # chat finish reasons -> Anthropic stop reasons
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -53,6 +73,23 @@ def _tool_choice(choice: Any) -> Any:
     return mapped
 
 
+def _served(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` without the blocks left out of the prompt (thinking)."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    kept = [b for b in content if not (isinstance(b, dict) and b.get("type") in DROPPED_BLOCKS)]
+    return {**message, "content": kept}
+
+
+def merged_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with every system message folded, in order, into one leading system message
+    (blank-line separated): for chat templates that allow a system turn only first."""
+    system = [str(m.get("content") or "") for m in messages if m.get("role") == "system"]
+    rest = [m for m in messages if m.get("role") != "system"]
+    return [{"role": "system", "content": "\n\n".join(s for s in system if s)}, *rest] if system else rest
+
+
 def chat_body(body: Any) -> dict[str, Any]:
     """The chat completions body of a Messages request (raises :class:`ApiError` for a bad one)."""
     body = require_object(body)
@@ -63,9 +100,11 @@ def chat_body(body: Any) -> dict[str, Any]:
         raise invalid_type("messages", "a non-empty array of messages", given)
     for i, message in enumerate(given):
         if not isinstance(message, dict) or message.get("role") not in ROLES:
-            raise invalid_value(f"messages[{i}]", "expected an object with role 'user' or 'assistant'.")
+            raise invalid_value(
+                f"messages[{i}]", "expected an object with role 'user', 'assistant' or 'system'."
+            )
     try:
-        messages = anthropic_messages.chat_messages(body)
+        messages = anthropic_messages.chat_messages({**body, "messages": [_served(m) for m in given]})
     except ValueError as exc:
         raise invalid_value("messages", f"{exc}.", code="unsupported") from exc
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages, "logprobs": True}
@@ -149,6 +188,15 @@ def stream_events(message: dict[str, Any]) -> list[dict[str, Any]]:
         },
         {"type": "message_stop"},
     ]
+
+
+def prompt_too_long(prompt_tokens: int, limit: int) -> ApiError:
+    """Anthropic's own answer to a prompt beyond the context (HTTP 400 ``invalid_request_error``,
+    ``prompt is too long: N tokens > M maximum``), the words Claude Code reads to compact its history.
+    M is the longest prompt that leaves room for one output token in the ``limit``-token context."""
+    return ApiError(
+        400, f"prompt is too long: {prompt_tokens} tokens > {limit - 1} maximum", param="messages"
+    )
 
 
 def message_id(chat_id: str) -> str:
