@@ -98,8 +98,8 @@ def test_an_over_long_responses_input_gets_the_responses_context_error(serve: st
     assert answer.status_code == 400
     assert answer.json() == {
         "error": {
-            "message": f"Your input exceeds the context window of this model ({n} tokens > {CONTEXT} "
-            "maximum). Please adjust your input and try again.",
+            "message": "Your input exceeds the context window of this model. Please adjust your input and "
+            f"try again. ({n} input tokens; the context holds {CONTEXT}.)",
             "type": "invalid_request_error",
             "param": "input",
             "code": "context_length_exceeded",

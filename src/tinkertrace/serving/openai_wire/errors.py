@@ -51,8 +51,8 @@ def context_length_exceeded(prompt_tokens: int, limit: int, *, responses: bool =
     Agents SDK) read as "compact the history"."""
     if responses:
         message = (
-            f"Your input exceeds the context window of this model ({prompt_tokens} tokens > {limit} "
-            "maximum). Please adjust your input and try again."
+            "Your input exceeds the context window of this model. Please adjust your input and try "
+            f"again. ({prompt_tokens} input tokens; the context holds {limit}.)"
         )
     else:
         message = (
