@@ -28,8 +28,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tinkertrace import semconv
-from tinkertrace.serving import anthropic_wire
 from tinkertrace.serving.admission import DEFAULT_LEASE_S, Demand
+from tinkertrace.serving.anthropic_route import serve_messages
 from tinkertrace.serving.batching import SampleBatcher
 from tinkertrace.serving.checkpoint_watch import CheckpointWatcher
 from tinkertrace.serving.context_window import PromptTooLong, context_limit
@@ -51,6 +51,7 @@ from tinkertrace.serving.openai_wire.responses_stream import stream_events
 from tinkertrace.serving.openai_wire.responses_tools import note_left_out
 from tinkertrace.serving.openai_wire.sse import sse_response
 from tinkertrace.serving.policy import Policy, PolicyHolder, StalePolicyError
+from tinkertrace.serving.probes import probe_routes
 from tinkertrace.serving.recording import CallRecorder
 from tinkertrace.serving.reward_routes import rollout_routes
 from tinkertrace.serving.rollout_routing import RolloutPrefix, header_text
@@ -156,15 +157,8 @@ class SamplingEndpoint:
         return JSONResponse(wire.chat_response(rid, req.model, choices, extra=extra), headers=headers)
 
     async def messages(self, request: Request) -> Response:
-        """Anthropic's Messages API over the chat path (:mod:`tinkertrace.serving.anthropic_wire`)."""
-        req = parse_chat_request(anthropic_wire.chat_body(await read_json(request)))
-        [choice], policy = await self._sample_chat(request, req)
-        rid = anthropic_wire.message_id(wire.new_id("chatcmpl"))
-        body = anthropic_wire.message_body(rid, req.model, choice, policy.version)
-        headers = {semconv.HEADER_POLICY_VERSION: str(policy.version)}
-        if req.options.stream:
-            return sse_response(anthropic_wire.stream_events(body), headers, named=True)
-        return JSONResponse(body, headers=headers)
+        """Anthropic's Messages API over the chat path (:mod:`tinkertrace.serving.anthropic_route`)."""
+        return await serve_messages(self, request)
 
     async def responses(self, request: Request) -> Response:
         req = parse_responses_request(await read_json(request))
@@ -391,6 +385,7 @@ def create_app(
         Route("/admin/policy", g(endpoint.get_policy, admin=True), methods=["GET"]),
         Route("/admin/policy", g(endpoint.set_policy, admin=True), methods=["POST"]),
         Route("/admin/admission", g(endpoint.set_admission, admin=True), methods=["POST"]),
+        *probe_routes(),  # HEAD/GET on the base URL and /api/hello, as harnesses probe
     ]
     app = Starlette(
         routes=routes,
