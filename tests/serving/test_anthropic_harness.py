@@ -326,3 +326,9 @@ def test_system_messages_fold_into_the_system_prompt_where_the_template_refuses_
     system_turn = prompt.split("<|im_end|>")[0]
     assert system_turn.endswith(f"interactive CLI tool.\n\n{SYSTEM_INSIDE}")
     assert prompt.count("<|im_start|>system") == 1
+
+
+def test_other_methods_under_a_rollout_prefix_are_still_404(served) -> None:
+    server, _ = served(["unused"])
+    answer = httpx.post(server.url + "/rollouts/r-1/chat/completions", json={}, timeout=10)
+    assert answer.status_code == 404 and "followed by /v1" in answer.json()["error"]["message"]

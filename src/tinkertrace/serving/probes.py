@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import re
 
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
+from starlette.types import Scope
 
 # a rollout prefix (rollout_routing's grammar) followed by nothing or /api/hello
 _PREFIXED_PROBE = re.compile(r"^/rollouts/[^/]+(?:/(?:task|attempt|split|agent)/[^/]*)*/?(?:api/hello/?)?$")
@@ -17,11 +17,23 @@ _PREFIXED_PROBE = re.compile(r"^/rollouts/[^/]+(?:/(?:task|attempt|split|agent)/
 
 async def probe(request: Request) -> Response:
     """200 ``{"status": "ok"}`` (a HEAD gets the headers only)."""
-    if request.url.path.startswith("/rollouts/") and not _PREFIXED_PROBE.match(request.url.path):
-        raise HTTPException(404)
     return JSONResponse({"status": "ok"})
+
+
+class _PrefixedProbe(Route):
+    """The probe under a rollout prefix; every other path under ``/rollouts/`` is left unmatched (so
+    it stays the 404 that explains the prefix)."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope["type"] == "http" and _PREFIXED_PROBE.match(scope["path"]):
+            return super().matches(scope)
+        return Match.NONE, {}
 
 
 def probe_routes() -> list[Route]:
     """The probe routes (``GET`` also answers ``HEAD``)."""
-    return [Route(path, probe, methods=["GET"]) for path in ("/", "/api/hello", "/rollouts/{prefix:path}")]
+    return [
+        Route("/", probe, methods=["GET"]),
+        Route("/api/hello", probe, methods=["GET"]),
+        _PrefixedProbe("/rollouts/{prefix:path}", probe, methods=["GET"]),
+    ]
