@@ -1,8 +1,12 @@
 """The OpenAI Responses API (``POST /v1/responses``): the request and the Response object.
 
-A request's ``input`` items (messages, ``function_call`` and ``function_call_output``) become chat
-messages for the model's chat template; a sampled :class:`~.completions.Choice` becomes output
-items: a ``message`` with its ``output_text`` and one ``function_call`` per parsed tool call. The
+A request's ``input`` items (messages, ``function_call`` and ``function_call_output``; ``reasoning``
+items are skipped) become chat messages for the model's chat template; its ``tools`` are read by
+:mod:`.responses_tools` (functions, ``namespace`` tools under qualified names, hosted tools left
+out); a sampled :class:`~.completions.Choice` becomes output items: a ``message`` with its
+``output_text`` and one ``function_call`` per parsed tool call (a namespaced function's with its
+``namespace``). ``include`` values other than ``message.output_text.logprobs`` (e.g.
+``reasoning.encrypted_content``) are accepted and return nothing: no reasoning is produced. The
 Response is built and checked with the ``openai`` package's own type, then carries the token-id
 extension of :mod:`tinkertrace.semconv` (top-level ``prompt_token_ids``, ``output_token_ids``
 with every sampled token, tool-call tokens included, and ``output_token_logprobs`` when
