@@ -332,3 +332,17 @@ def test_other_methods_under_a_rollout_prefix_are_still_404(served) -> None:
     server, _ = served(["unused"])
     answer = httpx.post(server.url + "/rollouts/r-1/chat/completions", json={}, timeout=10)
     assert answer.status_code == 404 and "followed by /v1" in answer.json()["error"]["message"]
+
+
+def test_count_tokens_counts_the_prompt_the_request_would_be_given(served) -> None:
+    server, _ = served(["Here are the files."])
+    client = anthropic.Anthropic(base_url=server.url, api_key="k", max_retries=0)
+    body = {k: v for k, v in claude_code_body().items() if k not in ("stream", "temperature", "max_tokens")}
+    counting = {k: v for k, v in body.items() if k != "metadata"}  # count_tokens takes no metadata
+    counted = client.beta.messages.count_tokens(**counting, betas=BETAS.split(","))
+    with client.beta.messages.stream(**body, max_tokens=32000, betas=BETAS.split(",")) as stream:
+        final = stream.get_final_message()
+    assert counted.input_tokens == final.usage.input_tokens > 0
+    url = f"{server.url}/v1/messages/count_tokens?beta=true"
+    bad = httpx.post(url, json={"model": MODEL, "messages": []}, timeout=10)
+    assert bad.status_code == 400 and bad.json()["type"] == "error"

@@ -21,7 +21,7 @@ from tinkertrace.serving import anthropic_wire
 from tinkertrace.serving.context_window import PromptTooLong
 from tinkertrace.serving.generation import Generator
 from tinkertrace.serving.openai_wire import completions as wire
-from tinkertrace.serving.openai_wire.errors import ApiError, read_json
+from tinkertrace.serving.openai_wire.errors import ApiError, read_json, require_object
 from tinkertrace.serving.openai_wire.requests import parse_chat_request
 from tinkertrace.serving.openai_wire.sse import sse_response
 from tinkertrace.serving.tool_use import plan_tools
@@ -64,3 +64,17 @@ async def serve_messages(endpoint: SamplingEndpoint, request: Request) -> Respon
     if req.options.stream:
         return sse_response(anthropic_wire.stream_events(body), headers, named=True)
     return JSONResponse(body, headers=headers)
+
+
+async def count_tokens(endpoint: SamplingEndpoint, request: Request) -> Response:
+    """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``, the length of the prompt the same
+    Messages request would be given (tools included); errors in Anthropic's shape."""
+    try:
+        body = require_object(await read_json(request))
+        req = parse_chat_request(anthropic_wire.chat_body({**body, "max_tokens": 1, "stream": False}))
+        endpoint._check_model(req.model)
+        plan = plan_tools(endpoint.tool_parser, req.tools, req.tool_choice)
+        prompt_ids = render(endpoint.generator, req.messages, req.tools, plan.prefix)
+    except ApiError as err:
+        return JSONResponse(err.anthropic_body(), status_code=err.status)
+    return JSONResponse({"input_tokens": len(prompt_ids)})

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from starlette.routing import Route
 
 from tinkertrace import semconv
 from tinkertrace.serving.admission import DEFAULT_LEASE_S, Demand
-from tinkertrace.serving.anthropic_route import serve_messages
+from tinkertrace.serving.anthropic_route import count_tokens, serve_messages
 from tinkertrace.serving.batching import SampleBatcher
 from tinkertrace.serving.checkpoint_watch import CheckpointWatcher
 from tinkertrace.serving.context_window import PromptTooLong, context_limit
@@ -378,6 +379,7 @@ def create_app(
         Route("/v1/responses", g(endpoint.responses, recorded=True), methods=["POST"]),
         Route("/v1/completions", g(endpoint.completions, recorded=True), methods=["POST"]),
         Route("/v1/messages", g(endpoint.messages, recorded=True), methods=["POST"]),
+        Route("/v1/messages/count_tokens", g(partial(count_tokens, endpoint)), methods=["POST"]),
         *rollout_routes(recorder, g),
         Route("/v1/models", g(endpoint.models), methods=["GET"]),
         Route("/v1/models/{model:path}", g(endpoint.model), methods=["GET"]),
