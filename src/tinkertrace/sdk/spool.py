@@ -2,7 +2,9 @@
 every process that exports to the same endpoint.
 
 Each file is one serialized ``ExportTraceServiceRequest`` named ``<time_ns>-<pid>-<seq>-n<spans>.otlp``,
-written under a temporary name and renamed, so a crash never leaves a half file that looks whole.
+written under a temporary name, fsynced and renamed, the folder fsynced after each rename
+(:func:`tinkertrace.durable.durable_rename`), so neither a crash nor a power loss leaves a half file
+that looks whole or undoes a rename.
 
 Several agent processes may share one spool folder. Before re-sending a payload a process *claims* it by
 renaming it to ``<name>.claim-<host>-<pid>`` (a rename succeeds for exactly one process), so each
@@ -22,6 +24,8 @@ import socket
 import threading
 import time
 from pathlib import Path
+
+from tinkertrace.durable import durable_rename
 
 SUFFIX = ".otlp"
 CLAIM = ".claim-"
@@ -61,8 +65,7 @@ class Spool:
             fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())
-        tmp.rename(final)
-        return final
+        return durable_rename(tmp, final, synced=True)
 
     def put(self, payload: bytes, n_spans: int) -> Path:
         """Keep a payload to be re-sent."""
@@ -80,7 +83,7 @@ class Spool:
         """Take ``path`` for this process; None if another process took it (or it is gone)."""
         claimed = path.with_name(path.name + self._claim_suffix)
         try:
-            path.rename(claimed)
+            durable_rename(path, claimed)
             os.utime(claimed)  # the claim's age counts from now (see release_stale_claims)
         except FileNotFoundError:
             return None
@@ -92,11 +95,11 @@ class Spool:
 
     def release(self, claimed: Path) -> None:
         """Give a claimed payload back (the endpoint could not take it now)."""
-        claimed.rename(self.original(claimed))
+        durable_rename(claimed, self.original(claimed))
 
     def reject(self, claimed: Path) -> None:
         """Keep a payload the endpoint refused as invalid aside for inspection (never re-sent)."""
-        claimed.rename(self.rejected_dir / self.original(claimed).name)
+        durable_rename(claimed, self.rejected_dir / self.original(claimed).name)
 
     def release_stale_claims(self) -> int:
         """Release claims whose process is gone (this host) or that are older than STALE_CLAIM_S."""
@@ -112,7 +115,7 @@ class Spool:
                 else:
                     stale = age > STALE_CLAIM_S
                 if stale:
-                    claimed.rename(self.original(claimed))
+                    durable_rename(claimed, self.original(claimed))
                     released += 1
             except FileNotFoundError:
                 continue  # its owner finished with it meanwhile
