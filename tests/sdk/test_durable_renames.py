@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,56 @@ def test_spool_releasing_a_dead_process_claim_is_durable(tmp_path: Path, events:
     events.clear()
     assert spool.release_stale_claims() == 1
     assert events[-2:] == [("rename", str(path)), ("fsync-dir", str(spool.root))]
+
+
+def test_the_journal_spools_what_a_collector_cannot_take_durably(tmp_path: Path, events: list[Event]) -> None:
+    """The endpoint's journal replays a segment to a collector that is down: the spans wait in the
+    spool, renamed into it durably (journal.py itself renames nothing: its segments are created, synced
+    and their folder fsynced by the WAL, its Parquet written by the writer, which fsyncs its folder)."""
+    from tinkertrace.collector.wal import WriteAheadLog
+    from tinkertrace.sdk.config import TraceSettings
+    from tinkertrace.sdk.export import ExportStats
+    from tinkertrace.sdk.runtime import private_runtime
+    from tinkertrace.serving.journal import SPANS, Journal
+    from tinkertrace.serving.journal_delivery import JournalStats
+    from tinkertrace.serving.journal_targets import CollectorTarget
+
+    with socket.socket() as probe:  # a port nothing listens on: the collector is down
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    folder, spool = tmp_path / "journal", tmp_path / "spool"
+    wal = WriteAheadLog(folder)
+    wal.open_segment()
+    wal.append(SPANS + _otlp_request(), time.time_ns())
+    wal.sync()
+    wal.close_segment()
+    config = TraceSettings(endpoint=f"http://127.0.0.1:{port}", spool_dir=spool, export_timeout_s=1.0)
+    stats = JournalStats()
+    journal = Journal(folder, [CollectorTarget(config, ExportStats())], stats)
+    events.clear()
+    journal.recover(private_runtime(sink=journal, spans_dir=tmp_path / "unused"))
+    journal.start()
+    journal.shutdown()
+    spooled = sorted(spool.glob("*.otlp"))
+    assert len(spooled) == 1, sorted(spool.iterdir())
+    put = events.index(("rename", str(spooled[0])))
+    assert events[put - 1][0] == "fsync-file" and events[put + 1] == ("fsync-dir", str(spool))
+
+
+def _otlp_request() -> bytes:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    from tinkertrace.sdk.export import ExportStats, encode_batch
+
+    span = ReadableSpan(
+        "chat m",
+        context=SpanContext(0xABC, 0x1234, False, TraceFlags(TraceFlags.SAMPLED)),
+        resource=Resource.create({"service.name": "t"}),
+        start_time=time.time_ns(),
+        end_time=time.time_ns(),
+    )
+    request = encode_batch([span], ExportStats())
+    assert request is not None
+    return request.SerializeToString()
