@@ -24,10 +24,10 @@ def ui(
     build report. A live run's new rollouts and steps appear without a restart. Nothing is written to
     the run folder and nothing is fetched from the network."""
     for path in settings.get("paths") or []:  # checked before the settings, which only say "missing"
-        existing(path, "folder")
+        existing(path, "folder", folder=False)
     run = validated(UiSettings, settings, config, section="ui")
     for path in run.folders:  # those from --config
-        existing(path, "folder")
+        existing(path, "folder", folder=False)
     from rich.console import Console
 
     from tinkertrace.ui.server import serve
