@@ -123,6 +123,16 @@ def test_upstream_errors_reach_the_agent_and_a_dead_upstream_is_a_502(openai_ser
     assert answer.status_code == 502 and "did not answer" in answer.json()["error"]["message"]
 
 
+def test_harness_probes_are_answered_by_the_proxy_as_by_serve(openai_server, proxy_to) -> None:
+    """Claude Code sends ``HEAD /api/hello`` to its base URL (the proxy, under a rollout prefix or not)
+    before its first call: answered 200 as the real service and ``serve`` answer it, not a 404."""
+    proxy, _ = proxy_to(openai_server.base_url)
+    for path in ("/", "/api/hello", "/rollouts/r-1/task/t-1/api/hello"):
+        assert httpx.head(f"{proxy.url}{path}", timeout=10).status_code == 200, path
+        assert httpx.get(f"{proxy.url}{path}", timeout=10).json() == {"status": "ok"}, path
+    assert httpx.post(f"{proxy.url}/rollouts/r-1/chat/completions", json={}, timeout=10).status_code == 404
+
+
 def test_admission_works_through_the_proxy_in_front_of_the_endpoint(
     scripted: Any, tokenizer: Any, start_server: Any, proxy_to: Any, tmp_path: Path
 ) -> None:

@@ -33,6 +33,7 @@ from tinkertrace.sdk.llm_call import LlmCall
 from tinkertrace.serving.guard import check_token, guarded, http_error
 from tinkertrace.serving.limits import BodyLimit, RequestLimits
 from tinkertrace.serving.openai_wire.errors import ApiError
+from tinkertrace.serving.probes import probe_routes
 from tinkertrace.serving.recording import CallRecorder
 from tinkertrace.serving.reward_routes import rollout_routes
 from tinkertrace.serving.rollout_routing import RolloutPrefix
@@ -167,6 +168,7 @@ def create_proxy_app(
         *rollout_routes(recorder, g),
         Route("/v1/{path:path}", g(proxy.forward, recorded=True), methods=["GET", "POST", "DELETE"]),
         Route("/health", proxy.health, methods=["GET"]),
+        *probe_routes(),  # HEAD/GET on the base URL and /api/hello, as harnesses probe (as serve answers)
     ]
     app = Starlette(
         routes=routes,
