@@ -3,8 +3,8 @@
 A rename is atomic, but it is a change to the folders' entries: until the folder itself is fsynced, a
 power loss may undo it (the file then back under its temporary name, or gone). :func:`durable_rename`
 fsyncs the file's data before the rename and each folder touched after it. Used by the SDK's spool
-(which the endpoint's journal delivers to a collector through); the collector's Parquet writer and WAL
-fsync their folders the same way.
+(which the endpoint's journal delivers to a collector through); the Parquet writer and compaction use
+:func:`fsync_path` for their folders.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ is Anthropic's own error, 400 ``invalid_request_error`` ``prompt is too long: N 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -27,7 +27,22 @@ from tinkertrace.serving.openai_wire.sse import sse_response
 from tinkertrace.serving.tool_use import plan_tools
 
 if TYPE_CHECKING:
-    from tinkertrace.serving.app import SamplingEndpoint
+    from tinkertrace.serving.policy import PolicyHolder
+    from tinkertrace.serving.tool_parsers import ToolParser
+
+
+class SamplingEndpoint(Protocol):
+    """What these handlers use of :class:`tinkertrace.serving.app.SamplingEndpoint` (a protocol, so
+    that the app imports this module and not the other way round)."""
+
+    policy: PolicyHolder
+    generator: Generator
+    tool_parser: ToolParser | None
+    requests_served: int
+
+    def _check_model(self, model: str) -> None: ...
+
+    async def _admit(self, request: Request) -> None: ...
 
 
 def render(

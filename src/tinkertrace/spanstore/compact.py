@@ -22,7 +22,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tinkertrace.spanstore.writer import TEMP_PREFIX, ZSTD_LEVEL, fsync_path, write_parquet_atomic
+from tinkertrace.durable import fsync_path
+from tinkertrace.spanstore.writer import TEMP_PREFIX, ZSTD_LEVEL, write_parquet_atomic
 
 JOURNAL_DIR = "_compact"
 WAL_DIR = "_wal"

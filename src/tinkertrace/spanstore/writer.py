@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tinkertrace.durable import fsync_path
 from tinkertrace.schemas import sort_keys
 from tinkertrace.schemas.columns import JSON_COLUMNS, TOKEN_COLUMNS
 from tinkertrace.spanstore import ZSTD_LEVEL
@@ -74,15 +75,6 @@ def partition_dir(root: Path, partition: Partition) -> Path:
 def partition_of_ns(ns: int) -> Partition:
     moment = datetime.fromtimestamp(ns / 1e9, tz=UTC)
     return moment.strftime("%Y-%m-%d"), moment.strftime("%H")
-
-
-def fsync_path(path: Path) -> None:
-    """Flush a file's data, or a folder's entries (a rename), to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def sort_order(table: pa.Table) -> pa.Array | None:
