@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from tinkertrace.spanstore.reader import StorePathError, require_existing, require_local
+from tinkertrace.store_paths import StorePathError, require_existing, require_local
 
 
 def fail(exc: Exception) -> typer.Exit:
