@@ -111,7 +111,17 @@ def _follow(settings: Any, options: Any, console: Any, progress: bool) -> None:
     from tinkertrace.online.follow import FollowTrainer
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def on_signal(signum: int, frame: object) -> None:
+        """SIGTERM or a first Ctrl-C: stop as a finished run does (workers, sessions, summary); a second
+        Ctrl-C: at once. A KeyboardInterrupt raised wherever the main thread waited could leave a
+        clean-up half done and the run hanging."""
+        if signum == signal.SIGINT and stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     try:
         if any(env.agent for env in settings.environments):
             result, summary = train_with_agents(
