@@ -13,6 +13,12 @@ from tinkertrace.extras import MissingExtraError, require
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def fail(exc: Exception) -> typer.Exit:
+    """Print ``error: <exc>`` on stderr; the Exit(2) to raise (a user's mistake, one line, no trace)."""
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(2)
+
+
 def needs_extra(extra: str, command: str) -> Callable[[F], F]:
     """Wrap a command: check ``extra`` before it runs, and turn a :class:`MissingExtraError` raised
     anywhere inside it (e.g. the local engine without torch) into an error line and exit code 2."""
@@ -24,8 +30,7 @@ def needs_extra(extra: str, command: str) -> Callable[[F], F]:
                 require(extra, f"`tinkertrace {command}`")
                 return function(*args, **kwargs)
             except MissingExtraError as exc:
-                typer.echo(f"error: {exc}", err=True)
-                raise typer.Exit(2) from None
+                raise fail(exc) from None
 
         return run  # type: ignore[return-value]
 

@@ -7,15 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import typer
-
+from tinkertrace.cli.extras import fail
 from tinkertrace.store_paths import StorePathError, require_existing, require_local
-
-
-def fail(exc: Exception) -> typer.Exit:
-    """Print ``error: <exc>`` on stderr; the Exit(2) to raise."""
-    typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(2)
 
 
 def existing(
